@@ -1,0 +1,42 @@
+"""From Hydra's composed DictConfig (or a list of overrides) to a finished GraphBridgeConfig.
+
+``prepare`` is the one path every entry point takes: typed object, migration of the older
+spellings, then the override helper. It never touches CUDA.
+"""
+
+from dataclasses import dataclass, field
+from typing import List, Sequence
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, OmegaConf
+
+from bridge.config.migration import migrate
+from bridge.config.paths import config_dir
+from bridge.config.schema import GraphBridgeConfig
+from bridge.config.store import register
+from bridge.overrides import set_cuda_graph_overrides
+from bridge.validation.violation import Violation
+
+
+@dataclass
+class Prepared:
+    config: GraphBridgeConfig
+    notes: List[str] = field(default_factory=list)
+    violations: List[Violation] = field(default_factory=list)
+
+
+def prepare(composed: DictConfig) -> Prepared:
+    """Typed config with migrations and the override helper applied."""
+    config = OmegaConf.to_object(composed)
+    report = migrate(config.model)
+    set_cuda_graph_overrides(config)
+    return Prepared(config, report.notes, report.violations)
+
+
+def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
+    """Compose conf/config.yaml with Hydra overrides, exactly as the CLI would."""
+    register()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))

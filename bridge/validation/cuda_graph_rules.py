@@ -1,0 +1,424 @@
+"""CUDA-graph rules: megatron-core 0.16.1's TransformerConfig checks (R4-R13 in the
+reference) plus the training-level ones Bridge and Megatron-LM keep outside megatron-core.
+Messages keep the upstream wording where there is one and add the override that fixes it.
+"""
+
+from bridge.config.schema import CUDA_GRAPH_MODULES, CudaGraphImpl
+from bridge.validation.model_facts import (
+    has_dense_layers,
+    is_drop_and_pad,
+    is_moe_model,
+    recompute_modules,
+)
+from bridge.validation.registry import rule, violation
+
+IMPL = "model.cuda_graph_impl"
+MODULES = "model.cuda_graph_modules"
+TE = CudaGraphImpl.transformer_engine
+LOCAL = CudaGraphImpl.local
+FULL_ITERATION = CudaGraphImpl.full_iteration
+
+
+def _impl(cfg) -> CudaGraphImpl:
+    return CudaGraphImpl(cfg.model.cuda_graph_impl)
+
+
+def _graphed(cfg) -> bool:
+    return _impl(cfg) != CudaGraphImpl.none
+
+
+def _modules(cfg) -> list:
+    return list(cfg.model.cuda_graph_modules)
+
+
+def _active_modules(cfg) -> set:
+    """Modules that reach megatron-core: none when impl is none (they are parked)."""
+    return set(_modules(cfg)) if _graphed(cfg) else set()
+
+
+@rule("module_names")
+def module_names(cfg):
+    names = _modules(cfg)
+    if "" in names:
+        return violation(
+            "module_names", [MODULES],
+            f"model.cuda_graph_modules={names} holds an empty string; for the whole layer "
+            "use model.cuda_graph_modules=[]",
+        )
+    if {"full", "full_iteration"} & set(names):
+        return violation(
+            "module_names", [MODULES],
+            f"'full' and 'full_iteration' are not modules: use model.cuda_graph_modules=[] for "
+            "the whole layer, cuda_graph=full_iteration for the whole iteration",
+        )
+    unknown = [name for name in names if name not in CUDA_GRAPH_MODULES]
+    if unknown:
+        return violation(
+            "module_names", [MODULES],
+            f"unknown module name(s) {unknown} in model.cuda_graph_modules; valid: "
+            f"{list(CUDA_GRAPH_MODULES)}",
+        )
+    if len(set(names)) != len(names):
+        return violation("module_names", [MODULES], f"model.cuda_graph_modules={names} repeats a name")
+    return None
+
+
+@rule("full_iteration_modules")
+def full_iteration_modules(cfg):
+    if _impl(cfg) == FULL_ITERATION and _modules(cfg):
+        return violation(
+            "full_iteration_modules", [IMPL, MODULES],
+            "cuda_graph_modules must be empty when cuda_graph_impl=full_iteration; "
+            "set model.cuda_graph_modules=[]",
+        )
+    return None
+
+
+@rule("te_rng_tracker")
+def te_rng_tracker(cfg):
+    if _graphed(cfg) and not (cfg.rng.te_rng_tracker or cfg.model.use_te_rng_tracker):
+        return violation(
+            "te_rng_tracker", ["rng.te_rng_tracker", "model.use_te_rng_tracker"],
+            "Transformer engine's RNG tracker is required for cudagraphs; set "
+            "rng.te_rng_tracker=true (bridge.overrides.set_cuda_graph_overrides does this)",
+        )
+    return None
+
+
+@rule("full_iteration_nan_checks")
+def full_iteration_nan_checks(cfg):
+    if _impl(cfg) != FULL_ITERATION:
+        return None
+    keys = []
+    if cfg.rerun_state_machine.check_for_nan_in_loss:
+        keys.append("rerun_state_machine.check_for_nan_in_loss")
+    if cfg.ddp.check_for_nan_in_grad:
+        keys.append("ddp.check_for_nan_in_grad")
+    if not keys:
+        return None
+    fix = " ".join(f"{key}=false" for key in keys)
+    return violation(
+        "full_iteration_nan_checks", [IMPL] + keys,
+        "NaN checks read values on the host and must be disabled with the full_iteration CUDA "
+        f"graph; set {fix} (perf.nan_check_interval keeps an in-graph check)",
+    )
+
+
+@rule("local_scoped_modules")
+def local_scoped_modules(cfg):
+    scoped = sorted({"attn", "mlp"} & set(_modules(cfg)))
+    if _impl(cfg) == LOCAL and scoped:
+        return violation(
+            "local_scoped_modules", [IMPL, MODULES],
+            f"cuda_graph_impl=local graphs the whole layer in megatron-core 0.16.1, not {scoped}; "
+            f"use cuda_graph=local_layer for whole layers or cuda_graph_impl=transformer_engine "
+            f"(e.g. cuda_graph=te_attn_mlp) for scoped capture",
+        )
+    return None
+
+
+@rule("cpu_offloading")
+def cpu_offloading(cfg):
+    if _graphed(cfg) and cfg.model.cpu_offloading:
+        return violation(
+            "cpu_offloading", [IMPL, "model.cpu_offloading"],
+            "CUDA graphs not supported with CPU offloading; set model.cpu_offloading=false "
+            "or cuda_graph=none",
+        )
+    return None
+
+
+@rule("moe_with_moe_router")
+def moe_with_moe_router(cfg):
+    if {"moe", "moe_router"} <= _active_modules(cfg):
+        return violation(
+            "moe_with_moe_router", [MODULES],
+            "cuda_graph_scope must not contain both moe and moe_router; keep one "
+            "(cuda_graph=te_moe or cuda_graph=te_moe_router)",
+        )
+    return None
+
+
+@rule("moe_preprocess_needs_router")
+def moe_preprocess_needs_router(cfg):
+    active = _active_modules(cfg)
+    if _impl(cfg) == TE and "moe_preprocess" in active and "moe_router" not in active:
+        return violation(
+            "moe_preprocess_needs_router", [MODULES],
+            "moe_preprocess cuda graph is only supported with moe_router cuda graph; add "
+            "moe_router to model.cuda_graph_modules",
+        )
+    return None
+
+
+@rule("moe_modules_need_moe_model")
+def moe_modules_need_moe_model(cfg):
+    if not is_moe_model(cfg.model) and {"moe", "moe_router"} & _active_modules(cfg):
+        return violation(
+            "moe_modules_need_moe_model", [MODULES, "model.num_moe_experts"],
+            "moe cuda graph is only supported for MoE; this model is dense, use "
+            "cuda_graph=te_attn_mlp or cuda_graph=te_layer",
+        )
+    return None
+
+
+@rule("mlp_needs_dense_layers")
+def mlp_needs_dense_layers(cfg):
+    model = cfg.model
+    if is_moe_model(model) and not has_dense_layers(model) and "mlp" in _active_modules(cfg):
+        return violation(
+            "mlp_needs_dense_layers", [MODULES, "model.moe_layer_freq"],
+            "mlp cuda graph is only supported for dense layers, but not found in the model; "
+            "every layer is MoE, use cuda_graph=te_attn_moe_router",
+        )
+    return None
+
+
+@rule("moe_needs_drop_and_pad")
+def moe_needs_drop_and_pad(cfg):
+    model = cfg.model
+    if is_moe_model(model) and not is_drop_and_pad(model) and "moe" in _active_modules(cfg):
+        return violation(
+            "moe_needs_drop_and_pad",
+            [MODULES, "model.moe_expert_capacity_factor", "model.moe_pad_expert_input_to_capacity"],
+            "moe cuda graph is only supported with drop-padding MoE; set "
+            "model.moe_expert_capacity_factor=1.0 model.moe_pad_expert_input_to_capacity=true, "
+            "or use cuda_graph=te_moe_router",
+        )
+    return None
+
+
+@rule("moe_preprocess_host_sync")
+def moe_preprocess_host_sync(cfg):
+    model = cfg.model
+    syncs = model.moe_expert_capacity_factor is not None or model.moe_router_padding_for_fp8
+    if (
+        is_moe_model(model)
+        and not is_drop_and_pad(model)
+        and model.moe_token_dispatcher_type == "alltoall"
+        and syncs
+        and "moe_preprocess" in _active_modules(cfg)
+    ):
+        return violation(
+            "moe_preprocess_host_sync",
+            [MODULES, "model.moe_token_dispatcher_type", "model.moe_expert_capacity_factor"],
+            "moe_preprocess cuda graph is not supported when there are DtoH copies and "
+            "synchronizations in the preprocess step; drop moe_preprocess "
+            "(model.cuda_graph_modules=[attn,moe_router]) or model.moe_expert_capacity_factor=null",
+        )
+    return None
+
+
+@rule("full_recompute")
+def full_recompute(cfg):
+    if _graphed(cfg) and cfg.model.recompute_granularity == "full" and _impl(cfg) != FULL_ITERATION:
+        return violation(
+            "full_recompute", [IMPL, "model.recompute_granularity"],
+            "full recompute is only supported with full iteration CUDA graph; use "
+            "cuda_graph=full_iteration or model.recompute_granularity=selective",
+        )
+    return None
+
+
+@rule("moe_recompute_with_router")
+def moe_recompute_with_router(cfg):
+    model = cfg.model
+    if (
+        model.recompute_granularity == "selective"
+        and _impl(cfg) == TE
+        and "moe" in recompute_modules(model)
+        and "moe_router" in _active_modules(cfg)
+    ):
+        return violation(
+            "moe_recompute_with_router", [MODULES, "model.recompute_modules"],
+            "moe recompute is not supported with moe_router CUDA graph; remove moe from "
+            "model.recompute_modules or moe_router from model.cuda_graph_modules",
+        )
+    return None
+
+
+def _whole_layer_or_iteration(cfg) -> bool:
+    return _impl(cfg) == FULL_ITERATION or not _modules(cfg)
+
+
+def _graphs_module(cfg, name: str) -> bool:
+    return _graphed(cfg) and (_whole_layer_or_iteration(cfg) or name in _modules(cfg))
+
+
+@rule("recompute_attention_dropout")
+def recompute_attention_dropout(cfg):
+    model = cfg.model
+    if (
+        model.recompute_granularity == "selective"
+        and model.attention_dropout != 0
+        and "core_attn" in recompute_modules(model)
+        and _graphs_module(cfg, "attn")
+    ):
+        return violation(
+            "recompute_attention_dropout",
+            ["model.attention_dropout", "model.recompute_modules", MODULES],
+            "attention dropout is not supported with graphed attention recomputation; set "
+            "model.attention_dropout=0.0 or remove core_attn from model.recompute_modules",
+        )
+    return None
+
+
+@rule("recompute_hidden_dropout")
+def recompute_hidden_dropout(cfg):
+    model = cfg.model
+    mods = recompute_modules(model)
+    graphed_recompute = ("mlp" in mods and _graphs_module(cfg, "mlp")) or (
+        "moe" in mods and _graphs_module(cfg, "moe")
+    )
+    if model.recompute_granularity == "selective" and model.hidden_dropout != 0 and graphed_recompute:
+        return violation(
+            "recompute_hidden_dropout",
+            ["model.hidden_dropout", "model.recompute_modules", MODULES],
+            "hidden dropout is not supported with graphed MLP/MoE recomputation; set "
+            "model.hidden_dropout=0.0 or remove mlp/moe from model.recompute_modules",
+        )
+    return None
+
+
+@rule("recompute_moe_jitter")
+def recompute_moe_jitter(cfg):
+    model = cfg.model
+    if (
+        model.recompute_granularity == "selective"
+        and model.moe_input_jitter_eps is not None
+        and "moe" in recompute_modules(model)
+        and _graphs_module(cfg, "moe")
+    ):
+        return violation(
+            "recompute_moe_jitter",
+            ["model.moe_input_jitter_eps", "model.recompute_modules", MODULES],
+            "moe_input_jitter_eps is not supported with graphed moe recomputation; set "
+            "model.moe_input_jitter_eps=null or remove moe from model.recompute_modules",
+        )
+    return None
+
+
+@rule("ep_overlap")
+def ep_overlap(cfg):
+    if not (cfg.model.overlap_moe_expert_parallel_comm and _graphed(cfg)):
+        return None
+    if _impl(cfg) != TE:
+        return violation(
+            "ep_overlap", [IMPL, "model.overlap_moe_expert_parallel_comm"],
+            f"megatron-core 0.16.1 cannot combine cuda_graph_impl={_impl(cfg).value} with EP "
+            "A2A overlap; use a TE scope such as cuda_graph=te_attn_moe_router or set "
+            "model.overlap_moe_expert_parallel_comm=false",
+        )
+    if {"moe", "mlp"} & set(_modules(cfg)) or not _modules(cfg):
+        return violation(
+            "ep_overlap", [MODULES, "model.overlap_moe_expert_parallel_comm"],
+            "CUDA graph scope on moe and mlp is not supported with overlap_moe_expert_parallel_comm; "
+            "use cuda_graph=te_attn_moe_router",
+        )
+    return None
+
+
+@rule("delay_wgrad")
+def delay_wgrad(cfg):
+    model = cfg.model
+    if not model.delay_wgrad_compute:
+        return None
+    if not model.overlap_moe_expert_parallel_comm:
+        return violation(
+            "delay_wgrad", ["model.delay_wgrad_compute", "model.overlap_moe_expert_parallel_comm"],
+            "overlap_moe_expert_parallel_comm must be enabled when enabling delay_wgrad_compute; "
+            "set model.overlap_moe_expert_parallel_comm=true or model.delay_wgrad_compute=false",
+        )
+    if model.moe_use_legacy_grouped_gemm:
+        return violation(
+            "delay_wgrad", ["model.delay_wgrad_compute", "model.moe_use_legacy_grouped_gemm"],
+            "delay_wgrad_compute is not supported with legacy groupedgemm implementation; set "
+            "model.moe_use_legacy_grouped_gemm=false",
+        )
+    return None
+
+
+@rule("warmup_steps")
+def warmup_steps(cfg):
+    warmup = cfg.model.cuda_graph_warmup_steps
+    if not _graphed(cfg):
+        return None
+    if warmup < 1:
+        return violation(
+            "warmup_steps", ["model.cuda_graph_warmup_steps"],
+            f"cuda_graph_warmup_steps={warmup}: capture needs at least one eager step first "
+            "(allocator, NCCL and autotuning settle); set model.cuda_graph_warmup_steps=3",
+        )
+    if warmup >= cfg.train.train_iters:
+        return violation(
+            "warmup_steps", ["model.cuda_graph_warmup_steps", "train.train_iters"],
+            f"the graph would never replay: cuda_graph_warmup_steps={warmup} >= "
+            f"train_iters={cfg.train.train_iters}; raise train.train_iters",
+        )
+    return None
+
+
+@rule("static_shapes")
+def static_shapes(cfg):
+    if not _graphed(cfg):
+        return None
+    if cfg.model.seq_length != cfg.dataset.seq_length:
+        return violation(
+            "static_shapes", ["model.seq_length", "dataset.seq_length"],
+            f"graphs need one static sequence length, got model.seq_length={cfg.model.seq_length} "
+            f"and dataset.seq_length={cfg.dataset.seq_length}; set only dataset.seq_length",
+        )
+    if cfg.dataset.packed_sequence and not cfg.dataset.pad_to_max_length:
+        return violation(
+            "static_shapes", ["dataset.packed_sequence", "dataset.pad_to_max_length"],
+            "graphs need static shapes: packed sequences must be padded; set "
+            "dataset.pad_to_max_length=true",
+        )
+    return None
+
+
+@rule("packed_sequence_scope")
+def packed_sequence_scope(cfg):
+    if not (_graphed(cfg) and cfg.dataset.packed_sequence):
+        return None
+    if _impl(cfg) != TE or not _modules(cfg) or "attn" in _modules(cfg):
+        return violation(
+            "packed_sequence_scope", [IMPL, MODULES, "dataset.packed_sequence"],
+            "packed sequences carry packed_seq_params, which megatron-core 0.16.1 cannot pass "
+            "into a graph; only TE scopes without attention work: use cuda_graph=te_mlp",
+        )
+    return None
+
+
+@rule("engine_impl")
+def engine_impl(cfg):
+    if cfg.engine.value == "torch" and _impl(cfg) == TE:
+        return violation(
+            "engine_impl", ["engine", IMPL],
+            "the torch engine has no Transformer Engine graphs; use engine=megatron, or "
+            "cuda_graph=local_layer / cuda_graph=full_iteration (PyTorch's own graph APIs)",
+        )
+    return None
+
+
+@rule("full_iteration_param_gather")
+def full_iteration_param_gather(cfg):
+    if _impl(cfg) == FULL_ITERATION and cfg.optimizer.overlap_param_gather_with_optimizer_step:
+        return violation(
+            "full_iteration_param_gather",
+            [IMPL, "optimizer.overlap_param_gather_with_optimizer_step"],
+            "the full-iteration graph would wait on a param gather issued outside it; set "
+            "optimizer.overlap_param_gather_with_optimizer_step=false",
+        )
+    return None
+
+
+@rule("optimizer_in_graph")
+def optimizer_in_graph(cfg):
+    if cfg.optimizer.optimizer_in_graph and _impl(cfg) != FULL_ITERATION:
+        return violation(
+            "optimizer_in_graph", ["optimizer.optimizer_in_graph", IMPL],
+            "the optimizer step can only be captured inside the full-iteration graph; use "
+            "cuda_graph=full_iteration or optimizer.optimizer_in_graph=false",
+        )
+    return None

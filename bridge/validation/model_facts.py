@@ -1,0 +1,30 @@
+"""Structural facts about a model config that several rules (and FLOPs) need."""
+
+from typing import List
+
+
+def is_moe_model(model) -> bool:
+    return model.num_moe_experts is not None and model.num_moe_experts > 1
+
+
+def moe_layer_pattern(model) -> List[int]:
+    """1 for an MoE layer, 0 for a dense one, per layer (megatron-core's moe_layer_freq)."""
+    if not is_moe_model(model):
+        return [0] * model.num_layers
+    freq = model.moe_layer_freq
+    if isinstance(freq, int):
+        return [1 if layer % freq == 0 else 0 for layer in range(model.num_layers)]
+    return [int(bit) for bit in freq]
+
+
+def has_dense_layers(model) -> bool:
+    return 0 in moe_layer_pattern(model)
+
+
+def is_drop_and_pad(model) -> bool:
+    return model.moe_expert_capacity_factor is not None and model.moe_pad_expert_input_to_capacity
+
+
+def recompute_modules(model) -> List[str]:
+    """megatron-core normalises an unset list to ["core_attn"], even without recompute."""
+    return list(model.recompute_modules) if model.recompute_modules is not None else ["core_attn"]

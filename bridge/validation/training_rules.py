@@ -1,0 +1,164 @@
+"""Rules on sizes, batches and parallelism: what megatron-core would reject later, or what
+would only show once a job is running at scale."""
+
+from bridge.validation.model_facts import is_moe_model
+from bridge.validation.registry import rule, violation
+
+POSITIVE = (
+    "model.num_layers", "model.hidden_size", "model.num_attention_heads", "model.vocab_size",
+    "dataset.seq_length", "train.micro_batch_size", "train.global_batch_size", "train.train_iters",
+    "train.num_gpus", "model.tensor_model_parallel_size", "model.pipeline_model_parallel_size",
+    "model.context_parallel_size", "model.expert_model_parallel_size",
+)
+
+
+def _get(cfg, dotted: str):
+    node = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def model_parallel_size(cfg) -> int:
+    model = cfg.model
+    return model.tensor_model_parallel_size * model.pipeline_model_parallel_size * model.context_parallel_size
+
+
+def data_parallel_size(cfg) -> int:
+    return cfg.train.num_gpus // model_parallel_size(cfg)
+
+
+@rule("positive_sizes")
+def positive_sizes(cfg):
+    return [
+        violation("positive_sizes", [key], f"{key}={_get(cfg, key)} must be at least 1")
+        for key in POSITIVE
+        if _get(cfg, key) < 1
+    ]
+
+
+@rule("attention_heads")
+def attention_heads(cfg):
+    model = cfg.model
+    if model.num_attention_heads < 1:
+        return None  # positive_sizes reports it
+    if model.kv_channels is None and model.hidden_size % model.num_attention_heads:
+        return violation(
+            "attention_heads", ["model.hidden_size", "model.num_attention_heads"],
+            f"hidden_size={model.hidden_size} is not divisible by num_attention_heads="
+            f"{model.num_attention_heads}; change one or set model.kv_channels",
+        )
+    groups = model.num_query_groups
+    if groups is not None and (groups < 1 or model.num_attention_heads % groups):
+        return violation(
+            "attention_heads", ["model.num_attention_heads", "model.num_query_groups"],
+            f"num_attention_heads={model.num_attention_heads} must be a multiple of "
+            f"num_query_groups={groups}",
+        )
+    return None
+
+
+@rule("moe_layer_freq")
+def moe_layer_freq(cfg):
+    model = cfg.model
+    freq = model.moe_layer_freq
+    if isinstance(freq, bool) or not isinstance(freq, (int, list, tuple)):
+        ok = False
+    elif isinstance(freq, int):
+        ok = freq >= 1
+    else:
+        ok = len(freq) == model.num_layers and set(freq) <= {0, 1}
+    if ok and is_moe_model(model) and model.moe_router_topk > model.num_moe_experts:
+        return violation(
+            "moe_layer_freq", ["model.moe_router_topk", "model.num_moe_experts"],
+            f"moe_router_topk={model.moe_router_topk} exceeds num_moe_experts={model.num_moe_experts}",
+        )
+    if ok:
+        return None
+    return violation(
+        "moe_layer_freq", ["model.moe_layer_freq"],
+        f"model.moe_layer_freq={freq!r} must be an int >= 1 or a 0/1 list of length "
+        f"num_layers={model.num_layers}",
+    )
+
+
+@rule("gpu_count")
+def gpu_count(cfg):
+    model = cfg.model
+    size = model_parallel_size(cfg)
+    if size < 1 or cfg.train.num_gpus % size:
+        return violation(
+            "gpu_count",
+            ["train.num_gpus", "model.tensor_model_parallel_size", "model.pipeline_model_parallel_size",
+             "model.context_parallel_size"],
+            f"train.num_gpus={cfg.train.num_gpus} is not a multiple of TP x PP x CP = {size}; "
+            "change train.num_gpus or the parallel sizes",
+        )
+    expert_tp = model.expert_tensor_parallel_size or model.tensor_model_parallel_size
+    expert_world = cfg.train.num_gpus // model.pipeline_model_parallel_size
+    if expert_world % (model.expert_model_parallel_size * expert_tp):
+        return violation(
+            "gpu_count", ["train.num_gpus", "model.expert_model_parallel_size"],
+            f"EP x ETP = {model.expert_model_parallel_size * expert_tp} must divide the "
+            f"{expert_world} GPUs of a pipeline stage; change model.expert_model_parallel_size",
+        )
+    return None
+
+
+@rule("global_batch")
+def global_batch(cfg):
+    size = model_parallel_size(cfg)
+    if size < 1 or cfg.train.num_gpus % size or cfg.train.micro_batch_size < 1:
+        return None  # gpu_count / positive_sizes report it
+    step = cfg.train.micro_batch_size * data_parallel_size(cfg)
+    if step and cfg.train.global_batch_size % step:
+        return violation(
+            "global_batch", ["train.global_batch_size", "train.micro_batch_size", "train.num_gpus"],
+            f"train.global_batch_size={cfg.train.global_batch_size} must be a multiple of "
+            f"micro_batch_size x data_parallel_size = {step}",
+        )
+    return None
+
+
+@rule("virtual_pipeline")
+def virtual_pipeline(cfg):
+    model = cfg.model
+    if model.virtual_pipeline_model_parallel_size is not None and model.pipeline_model_parallel_size <= 1:
+        return violation(
+            "virtual_pipeline",
+            ["model.virtual_pipeline_model_parallel_size", "model.pipeline_model_parallel_size"],
+            "virtual pipeline stages need pipeline parallelism; set "
+            "model.virtual_pipeline_model_parallel_size=null or raise model.pipeline_model_parallel_size",
+        )
+    return None
+
+
+@rule("sequence_parallel")
+def sequence_parallel(cfg):
+    if cfg.model.sequence_parallel and cfg.model.tensor_model_parallel_size <= 1:
+        return violation(
+            "sequence_parallel", ["model.sequence_parallel", "model.tensor_model_parallel_size"],
+            "Can not use sequence parallelism without tensor parallelism; set "
+            "model.sequence_parallel=false",
+        )
+    return None
+
+
+@rule("precision")
+def precision(cfg):
+    if cfg.model.bf16 and cfg.model.fp16:
+        return violation(
+            "precision", ["model.bf16", "model.fp16"],
+            "bf16 and fp16 cannot both be on; set model.fp16=false",
+        )
+    return None
+
+
+@rule("torch_compile")
+def torch_compile(cfg):
+    if cfg.torch_compile not in ("none", "default", "reduce-overhead"):
+        return violation(
+            "torch_compile", ["torch_compile"],
+            f"torch_compile={cfg.torch_compile!r}: use none, default or reduce-overhead",
+        )
+    return None
