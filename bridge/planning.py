@@ -54,7 +54,7 @@ class Plan:
         cfg = self.config
         tc = self.megatron()["transformer_config"]
         lines = [
-            f"graphbridge plan: {'VALID' if self.valid else 'INVALID'}",
+            "graphbridge plan: " + ("VALID" if self.valid else f"INVALID ({len(self.violations)} violations, on stderr)"),
             f"  graphed:   {graphs['summary']}",
         ]
         if graphs["parked"]:
@@ -76,7 +76,6 @@ class Plan:
             lines.append(f"    {key} = {tc[key]!r}")
         lines.append(f"  env:       {dict(cfg.env_vars) or '{}'}")
         lines += [f"  note: {note}" for note in self.notes]
-        lines += [f"  violation: {v}" for v in self.violations]
         return "\n".join(lines)
 
 

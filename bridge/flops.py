@@ -1,0 +1,70 @@
+"""Model FLOPs of one optimizer step, with Megatron-LM's ``num_floating_point_operations``
+conventions, so our TFLOP/s/GPU compares with Megatron-LM and Megatron-Bridge logs:
+
+- a GEMM of (m x n) by (n x k) costs 2mnk; every GEMM runs three times per step (forward,
+  backward data gradient, backward weight gradient), so a step is 3x the forward;
+- causal attention counts half of the score matrix (QK^T and the product with V);
+  sliding windows are not discounted (Megatron-LM does not discount them either);
+- a gated linear unit (SwiGLU, GPT-OSS's GLU) has three ffn GEMMs, a plain MLP two;
+- MoE layers count the top-k routed experts plus the shared expert; the dense/MoE pattern
+  comes from ``moe_layer_freq``; MTP layers count as extra layers of the last layer's kind,
+  plus their norms, projection and own logits;
+- the LM head uses the padded vocabulary (a multiple of make_vocab_size_divisible_by * TP);
+- norms, rotary embeddings, softmax and the router GEMM are not counted.
+
+Plain arithmetic on the config (a GraphBridgeConfig or its DictConfig): no torch import.
+"""
+
+from bridge.translate import padded_vocab_size
+from bridge.validation.model_facts import moe_layer_pattern
+
+
+def model_flops_per_step(cfg) -> float:
+    """FLOPs of forward + backward over the global batch of one optimizer step."""
+    tokens = cfg.train.global_batch_size * cfg.model.seq_length
+    return float(tokens * 3 * _forward_flops_per_token(cfg))
+
+
+def _forward_flops_per_token(cfg) -> float:
+    model = cfg.model
+    h = model.hidden_size
+    pattern = moe_layer_pattern(model)
+    mtp = model.mtp_num_layers or 0
+    moe_layers = sum(pattern) + pattern[-1] * mtp
+    dense_layers = len(pattern) - sum(pattern) + (1 - pattern[-1]) * mtp
+    layers = model.num_layers + mtp
+
+    glu = 3 if model.gated_linear_unit else 2
+    ffn = model.ffn_hidden_size or 4 * h
+    moe_ffn = model.moe_ffn_hidden_size or ffn
+    shared = model.moe_shared_expert_intermediate_size or 0
+    mlp_macs = h * glu * (
+        ffn * dense_layers + (moe_ffn * model.moe_router_topk + shared) * moe_layers
+    )
+    attn_macs = _attention_macs_per_token(model) * layers
+    mtp_macs = mtp * (3 * h + 2 * h * h)  # eh norms and the 2h -> h projection
+    logits_macs = h * padded_vocab_size(cfg) * (mtp + 1)
+    return 2 * (mlp_macs + attn_macs + mtp_macs + logits_macs)
+
+
+def _attention_macs_per_token(model) -> float:
+    """Multiply-accumulates per token of one self-attention block (projections + core)."""
+    h, s, heads = model.hidden_size, model.seq_length, model.num_attention_heads
+    if model.multi_latent_attention:
+        qk = model.qk_head_dim + model.qk_pos_emb_head_dim
+        if model.q_lora_rank is None:
+            q_proj = h * heads * qk
+        else:  # down projection, up projection, q norm
+            q_proj = model.q_lora_rank * (h + heads * qk + 1)
+        kv_proj = model.kv_lora_rank * (h + heads * (model.qk_head_dim + model.v_head_dim) + 1)
+        rope_k = h * model.qk_pos_emb_head_dim
+        out_proj = heads * model.v_head_dim * h
+        core = s * heads * qk / 2 + s * heads * model.v_head_dim / 2  # causal half
+        return q_proj + kv_proj + rope_k + out_proj + core
+    kv_channels = model.kv_channels or h // heads
+    q = kv_channels * heads
+    kv = kv_channels * (model.num_query_groups or heads)
+    qkv_proj = h * (q + 2 * kv)
+    core = q * s / 2 * 2  # causal half, for QK^T and for the product with V
+    out_proj = q * h
+    return qkv_proj + core + out_proj

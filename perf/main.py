@@ -1,0 +1,54 @@
+"""The `graphbridge` command: compose, migrate, apply the override helper, validate,
+translate; then print the plan (mode=plan) or train in a fresh process (mode=train).
+
+This process never touches CUDA. Exit status 2 means an invalid configuration.
+"""
+
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from bridge.config.load import prepare
+from bridge.config.paths import config_dir
+from bridge.config.schema import Mode, PlanFormat
+from bridge.config.store import register
+from bridge.planning import build_plan
+from perf.launch import job_record, run_job, write_invalid_result
+from perf.outputs import discard_job_dir
+
+log = logging.getLogger("graphbridge")
+INVALID = 2
+
+
+@hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
+def app(composed: DictConfig) -> None:
+    hydra_cfg = HydraConfig.get()
+    job_dir = Path(hydra_cfg.runtime.output_dir)
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    job = job_record(hydra_cfg.runtime.choices, hydra_cfg.overrides.task)
+    plan = build_plan(prepare(composed))
+    for note in plan.notes:
+        log.info(note)
+    if not plan.valid:
+        print("invalid configuration:\n" + "\n".join(f"  {v}" for v in plan.violations), file=sys.stderr)
+    if plan.config.mode == Mode.plan:
+        print(plan.to_json() if plan.config.plan.format == PlanFormat.json else plan.to_text())
+        discard_job_dir(job_dir, multirun)
+        code = 0 if plan.valid else INVALID
+    elif not plan.valid:
+        write_invalid_result(job_dir, plan.violations, job) if multirun else discard_job_dir(job_dir, multirun)
+        code = INVALID
+    else:
+        code = run_job(plan.config, job_dir, job)
+    if code and not multirun:  # a sweep records the failure and goes on with its other jobs
+        sys.exit(code)
+
+
+def main() -> None:
+    register()
+    app()
