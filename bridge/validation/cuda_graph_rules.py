@@ -3,7 +3,9 @@ reference) plus the training-level ones Bridge and Megatron-LM keep outside mega
 Messages keep the upstream wording where there is one and add the override that fixes it.
 """
 
-from bridge.config.schema import CUDA_GRAPH_MODULES, CudaGraphImpl
+import difflib
+
+from bridge.config.schema import CUDA_GRAPH_MODULES, CudaGraphImpl, Engine
 from bridge.validation.model_facts import (
     has_dense_layers,
     is_drop_and_pad,
@@ -53,13 +55,17 @@ def module_names(cfg):
         )
     unknown = [name for name in names if name not in CUDA_GRAPH_MODULES]
     if unknown:
+        hints = [hint for name in unknown for hint in difflib.get_close_matches(name, CUDA_GRAPH_MODULES, n=1)]
+        did_you_mean = f" (did you mean {hints}?)" if hints else ""
         return violation(
             "module_names", [MODULES],
-            f"unknown module name(s) {unknown} in model.cuda_graph_modules; valid: "
+            f"unknown module name(s) {unknown} in model.cuda_graph_modules{did_you_mean}; use names from "
             f"{list(CUDA_GRAPH_MODULES)}",
         )
     if len(set(names)) != len(names):
-        return violation("module_names", [MODULES], f"model.cuda_graph_modules={names} repeats a name")
+        return violation(
+            "module_names", [MODULES], f"model.cuda_graph_modules={names} repeats a name; drop the duplicate"
+        )
     return None
 
 
@@ -392,7 +398,7 @@ def packed_sequence_scope(cfg):
 
 @rule("engine_impl")
 def engine_impl(cfg):
-    if cfg.engine.value == "torch" and _impl(cfg) == TE:
+    if Engine(cfg.engine) == Engine.torch and _impl(cfg) == TE:
         return violation(
             "engine_impl", ["engine", IMPL],
             "the torch engine has no Transformer Engine graphs; use engine=megatron, or "

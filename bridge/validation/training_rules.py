@@ -31,7 +31,7 @@ def data_parallel_size(cfg) -> int:
 @rule("positive_sizes")
 def positive_sizes(cfg):
     return [
-        violation("positive_sizes", [key], f"{key}={_get(cfg, key)} must be at least 1")
+        violation("positive_sizes", [key], f"{key}={_get(cfg, key)} must be at least 1; set {key}=1 or more")
         for key in POSITIVE
         if _get(cfg, key) < 1
     ]
@@ -71,14 +71,15 @@ def moe_layer_freq(cfg):
     if ok and is_moe_model(model) and model.moe_router_topk > model.num_moe_experts:
         return violation(
             "moe_layer_freq", ["model.moe_router_topk", "model.num_moe_experts"],
-            f"moe_router_topk={model.moe_router_topk} exceeds num_moe_experts={model.num_moe_experts}",
+            f"moe_router_topk={model.moe_router_topk} exceeds num_moe_experts={model.num_moe_experts}; "
+            "lower model.moe_router_topk",
         )
     if ok:
         return None
     return violation(
         "moe_layer_freq", ["model.moe_layer_freq"],
         f"model.moe_layer_freq={freq!r} must be an int >= 1 or a 0/1 list of length "
-        f"num_layers={model.num_layers}",
+        f"num_layers={model.num_layers}; set model.moe_layer_freq=1 for an all-MoE model",
     )
 
 
@@ -115,7 +116,8 @@ def global_batch(cfg):
         return violation(
             "global_batch", ["train.global_batch_size", "train.micro_batch_size", "train.num_gpus"],
             f"train.global_batch_size={cfg.train.global_batch_size} must be a multiple of "
-            f"micro_batch_size x data_parallel_size = {step}",
+            f"micro_batch_size x data_parallel_size = {step}; set train.global_batch_size="
+            f"{max(step, cfg.train.global_batch_size // step * step)}",
         )
     return None
 

@@ -1,0 +1,156 @@
+"""One reject and one accept configuration per validation rule, built without Hydra.
+
+A case is a dict of dotted keys applied to a default GraphBridgeConfig before the override
+helper runs; ``after`` keys are applied after it (to undo what the helper derives). Cases
+marked ``megatron=True`` exercise a rule that megatron-core 0.16.1's TransformerConfig also
+checks: there both verdicts must agree (tests/test_megatron_agreement.py).
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Dict
+
+from bridge.config.schema import GraphBridgeConfig
+from bridge.overrides import set_cuda_graph_overrides
+
+MOE = {"model.num_moe_experts": 8, "model.moe_router_topk": 2, "model.moe_ffn_hidden_size": 128}
+DROP_AND_PAD = {"model.moe_expert_capacity_factor": 1.0, "model.moe_pad_expert_input_to_capacity": True}
+EP_OVERLAP = {**MOE, "model.expert_model_parallel_size": 2, "train.num_gpus": 2,
+              "model.moe_token_dispatcher_type": "alltoall", "model.overlap_moe_expert_parallel_comm": True}
+FULL_RECOMPUTE = {"model.recompute_granularity": "full", "model.recompute_method": "uniform",
+                  "model.recompute_num_layers": 1}
+
+
+def te(*modules: str) -> Dict[str, Any]:
+    return {"model.cuda_graph_impl": "transformer_engine", "model.cuda_graph_modules": list(modules)}
+
+
+def local(*modules: str) -> Dict[str, Any]:
+    return {"model.cuda_graph_impl": "local", "model.cuda_graph_modules": list(modules)}
+
+
+FULL_ITERATION = {"model.cuda_graph_impl": "full_iteration"}
+
+
+@dataclass
+class Case:
+    changes: Dict[str, Any]
+    after: Dict[str, Any] = field(default_factory=dict)
+    megatron: bool = False
+
+
+def set_dotted(cfg, dotted: str, value) -> None:
+    *path, last = dotted.split(".")
+    node = cfg
+    for part in path:
+        node = getattr(node, part)
+    if isinstance(node, dict):
+        node[last] = value
+    else:
+        setattr(node, last, value)
+
+
+def build(case: Case) -> GraphBridgeConfig:
+    cfg = GraphBridgeConfig()
+    for key, value in case.changes.items():
+        set_dotted(cfg, key, value)
+    set_cuda_graph_overrides(cfg)
+    for key, value in case.after.items():
+        set_dotted(cfg, key, value)
+    return cfg
+
+
+# rule name -> (reject, accept)
+RULE_CASES = {
+    "module_names": (Case(te("attn", "bogus"), megatron=True), Case(te("attn"), megatron=True)),
+    "full_iteration_modules": (Case({**FULL_ITERATION, "model.cuda_graph_modules": ["attn"]}),
+                               Case(FULL_ITERATION)),
+    "te_rng_tracker": (Case(te("attn"), after={"rng.te_rng_tracker": False, "model.use_te_rng_tracker": False}),
+                       Case(te("attn"), after={"rng.te_rng_tracker": False})),
+    "full_iteration_nan_checks": (Case({**FULL_ITERATION, "rerun_state_machine.check_for_nan_in_loss": True}),
+                                  Case(FULL_ITERATION)),
+    "local_scoped_modules": (Case(local("attn")), Case(local())),
+    "cpu_offloading": (Case({**te("attn"), "model.cpu_offloading": True}, megatron=True),
+                       Case({"model.cpu_offloading": True}, megatron=True)),
+    "moe_with_moe_router": (Case({**MOE, **DROP_AND_PAD, **te("moe", "moe_router")}, megatron=True),
+                            Case({**MOE, **te("moe_router")}, megatron=True)),
+    "moe_preprocess_needs_router": (Case({**MOE, **te("moe_preprocess")}, megatron=True),
+                                    Case({**MOE, **local("moe_preprocess")}, megatron=True)),
+    "moe_modules_need_moe_model": (Case(te("moe_router", "moe_preprocess"), megatron=True),
+                                   Case({**MOE, **te("moe_router", "moe_preprocess")}, megatron=True)),
+    "mlp_needs_dense_layers": (Case({**MOE, **te("mlp")}, megatron=True),
+                               Case({**MOE, "model.moe_layer_freq": [0, 1], **te("mlp")}, megatron=True)),
+    "moe_needs_drop_and_pad": (Case({**MOE, **te("moe")}, megatron=True),
+                               Case({**MOE, **DROP_AND_PAD, **te("moe")}, megatron=True)),
+    "moe_preprocess_host_sync": (
+        Case({**MOE, "model.moe_expert_capacity_factor": 1.0, "model.moe_token_dispatcher_type": "alltoall",
+              **te("moe_router", "moe_preprocess")}, megatron=True),
+        Case({**MOE, "model.moe_expert_capacity_factor": 1.0, "model.moe_token_dispatcher_type": "allgather",
+              **te("moe_router", "moe_preprocess")}, megatron=True)),
+    "full_recompute": (Case({**FULL_RECOMPUTE, **te("attn")}, megatron=True),
+                       Case({**FULL_RECOMPUTE, **FULL_ITERATION}, megatron=True)),
+    "moe_recompute_with_router": (
+        Case({**MOE, "model.recompute_granularity": "selective", "model.recompute_modules": ["moe"],
+              **te("moe_router", "moe_preprocess")}, megatron=True),
+        Case({**MOE, "model.recompute_granularity": "selective", "model.recompute_modules": ["layernorm"],
+              **te("moe_router", "moe_preprocess")}, megatron=True)),
+    "recompute_attention_dropout": (
+        Case({"model.recompute_granularity": "selective", "model.attention_dropout": 0.1, **te()}, megatron=True),
+        Case({"model.recompute_granularity": "selective", "model.attention_dropout": 0.1, **te("mlp")},
+             megatron=True)),
+    "recompute_hidden_dropout": (
+        Case({"model.recompute_granularity": "selective", "model.hidden_dropout": 0.1,
+              "model.recompute_modules": ["mlp"], **te("attn", "mlp")}, megatron=True),
+        Case({"model.recompute_granularity": "selective", "model.hidden_dropout": 0.1,
+              "model.recompute_modules": ["mlp"], **te("attn")}, megatron=True)),
+    "recompute_moe_jitter": (
+        Case({**MOE, "model.recompute_granularity": "selective", "model.moe_input_jitter_eps": 0.01,
+              "model.recompute_modules": ["moe"], **te()}, megatron=True),
+        Case({**MOE, "model.recompute_granularity": "selective", "model.moe_input_jitter_eps": 0.01,
+              "model.recompute_modules": ["moe"], **te("attn")}, megatron=True)),
+    "ep_overlap": (Case({**EP_OVERLAP, **local("moe_router")}, megatron=True),
+                   Case({**EP_OVERLAP, **te("attn", "moe_router", "moe_preprocess")}, megatron=True)),
+    "delay_wgrad": (Case({**MOE, "model.delay_wgrad_compute": True}, megatron=True),
+                    Case({**EP_OVERLAP, "model.delay_wgrad_compute": True}, megatron=True)),
+    "warmup_steps": (Case({**te("attn"), "model.cuda_graph_warmup_steps": 0}),
+                     Case({**te("attn"), "model.cuda_graph_warmup_steps": 1})),
+    "static_shapes": (Case({**te("attn"), "model.seq_length": 128}), Case({**te("attn"), "model.seq_length": 256})),
+    "packed_sequence_scope": (Case({**te("attn"), "dataset.packed_sequence": True}),
+                              Case({**te("mlp"), "dataset.packed_sequence": True})),
+    "engine_impl": (Case({**te("attn"), "engine": "torch"}), Case({**FULL_ITERATION, "engine": "torch"})),
+    "full_iteration_param_gather": (
+        Case({**FULL_ITERATION, "optimizer.overlap_param_gather_with_optimizer_step": True}),
+        Case({"optimizer.overlap_param_gather_with_optimizer_step": True})),
+    "optimizer_in_graph": (Case({**te("attn"), "optimizer.optimizer_in_graph": True}),
+                           Case({**FULL_ITERATION, "optimizer.optimizer_in_graph": True})),
+    "nccl_graph_register": (
+        Case({**local(), "env_vars.PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "workload.gpu": "h100"}),
+        Case({**local(), "env_vars.PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "workload.gpu": "b200"})),
+    "positive_sizes": (Case({"train.train_iters": 0}), Case({"train.train_iters": 1})),
+    # megatron-core floors hidden/heads silently here and fails later, at model build.
+    "attention_heads": (Case({"model.hidden_size": 100, "model.num_attention_heads": 3}),
+                        Case({"model.hidden_size": 96, "model.num_attention_heads": 3})),
+    "moe_layer_freq": (Case({**MOE, "model.num_layers": 3, "model.moe_layer_freq": [0, 1]}),
+                       Case({**MOE, "model.num_layers": 3, "model.moe_layer_freq": [0, 1, 1]})),
+    "gpu_count": (Case({"train.num_gpus": 3, "model.tensor_model_parallel_size": 2}),
+                  Case({"train.num_gpus": 4, "model.tensor_model_parallel_size": 2})),
+    "global_batch": (Case({"train.num_gpus": 2, "train.global_batch_size": 3}),
+                     Case({"train.num_gpus": 2, "train.global_batch_size": 4})),
+    "virtual_pipeline": (Case({"model.virtual_pipeline_model_parallel_size": 2}),
+                         Case({"model.virtual_pipeline_model_parallel_size": 2, "train.num_gpus": 2,
+                               "model.pipeline_model_parallel_size": 2})),
+    "sequence_parallel": (Case({"model.sequence_parallel": True}, megatron=True),
+                          Case({"model.sequence_parallel": True, "model.tensor_model_parallel_size": 2,
+                                "train.num_gpus": 2}, megatron=True)),
+    "precision": (Case({"model.fp16": True}), Case({"model.fp16": True, "model.bf16": False})),
+    "torch_compile": (Case({"torch_compile": "max"}), Case({"torch_compile": "reduce-overhead"})),
+}
+
+# Extra rejects for rules with more than one way to fail.
+EXTRA_REJECTS = {
+    "module_names": [Case(te("")), Case(te("full")), Case(te("attn", "attn"))],
+    "warmup_steps": [Case({**te("attn"), "model.cuda_graph_warmup_steps": 50})],
+    "nccl_graph_register": [Case({**te("attn"), "env_vars.PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+                                  "workload.gpu": "b200"})],
+    "ep_overlap": [Case({**EP_OVERLAP, **te("attn", "mlp")})],
+    "static_shapes": [Case({**te("mlp"), "dataset.packed_sequence": True, "dataset.pad_to_max_length": False})],
+}
