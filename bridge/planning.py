@@ -41,8 +41,8 @@ class Plan:
             "notes": self.notes,
             "graphs": self.graphs(),
             "config": OmegaConf.to_container(OmegaConf.structured(self.config), enum_to_str=True),
-            "megatron": _jsonable(self.megatron()["transformer_config"]),
-            "megatron_other": _jsonable({k: v for k, v in self.megatron().items() if k != "transformer_config"}),
+            # An invalid config is never handed to megatron-core, so there is nothing to show.
+            "megatron": _jsonable(self.megatron()) if self.valid else None,
             "env": dict(self.config.env_vars),
         }
 
@@ -52,7 +52,6 @@ class Plan:
     def to_text(self) -> str:
         graphs = self.graphs()
         cfg = self.config
-        tc = self.megatron()["transformer_config"]
         lines = [
             "graphbridge plan: " + ("VALID" if self.valid else f"INVALID ({len(self.violations)} violations, on stderr)"),
             f"  graphed:   {graphs['summary']}",
@@ -70,10 +69,12 @@ class Plan:
             f"EP={cfg.model.expert_model_parallel_size}",
             f"  batches:   micro={cfg.train.micro_batch_size} global={cfg.train.global_batch_size} "
             f"iters={cfg.train.train_iters}",
-            "  megatron-core TransformerConfig (CUDA-graph fields):",
         ]
-        for key in ("cuda_graph_impl", "cuda_graph_scope", "cuda_graph_warmup_steps", "use_te_rng_tracker"):
-            lines.append(f"    {key} = {tc[key]!r}")
+        if self.valid:
+            tc = self.megatron()["transformer_config"]
+            lines.append("  megatron-core TransformerConfig (CUDA-graph fields):")
+            lines += [f"    {key} = {tc[key]!r}" for key in
+                      ("cuda_graph_impl", "cuda_graph_scope", "cuda_graph_warmup_steps", "use_te_rng_tracker")]
         lines.append(f"  env:       {dict(cfg.env_vars) or '{}'}")
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)

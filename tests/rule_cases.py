@@ -111,6 +111,7 @@ RULE_CASES = {
                    Case({**EP_OVERLAP, **te("attn", "moe_router", "moe_preprocess")}, megatron=True)),
     "delay_wgrad": (Case({**MOE, "model.delay_wgrad_compute": True}, megatron=True),
                     Case({**EP_OVERLAP, "model.delay_wgrad_compute": True}, megatron=True)),
+    "mamba_layers": (Case(te("mamba")), Case(te("attn"))),
     "warmup_steps": (Case({**te("attn"), "model.cuda_graph_warmup_steps": 0}),
                      Case({**te("attn"), "model.cuda_graph_warmup_steps": 1})),
     "static_shapes": (Case({**te("attn"), "model.seq_length": 128}), Case({**te("attn"), "model.seq_length": 256})),
@@ -125,6 +126,13 @@ RULE_CASES = {
     "nccl_graph_register": (
         Case({**local(), "env_vars.PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "workload.gpu": "h100"}),
         Case({**local(), "env_vars.PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "workload.gpu": "b200"})),
+    "moe_padding_needs_capacity": (Case({**MOE, "model.moe_pad_expert_input_to_capacity": True}, megatron=True),
+                                   Case({**MOE, **DROP_AND_PAD}, megatron=True)),
+    "expert_parallel_needs_experts": (Case({"model.expert_model_parallel_size": 2, "train.num_gpus": 2}, megatron=True),
+                                      Case({**MOE, "model.expert_model_parallel_size": 2, "train.num_gpus": 2},
+                                           megatron=True)),
+    "recompute_settings": (Case({"model.recompute_granularity": "full"}, megatron=True),
+                           Case({**FULL_RECOMPUTE}, megatron=True)),
     "positive_sizes": (Case({"train.train_iters": 0}), Case({"train.train_iters": 1})),
     # megatron-core floors hidden/heads silently here and fails later, at model build.
     "attention_heads": (Case({"model.hidden_size": 100, "model.num_attention_heads": 3}),
@@ -147,6 +155,8 @@ RULE_CASES = {
 
 # Extra rejects for rules with more than one way to fail.
 EXTRA_REJECTS = {
+    "recompute_settings": [Case({"model.recompute_granularity": "selective", "model.recompute_num_layers": 1}),
+                           Case({"model.recompute_granularity": "block"})],
     "module_names": [Case(te("")), Case(te("full")), Case(te("attn", "attn"))],
     "warmup_steps": [Case({**te("attn"), "model.cuda_graph_warmup_steps": 50})],
     "nccl_graph_register": [Case({**te("attn"), "env_vars.PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",

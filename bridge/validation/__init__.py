@@ -6,7 +6,7 @@ second and can run before any GPU, process group or output is touched.
 
 from typing import List
 
-from bridge.validation import cuda_graph_rules, environment_rules, training_rules  # noqa: F401  (registers)
+from bridge.validation import cuda_graph_rules, environment_rules, megatron_rules, training_rules  # noqa: F401  (registers)
 from bridge.validation.registry import RULES, run_rules
 from bridge.validation.violation import Violation
 

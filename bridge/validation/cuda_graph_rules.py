@@ -428,3 +428,14 @@ def optimizer_in_graph(cfg):
             "cuda_graph=full_iteration or optimizer.optimizer_in_graph=false",
         )
     return None
+
+
+@rule("mamba_layers")
+def mamba_layers(cfg):
+    if "mamba" in _active_modules(cfg):
+        return violation(
+            "mamba_layers", [MODULES],
+            "the mamba module graphs MambaLayer only, and graphbridge's GPT models have none, so "
+            "nothing would be captured; drop mamba (e.g. cuda_graph=te_attn)",
+        )
+    return None

@@ -1,0 +1,90 @@
+"""What users type: the real `graphbridge` command in a subprocess, from a foreign directory."""
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def graphbridge(*args, cwd, env=None):
+    return subprocess.run(
+        [sys.executable, "-c", "from perf.main import main; main()", *args],
+        cwd=cwd, capture_output=True, text=True, env=env, timeout=120,
+    )
+
+
+def test_plan_prints_what_is_graphed_and_leaves_no_output_dir(tmp_path):
+    result = graphbridge("mode=plan", "cuda_graph=te_attn_mlp", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "graphbridge plan: VALID" in result.stdout
+    assert "cuda_graph_scope = ['attn', 'mlp']" in result.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_plan_json_carries_verdict_config_and_megatron_arguments(tmp_path):
+    result = graphbridge("mode=plan", "plan.format=json", "cuda_graph=full_iteration", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["valid"] is True and plan["violations"] == []
+    assert plan["config"]["model"]["cuda_graph_impl"] == "full_iteration"
+    assert plan["megatron"]["transformer_config"]["cuda_graph_impl"] == "local"
+    assert plan["megatron"]["transformer_config"]["cuda_graph_scope"] == ["full_iteration"]
+
+
+@pytest.mark.parametrize("mode", ["plan", "train"])
+def test_invalid_config_exits_2_with_every_violation_and_no_traceback(tmp_path, mode):
+    result = graphbridge(
+        f"mode={mode}", "plan.format=json", "cuda_graph=full_iteration", "ddp.check_for_nan_in_grad=true",
+        "model.cpu_offloading=true", cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert "full_iteration_nan_checks" in result.stderr and "cpu_offloading" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert list(tmp_path.iterdir()) == []
+    if mode == "plan":
+        plan = json.loads(result.stdout)
+        assert {v["rule"] for v in plan["violations"]} == {"full_iteration_nan_checks", "cpu_offloading"}
+        assert all(set(v) == {"rule", "keys", "message"} for v in plan["violations"])
+
+
+@pytest.mark.parametrize(
+    "override,expected",
+    [("model.bogus=1", "full_key: model.bogus"), ("model.num_layers=abc", "full_key: model.num_layers"),
+     ("model.cuda_graph_impl=graph", "full_key: model.cuda_graph_impl")],
+)
+def test_bad_keys_and_types_fail_at_composition_with_the_full_path(tmp_path, override, expected):
+    result = graphbridge("mode=plan", override, cwd=tmp_path)
+    assert result.returncode == 1
+    assert expected in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args,expected",
+    [(["--help"], "cuda_graph: full_iteration, local_layer, none"), (["--cfg", "job"], "cuda_graph_impl: none"),
+     (["--info", "defaults"], "cuda_graph/none"), (["--info", "searchpath"], "conf")],
+)
+def test_hydra_introspection_works_from_any_directory(tmp_path, args, expected):
+    result = graphbridge(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert expected in result.stdout
+
+
+def test_installed_wheel_ships_the_config_tree(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path / "dist"), str(ROOT)], check=True, capture_output=True, timeout=300)
+    wheel = next((tmp_path / "dist").glob("graphbridge-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "bridge/conf/config.yaml" in names and "bridge/conf/recipe/llama/tiny.yaml" in names
+    zipfile.ZipFile(wheel).extractall(tmp_path / "site")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    result = graphbridge("--info", "searchpath", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert f"file://{tmp_path / 'site' / 'bridge' / 'conf'}" in result.stdout
+    plan = graphbridge("mode=plan", "cuda_graph=te_attn", cwd=tmp_path, env=env)
+    assert plan.returncode == 0 and "VALID" in plan.stdout
