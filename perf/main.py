@@ -20,6 +20,7 @@ from bridge.config.store import register
 from bridge.planning import build_plan
 from perf.launch import job_record, run_job, write_invalid_result
 from perf.outputs import discard_job_dir
+from perf.preflight import check
 
 log = logging.getLogger("graphbridge")
 INVALID = 2
@@ -50,5 +51,8 @@ def app(composed: DictConfig) -> None:
 
 
 def main() -> None:
+    problem = check(sys.argv[1:])
+    if problem:
+        sys.exit(f"graphbridge: {problem}")
     register()
     app()
