@@ -10,6 +10,7 @@ from typing import Iterable, List, Optional
 
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ValueType
 from hydra.errors import HydraException
 
 from bridge.config.paths import config_dir
@@ -90,7 +91,7 @@ def _group_choices(group: str, roots: List[Path]) -> Optional[List[str]]:
 
 
 def _choice_error(group: str, override, choices: List[str]) -> Optional[str]:
-    if override.is_delete() or override.value_type is None or "glob" in str(override.value()):
+    if override.is_delete() or override.value_type in (None, ValueType.GLOB_CHOICE_SWEEP):
         return None
     values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [
         override.get_value_element_as_str()]
@@ -113,8 +114,8 @@ def _key_error(dotted: str) -> Optional[str]:
         if part not in fields:
             close = difflib.get_close_matches(part, fields, n=1)
             where = ".".join(path) or "the top level"
-            hint = f"did you mean {'.'.join(path + close + parts[index + 1:])}? " if close else ""
-            return f"{dotted}: no key '{part}' in {where}; {hint}(graphbridge --cfg job lists every key)"
+            hint = f"; did you mean {'.'.join(path + close + parts[index + 1:])}?" if close else ""
+            return f"{dotted}: no key '{part}' in {where}{hint} (graphbridge --cfg job lists every key)"
         path.append(part)
         node = fields[part].type if dataclasses.is_dataclass(fields[part].type) else None
     return None
