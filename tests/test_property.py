@@ -18,7 +18,7 @@ OVERRIDE_POOL = {
     "model.cuda_graph_impl": st.sampled_from(["none", "local", "transformer_engine", "full_iteration"]),
     "model.cuda_graph_modules": st.lists(st.sampled_from(MODULE_NAMES), max_size=3).map(
         lambda names: "[" + ",".join(f"'{n}'" for n in names) + "]"),
-    "model.cuda_graph_scope": st.sampled_from(["full", "full_iteration", "attn,mlp", "moe_router", "''", "bogus"]),
+    "model.cuda_graph_scope": st.sampled_from(["full", "full_iteration", "'attn,mlp'", "moe_router", "''", "bogus"]),
     "model.enable_cuda_graph": st.booleans(),
     "model.external_cuda_graph": st.booleans(),
     "model.cuda_graph_warmup_steps": st.integers(-1, 60),

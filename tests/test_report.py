@@ -1,0 +1,185 @@
+"""The sweep report, from synthetic result.json files laid out as a Hydra multirun leaves them."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from perf.callbacks import SummaryCallback
+from perf.report import build_summary, main, write_summary
+
+REPORT = str(Path(sys.executable).with_name("graphbridge-report"))
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def add_job(sweep: Path, num: int, choice: str, status: str = "completed", *, median=None, count=40,
+            peak_gb=None, effective_impl=None, reason=None, extra_overrides=()) -> Path:
+    """A job directory as Hydra and the trainer leave it; status "missing" writes no result.json."""
+    job_dir = sweep / str(num)
+    (job_dir / ".hydra").mkdir(parents=True)
+    overrides = [f"cuda_graph={choice}", *extra_overrides]
+    (job_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    if status == "missing":
+        return job_dir
+    result = {"status": status, "reason": reason,
+              "job": {"choices": {"recipe": "llama/tiny", "cuda_graph": choice}, "overrides": overrides}}
+    if status == "completed":
+        result.update({
+            "engine": "megatron", "device": "cuda", "impl": choice, "effective_impl": effective_impl or choice,
+            "modules": [], "train_iters": count + 4, "steps_completed": count + 4,
+            "step_time_ms": {"median": median, "p10": median * 0.9, "p90": median * 1.2, "mean": median,
+                             "count": count},
+            "capture_step": None, "capture_time_s": None if choice == "none" else 2.0, "graph_count": 1,
+            "tokens_per_s": 1e6 / median, "tflops_per_gpu": 4000 / median,
+            "memory": {"peak_allocated_gb": peak_gb, "peak_reserved_gb": peak_gb and peak_gb + 1},
+            "loss": [10.0, 9.0], "env": {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.9", "python": "3.11"},
+        })
+    (job_dir / "result.json").write_text(json.dumps(result))
+    return job_dir
+
+
+@pytest.fixture
+def scope_sweep(tmp_path):
+    """The dense_scopes sweep with every outcome a job can have."""
+    sweep = tmp_path / "sweep"
+    add_job(sweep, 0, "none", median=100.0, peak_gb=10.0, effective_impl="none")
+    add_job(sweep, 1, "full_iteration", median=80.0, peak_gb=12.5)
+    add_job(sweep, 2, "local_layer", median=125.0, peak_gb=11.0, effective_impl="local", count=12)
+    add_job(sweep, 3, "te_layer", "failed", reason="RuntimeError: operation not permitted when stream is capturing")
+    add_job(sweep, 4, "te_attn", "invalid", reason="[engine_impl] engine, model.cuda_graph_impl: no TE graphs")
+    add_job(sweep, 5, "te_attn_mlp", "missing")
+    return sweep
+
+
+def read_rows(sweep: Path):
+    with (sweep / "summary.csv").open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_every_job_is_a_row_with_its_status_and_speedup_against_the_eager_job(scope_sweep):
+    assert main([str(scope_sweep)]) == 0
+    for name in ("summary.md", "summary.csv"):
+        assert (scope_sweep / name).stat().st_size > 0
+    assert (scope_sweep / "summary.png").read_bytes()[:8] == PNG_MAGIC
+
+    rows = read_rows(scope_sweep)
+    assert [(r["job"], r["cuda_graph"], r["status"]) for r in rows] == [
+        ("0", "none", "completed"), ("1", "full_iteration", "completed"), ("2", "local_layer", "completed"),
+        ("3", "te_layer", "failed"), ("4", "te_attn", "invalid"), ("5", "te_attn_mlp", "missing"),
+    ]
+    assert [r["speedup"] for r in rows] == ["1.0", "1.25", "0.8", "", "", ""]
+    assert [r["memory_overhead_gb"] for r in rows[:3]] == ["0.0", "2.5", "1.0"]
+    assert {r["baseline_job"] for r in rows} == {"0"}
+    assert rows[1]["capture_time_s"] == "2.0" and rows[1]["step_ms_p90"] == "96.0"
+    assert "operation not permitted" in rows[3]["note"] and "[engine_impl]" in rows[4]["note"]
+    assert rows[5]["note"].startswith("no result.json")
+    assert all(r["step_ms_median"] == "" for r in rows[3:])
+
+
+def test_markdown_has_the_title_the_table_and_flags_short_measurements(scope_sweep):
+    write_summary(build_summary(scope_sweep))
+    markdown = (scope_sweep / "summary.md").read_text()
+    assert markdown.startswith("# CUDA graphs: llama/tiny · megatron engine · NVIDIA H100 80GB HBM3")
+    assert "6 jobs (3 completed, 1 failed, 1 invalid, 1 missing)" in markdown
+    assert "| 1 | full_iteration | completed | full_iteration | 80.00 | 72.00–96.00 | 1.25× |" in markdown
+    assert "1.00× (baseline)" in markdown
+    local_layer = next(line for line in markdown.splitlines() if "| local_layer |" in line)
+    assert "⚠ 125.00" in local_layer and "only 12 timed steps (< 30)" in local_layer
+    assert "warmup and graph-capture steps" in markdown
+
+
+def test_with_another_swept_key_each_job_is_compared_with_the_eager_job_of_its_own_settings(tmp_path):
+    sweep = tmp_path / "sweep"
+    for num, (choice, hidden, median, impl) in enumerate([
+        ("none", 128, 10.0, "none"), ("full_iteration", 128, 5.0, None),
+        ("none", 256, 30.0, "none"), ("full_iteration", 256, 20.0, None),
+        ("full_iteration", 512, 40.0, None),
+    ]):
+        add_job(sweep, num, choice, median=median, effective_impl=impl,
+                extra_overrides=[f"model.hidden_size={hidden}", "train.train_iters=50"])
+    summary = build_summary(sweep)
+    assert summary.swept_keys == ["model.hidden_size"]  # train_iters is the same everywhere
+    write_summary(summary)
+    rows = read_rows(sweep)
+    assert [(r["model.hidden_size"], r["speedup"], r["baseline_job"]) for r in rows] == [
+        ("128", "1.0", "0"), ("128", "2.0", "0"), ("256", "1.0", "2"), ("256", "1.5", "2"), ("512", "", ""),
+    ]
+    assert rows[4]["note"] == "no eager job with the same other overrides"
+
+
+def test_the_none_choice_is_the_baseline_even_when_a_graph_choice_ran_eagerly(tmp_path):
+    sweep = tmp_path / "sweep"
+    add_job(sweep, 0, "te_attn", median=12.0, effective_impl="none")
+    add_job(sweep, 1, "none", median=10.0, effective_impl="none")
+    rows = build_summary(sweep).rows
+    assert [row["baseline_job"] for row in rows] == ["1", "1"]
+    assert rows[0]["speedup"] == pytest.approx(10.0 / 12.0)
+    assert "ran eagerly" in rows[0]["note"]
+
+
+def test_a_recipe_chosen_cuda_graph_names_the_row(tmp_path):
+    sweep = tmp_path / "sweep"
+    job_dir = add_job(sweep, 0, "none", median=10.0, effective_impl="none")
+    result = json.loads((job_dir / "result.json").read_text())
+    result["job"] = {"choices": {"cuda_graph": None, "cuda_graph@_global_": "te_attn"}, "overrides": []}
+    (job_dir / "result.json").write_text(json.dumps(result))
+    assert build_summary(sweep).rows[0]["cuda_graph"] == "te_attn"
+
+
+def test_jobs_are_in_hydra_job_order(tmp_path):
+    sweep = tmp_path / "sweep"
+    for num in (10, 9, 2):
+        add_job(sweep, num, "none", median=float(num), effective_impl="none")
+    assert [row["job"] for row in build_summary(sweep).rows] == ["2", "9", "10"]
+
+
+def test_a_cpu_sweep_without_memory_data_still_plots(tmp_path):
+    sweep = tmp_path / "sweep"
+    add_job(sweep, 0, "none", median=10.0, effective_impl="none")
+    add_job(sweep, 1, "full_iteration", median=9.0, effective_impl="none", count=3)
+    write_summary(build_summary(sweep))
+    assert (sweep / "summary.png").read_bytes()[:8] == PNG_MAGIC
+    assert read_rows(sweep)[1]["peak_allocated_gb"] == ""
+
+
+def test_console_script_rebuilds_the_summary_and_prints_the_table(scope_sweep):
+    result = subprocess.run([REPORT, str(scope_sweep)], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "COLUMNS": "250"})  # wide enough for whole cells
+    assert result.returncode == 0, result.stderr
+    assert "CUDA graphs: llama/tiny" in result.stdout and "[engine_impl]" in result.stdout
+    assert "summary.png" in result.stdout
+
+
+@pytest.mark.parametrize("layout,message", [("empty", "no jobs under"), ("absent", "is not a directory")])
+def test_console_script_refuses_a_directory_without_jobs(tmp_path, layout, message):
+    directory = tmp_path / "sweep"
+    if layout == "empty":
+        directory.mkdir()
+    result = subprocess.run([REPORT, str(directory)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_callback_writes_the_summary_when_the_multirun_ends(scope_sweep):
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(scope_sweep)}}})
+    SummaryCallback().on_multirun_end(config)
+    assert all((scope_sweep / name).is_file() for name in ("summary.md", "summary.csv", "summary.png"))
+
+
+def test_callback_writes_nothing_for_a_plan_sweep(tmp_path):
+    sweep = tmp_path / "sweep"
+    add_job(sweep, 0, "none", "missing")
+    SummaryCallback().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}}))
+    assert not (sweep / "summary.md").exists()
+
+
+def test_callback_module_is_import_light():
+    # Hydra instantiates callbacks at the start of every run, plans included.
+    code = ("import sys, perf.callbacks; heavy = {'torch', 'matplotlib', 'megatron', 'perf.report'} & "
+            "set(sys.modules); assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -1,0 +1,95 @@
+"""Sweep presets and multiruns through the real `graphbridge` command."""
+
+import csv
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.types import RunMode
+
+from bridge.config.paths import config_dir
+from bridge.config.store import register
+
+GRAPHBRIDGE = str(Path(sys.executable).with_name("graphbridge"))
+SWEEPS = {
+    "dense_scopes": ["none", "full_iteration", "local_layer", "te_layer", "te_attn", "te_attn_mlp"],
+    "moe_scopes": ["none", "full_iteration", "te_attn_moe_router", "te_moe_router", "local_layer"],
+}
+TRAINER_MISSING = importlib.util.find_spec("bridge.run") is None
+TRAINER_REASON = "needs bridge.run (the training process perf.launch starts), not written yet"
+TINY = ["recipe=llama/tiny", "model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64"]
+
+
+def compose_with_hydra(overrides):
+    register()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides, return_hydra_config=True)
+
+
+def test_the_sweep_group_holds_exactly_the_presets():
+    assert sorted(path.stem for path in (config_dir() / "sweep").iterdir()) == sorted(SWEEPS)
+
+
+@pytest.mark.parametrize("preset", sorted(SWEEPS))
+def test_preset_turns_on_multirun_over_existing_cuda_graph_choices(preset):
+    config = compose_with_hydra([f"sweep={preset}", "recipe=llama/tiny"])
+    assert config.hydra.mode == RunMode.MULTIRUN
+    choices = config.hydra.sweeper.params.cuda_graph.split(",")
+    assert choices == SWEEPS[preset]
+    assert choices[0] == "none"  # the eager baseline every speedup is measured against
+    assert all((config_dir() / "cuda_graph" / f"{choice}.yaml").is_file() for choice in choices)
+
+
+def graphbridge(*args, cwd):
+    return subprocess.run([GRAPHBRIDGE, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+def test_plan_sweep_plans_every_choice_and_writes_no_summary(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    result = graphbridge("sweep=dense_scopes", "recipe=llama/tiny", "mode=plan", f"hydra.sweep.dir={sweep_dir}",
+                         cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("graphbridge plan:") == len(SWEEPS["dense_scopes"])
+    assert not (sweep_dir / "summary.md").exists()
+
+
+def read_summary(sweep_dir: Path):
+    assert all((sweep_dir / name).is_file() for name in ("summary.md", "summary.csv", "summary.png"))
+    with (sweep_dir / "summary.csv").open() as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(TRAINER_MISSING, reason=TRAINER_REASON)
+def test_cpu_multirun_ends_with_a_summary_of_every_job(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    # One warmup step leaves two timed steps of the three: enough for a median, flagged as noisy.
+    result = graphbridge("-m", *TINY, "engine=torch", "cuda_graph=none,full_iteration", "train.train_iters=3",
+                         "perf.warmup_steps=1", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = read_summary(sweep_dir)
+    assert [row["cuda_graph"] for row in rows] == ["none", "full_iteration"]
+    assert rows[0]["status"] == "completed" and rows[0]["speedup"] == "1.0"
+    assert rows[1]["status"] in ("completed", "invalid")
+    assert "timed steps (< 30): noisy" in rows[0]["note"]
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(TRAINER_MISSING, reason=TRAINER_REASON)
+def test_gpu_sweep_measures_a_full_iteration_speedup(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    sweep_dir = tmp_path / "sweep"
+    result = graphbridge("-m", *TINY, "cuda_graph=none,full_iteration,local_layer", "train.train_iters=50",
+                         f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = {row["cuda_graph"]: row for row in read_summary(sweep_dir)}
+    assert [row["status"] for row in rows.values()] == ["completed"] * 3
+    assert float(rows["full_iteration"]["speedup"]) > 1.0
