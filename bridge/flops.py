@@ -5,6 +5,8 @@ conventions, so our TFLOP/s/GPU compares with Megatron-LM and Megatron-Bridge lo
   backward data gradient, backward weight gradient), so a step is 3x the forward;
 - causal attention counts half of the score matrix (QK^T and the product with V);
   sliding windows are not discounted (Megatron-LM does not discount them either);
+- Gated DeltaNet layers (linear attention) count their projections, convolution and the
+  four head_dim^2 products of the delta rule per value head;
 - a gated linear unit (SwiGLU, GPT-OSS's GLU) has three ffn GEMMs, a plain MLP two;
 - MoE layers count the top-k routed experts plus the shared expert; the dense/MoE pattern
   comes from ``moe_layer_freq``; MTP layers count as extra layers of the last layer's kind,
@@ -41,7 +43,9 @@ def _forward_flops_per_token(cfg) -> float:
     mlp_macs = h * glu * (
         ffn * dense_layers + (moe_ffn * model.moe_router_topk + shared) * moe_layers
     )
-    attn_macs = _attention_macs_per_token(model) * layers
+    linear_layers = _linear_attention_layers(model, layers)
+    attn_macs = (_attention_macs_per_token(model) * (layers - linear_layers)
+                 + _gated_delta_net_macs_per_token(model) * linear_layers)
     mtp_macs = mtp * (3 * h + 2 * h * h)  # eh norms and the 2h -> h projection
     logits_macs = h * padded_vocab_size(cfg) * (mtp + 1)
     return 2 * (mlp_macs + attn_macs + mtp_macs + logits_macs)
@@ -64,7 +68,28 @@ def _attention_macs_per_token(model) -> float:
     kv_channels = model.kv_channels or h // heads
     q = kv_channels * heads
     kv = kv_channels * (model.num_query_groups or heads)
-    qkv_proj = h * (q + 2 * kv)
+    gate = q if model.attention_output_gate else 0
+    qkv_proj = h * (q + 2 * kv + gate)
     core = q * s / 2 * 2  # causal half, for QK^T and for the product with V
     out_proj = q * h
     return qkv_proj + core + out_proj
+
+
+def _linear_attention_layers(model, layers: int) -> int:
+    """How many of ``layers`` (MTP included) are Gated DeltaNet layers."""
+    if model.experimental_attention_variant != "gated_delta_net":
+        return 0
+    freq = model.linear_attention_freq
+    if isinstance(freq, int):  # every freq-th layer keeps full attention
+        return sum(1 for i in range(layers) if (i + 1) % freq)
+    return sum(int(bit) for bit in freq)
+
+
+def _gated_delta_net_macs_per_token(model) -> float:
+    qk = model.linear_key_head_dim * model.linear_num_key_heads
+    v = model.linear_value_head_dim * model.linear_num_value_heads
+    in_proj = model.hidden_size * (2 * qk + 2 * v + 2 * model.linear_num_value_heads)
+    conv = model.linear_conv_kernel_dim * (2 * qk + v)
+    delta_rule = model.linear_num_value_heads * model.linear_value_head_dim ** 2 * 4
+    out_proj = model.hidden_size * v
+    return in_proj + conv + delta_rule + out_proj

@@ -75,9 +75,25 @@ def gpt_model_arguments(cfg: GraphBridgeConfig) -> Dict[str, Any]:
         # MLA carries its own rotary settings in the config; GPTModel must not see them.
         args.pop("rotary_base")
         args.pop("rotary_percent")
-    args["position_embedding_type"] = "rope" if model.position_embedding_type == "yarn" and not model.multi_latent_attention else model.position_embedding_type
     args.update(vocab_size=padded_vocab_size(cfg), max_sequence_length=cfg.dataset.seq_length)
     return args
+
+
+def yarn_attributes(cfg: GraphBridgeConfig) -> Dict[str, Any]:
+    """GPTModel's YaRN rotary reads ``yarn_*`` attributes that TransformerConfig does not
+    declare (Bridge's providers set them); MLA configs carry YaRN as fields instead."""
+    model = cfg.model
+    if model.position_embedding_type != "yarn" or model.multi_latent_attention:
+        return {}
+    return {
+        "yarn_rotary_scaling_factor": model.rotary_scaling_factor,
+        "yarn_original_max_position_embeddings": model.original_max_position_embeddings,
+        "yarn_beta_fast": model.beta_fast,
+        "yarn_beta_slow": model.beta_slow,
+        "yarn_mscale": model.mscale,
+        "yarn_mscale_all_dim": model.mscale_all_dim,
+        "yarn_correction_range_round_to_int": True,
+    }
 
 
 def megatron_arguments(cfg: GraphBridgeConfig) -> Dict[str, Dict[str, Any]]:
@@ -90,6 +106,7 @@ def megatron_arguments(cfg: GraphBridgeConfig) -> Dict[str, Dict[str, Any]]:
     return {
         "transformer_config": transformer_config_arguments(cfg),
         "gpt_model": gpt_model_arguments(cfg),
+        "config_attributes": yarn_attributes(cfg),
         "ddp_config": ddp,
         "optimizer_config": optimizer,
     }
@@ -114,8 +131,11 @@ def build_megatron_configs(cfg: GraphBridgeConfig) -> Dict[str, Any]:
         if key in tc_args:
             tc_args[key] = getattr(torch, tc_args[key])
     config_class = MLATransformerConfig if cfg.model.multi_latent_attention else TransformerConfig
+    transformer_config = config_class(**tc_args)
+    for name, value in arguments["config_attributes"].items():
+        setattr(transformer_config, name, value)
     return {
-        "transformer_config": config_class(**tc_args),
+        "transformer_config": transformer_config,
         "gpt_model": arguments["gpt_model"],
         "ddp_config": DistributedDataParallelConfig(**arguments["ddp_config"]),
         "optimizer_config": OptimizerConfig(**arguments["optimizer_config"]),

@@ -56,3 +56,7 @@ def main() -> None:
         sys.exit(f"graphbridge: {problem}")
     register()
     app()
+
+
+if __name__ == "__main__":
+    main()

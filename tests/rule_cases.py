@@ -133,6 +133,11 @@ RULE_CASES = {
                                            megatron=True)),
     "recompute_settings": (Case({"model.recompute_granularity": "full"}, megatron=True),
                            Case({**FULL_RECOMPUTE}, megatron=True)),
+    "ep_overlap_prerequisites": (Case({**MOE, "model.overlap_moe_expert_parallel_comm": True}, megatron=True),
+                                 Case({**EP_OVERLAP}, megatron=True)),
+    "cpu_offloading_conflicts": (Case({"model.cpu_offloading": True, "model.recompute_granularity": "selective"},
+                                      megatron=True),
+                                 Case({"model.cpu_offloading": True}, megatron=True)),
     "positive_sizes": (Case({"train.train_iters": 0}), Case({"train.train_iters": 1})),
     # megatron-core floors hidden/heads silently here and fails later, at model build.
     "attention_heads": (Case({"model.hidden_size": 100, "model.num_attention_heads": 3}),

@@ -15,6 +15,7 @@ from bridge.config.migration import migrate
 from bridge.config.paths import config_dir
 from bridge.config.schema import GraphBridgeConfig
 from bridge.config.store import register
+from bridge.recipes import apply_weak_scaling
 from bridge.overrides import set_cuda_graph_overrides
 from bridge.validation.violation import Violation
 
@@ -30,6 +31,7 @@ def prepare(composed: DictConfig) -> Prepared:
     """Typed config with migrations and the override helper applied."""
     config = OmegaConf.to_object(composed)
     report = migrate(config.model)
+    report.notes.extend(apply_weak_scaling(config))
     set_cuda_graph_overrides(config)
     return Prepared(config, report.notes, report.violations)
 

@@ -85,6 +85,20 @@ class ModelConfig:
     window_attn_skip_freq: Optional[int] = None
     softmax_type: str = "vanilla"
     """vanilla, off-by-one or learnable (attention sinks)."""
+    attention_output_gate: bool = False
+    """Gate the attention output with a sigmoid of a projection of the input (Qwen3-Next)."""
+    layernorm_zero_centered_gamma: bool = False
+    """Norm weights stored as offsets from 1 (Qwen3-Next's zero-centred RMSNorm)."""
+    # --- linear attention (Qwen3-Next's Gated DeltaNet layers) ---
+    experimental_attention_variant: Optional[str] = None
+    """None, gated_delta_net or dsa; gated_delta_net needs linear_attention_freq."""
+    linear_attention_freq: Any = None
+    """An int N (N-1 linear-attention layers per full-attention layer) or a 0/1 list per layer."""
+    linear_conv_kernel_dim: int = 4
+    linear_key_head_dim: int = 128
+    linear_value_head_dim: int = 128
+    linear_num_key_heads: int = 16
+    linear_num_value_heads: int = 32
     # --- multi-latent attention (MLATransformerConfig) ---
     multi_latent_attention: bool = False
     q_lora_rank: Optional[int] = None
@@ -106,6 +120,8 @@ class ModelConfig:
     """An int (every n-th layer is MoE) or a 0/1 list with one entry per layer."""
     moe_shared_expert_intermediate_size: Optional[int] = None
     moe_shared_expert_overlap: bool = False
+    moe_shared_expert_gate: bool = False
+    """A sigmoid gate on the shared expert's output (Qwen3-Next)."""
     moe_router_score_function: str = "softmax"
     moe_router_pre_softmax: bool = False
     moe_router_enable_expert_bias: bool = False
@@ -137,6 +153,10 @@ class ModelConfig:
     expert_tensor_parallel_size: Optional[int] = None
     sequence_parallel: bool = False
     pipeline_model_parallel_layout: Optional[str] = None
+    account_for_embedding_in_pipeline_split: bool = False
+    """Count the embedding as a layer when splitting layers over pipeline stages."""
+    account_for_loss_in_pipeline_split: bool = False
+    """Count the LM head and loss as a layer when splitting layers over pipeline stages."""
     overlap_moe_expert_parallel_comm: bool = False
     delay_wgrad_compute: bool = False
     tp_comm_overlap: bool = False

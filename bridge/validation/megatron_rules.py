@@ -51,3 +51,51 @@ def recompute_settings(cfg):
             "model.recompute_granularity=full or drop them (=null)",
         )
     return None
+
+
+@rule("ep_overlap_prerequisites")
+def ep_overlap_prerequisites(cfg):
+    model = cfg.model
+    if not model.overlap_moe_expert_parallel_comm:
+        return None
+    unmet = []
+    if model.expert_model_parallel_size <= 1:
+        unmet.append("expert parallelism (model.expert_model_parallel_size > 1)")
+    if model.moe_token_dispatcher_type not in ("alltoall", "flex"):
+        unmet.append("model.moe_token_dispatcher_type=alltoall or flex")
+    if model.pipeline_model_parallel_size > 1 and model.virtual_pipeline_model_parallel_size is None:
+        unmet.append("model.virtual_pipeline_model_parallel_size when pipeline parallel")
+    if model.recompute_granularity == "full" or model.recompute_method or model.recompute_num_layers:
+        unmet.append("no full recompute (recompute_method/num_layers unset)")
+    if not (model.bf16 or model.fp16):
+        unmet.append("bf16 or fp16")
+    if model.moe_shared_expert_overlap:
+        unmet.append("model.moe_shared_expert_overlap=false")
+    if model.mtp_num_layers not in (None, 1) or (model.mtp_num_layers == 1 and model.pipeline_model_parallel_size == 1):
+        unmet.append("MTP of at most 1 layer, and then pipeline parallelism")
+    if not unmet:
+        return None
+    return violation(
+        "ep_overlap_prerequisites", ["model.overlap_moe_expert_parallel_comm"],
+        f"EP A2A overlap needs {'; '.join(unmet)}; provide them or set "
+        "model.overlap_moe_expert_parallel_comm=false",
+    )
+
+
+@rule("cpu_offloading_conflicts")
+def cpu_offloading_conflicts(cfg):
+    model = cfg.model
+    if not model.cpu_offloading:
+        return None
+    if model.recompute_granularity is not None:
+        return violation(
+            "cpu_offloading_conflicts", ["model.cpu_offloading", "model.recompute_granularity"],
+            "CPU offloading does not work when activation recomputation is enabled; set "
+            "model.recompute_granularity=null or model.cpu_offloading=false",
+        )
+    if model.pipeline_model_parallel_size > 1:
+        return violation(
+            "cpu_offloading_conflicts", ["model.cpu_offloading", "model.pipeline_model_parallel_size"],
+            "there is no CPU offloading with pipeline parallelism; set model.cpu_offloading=false",
+        )
+    return None
