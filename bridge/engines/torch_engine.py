@@ -1,0 +1,233 @@
+"""The torch engine: the native model trained with PyTorch alone (bridge.engines.native_model).
+
+How a step runs on CUDA, by ``model.cuda_graph_impl`` and ``torch_compile``:
+    none               eager
+    full_iteration     one torch.cuda.graph of the whole step with the optimizer inside
+                       (capturable AdamW, learning rate as a device tensor); the torch engine
+                       always captures the optimizer, whatever optimizer.optimizer_in_graph says
+    local              make_graphed_callables over whole layers or the named modules
+                       (attn, mlp, moe, moe_router)
+    torch_compile      torch.compile of the model, mode default or reduce-overhead (CUDA graphs
+                       through torch.compile's cudagraph trees); not combined with a graph impl
+On the CPU every step runs eagerly in fp32, with one warning line if graphs were requested.
+Training: AdamW (no weight decay on biases and norms), linear warmup then cosine or linear
+decay to optimizer.min_lr over train_iters, gradient clipping, gradient accumulation over the
+microbatches of the global batch, bf16 autocast on CUDA when model.bf16.
+"""
+
+import contextlib
+import gc
+import logging
+import math
+from typing import Dict, List, Set
+
+import torch
+
+from bridge.config.schema import CudaGraphImpl, Device, GraphBridgeConfig, OptimizerConfig
+from bridge.data import MockData
+from bridge.engines import ConfigError, resolve_device
+from bridge.engines.native_model import (ACTIVATIONS, NORMS, POSITION_EMBEDDING_TYPES,
+                                         ROUTER_SCORE_FUNCTIONS, SOFTMAX_TYPES, build_native_model)
+from bridge.graphs.torch_graphs import FullIterationGraph, ModuleGraphs, select_modules
+
+log = logging.getLogger(__name__)
+
+PARALLEL_SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+                  "expert_model_parallel_size")
+LR_DECAY_STYLES = ("cosine", "linear", "constant")
+GRAPHABLE_MODULES = ("attn", "mlp", "moe", "moe_router")
+BATCH_KEYS = ("tokens", "labels", "loss_mask")
+
+
+class TorchEngine:
+    name = "torch"
+
+    def __init__(self, cfg: GraphBridgeConfig):
+        self.device = resolve_device(cfg)
+        problems = unsupported_settings(cfg, self.device)
+        if problems:
+            raise ConfigError("the torch engine cannot run this config:\n" + "\n".join(f"  - {p}" for p in problems))
+        self.cfg = cfg
+        self.effective_impl = effective_impl(cfg, self.device)
+        self.data = MockData(cfg)
+        self.model = build_native_model(cfg).to(self.device)
+        graphs_optimizer = self.effective_impl == CudaGraphImpl.full_iteration.value
+        self.optimizer = build_optimizer(self.model, cfg.optimizer, self.device, capturable=graphs_optimizer)
+        self.capture_step = cfg.model.cuda_graph_warmup_steps
+        self.full_graph = FullIterationGraph(self._step) if graphs_optimizer else None
+        self.module_graphs = None
+        if self.effective_impl == CudaGraphImpl.local.value:
+            modules = select_modules(self.model, cfg.model.cuda_graph_modules)
+            if not modules:
+                raise ConfigError(f"model.cuda_graph_modules={list(cfg.model.cuda_graph_modules)} selects no "
+                                  "submodule of this model; change model.cuda_graph_modules")
+            self.module_graphs = ModuleGraphs(modules)
+        self.compile_mode = cfg.torch_compile if self.effective_impl.startswith("torch_compile") else None
+        self.forward = self.model
+        if self.compile_mode is not None:
+            self.forward = torch.compile(self.model, mode=None if self.compile_mode == "default" else self.compile_mode)
+        self._capture_steps: Set[int] = set()
+
+    def train_step(self, step: int) -> torch.Tensor:
+        self._set_learning_rate(learning_rate(self.cfg.optimizer, self.cfg.train.train_iters, step))
+        batch = self._load_batch(step)
+        if self.full_graph is not None:
+            if step < self.capture_step:
+                return self.full_graph.warmup(batch)
+            if step == self.capture_step:
+                self.full_graph.capture(batch)
+                self._capture_steps.add(step)
+            return self.full_graph.replay(batch)
+        if self.module_graphs is not None and step == self.capture_step:
+            with self._autocast():
+                self.module_graphs.capture(self.device)
+            self._capture_steps.add(step)
+        if step in self._compile_steps():
+            self._capture_steps.add(step)
+        return self._step(batch)
+
+    def capture_steps(self) -> Set[int]:
+        return set(self._capture_steps)
+
+    def graph_count(self) -> int:
+        if self.full_graph is not None:
+            return self.full_graph.count()
+        if self.module_graphs is not None:
+            return self.module_graphs.count()
+        # cudagraph trees are owned by torch.compile; counted as one graph while alive.
+        return int(self.compile_mode == "reduce-overhead" and bool(self._capture_steps))
+
+    def close(self) -> None:
+        for graphs in (self.full_graph, self.module_graphs):
+            if graphs is not None:
+                graphs.close()
+        if self.compile_mode is not None:
+            torch.compiler.reset()  # drops compiled code and the cudagraph-tree memory pools
+        self.full_graph = self.module_graphs = self.compile_mode = None
+        self.model = self.forward = self.optimizer = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _step(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        """One optimizer step over the stacked microbatches; the full-iteration graph's body,
+        so nothing here may read a device value on the host."""
+        self.optimizer.zero_grad(set_to_none=True)
+        count = batch["tokens"].shape[0]
+        total = torch.zeros((), device=self.device)
+        for index in range(count):
+            if self.compile_mode == "reduce-overhead":
+                # The previous microbatch's graph outputs are dead; let cudagraph trees reuse them.
+                torch.compiler.cudagraph_mark_step_begin()
+            with self._autocast():
+                loss = self.forward(*(batch[key][index] for key in BATCH_KEYS))
+            (loss / count).backward()
+            total = total + loss.detach()
+        if self.cfg.optimizer.clip_grad > 0:
+            # error_if_nonfinite=False keeps the norm on the device: no host sync inside a graph.
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optimizer.clip_grad,
+                                           error_if_nonfinite=False)
+        self.optimizer.step()
+        return total / count
+
+    def _load_batch(self, step: int) -> Dict[str, torch.Tensor]:
+        microbatches = self.data.microbatches(step)
+        return {key: torch.stack([mb[key] for mb in microbatches]).to(self.device) for key in BATCH_KEYS}
+
+    def _set_learning_rate(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(lr)  # a device write the captured optimizer step reads on replay
+            else:
+                group["lr"] = lr
+
+    def _compile_steps(self) -> Set[int]:
+        # Step 0 compiles; reduce-overhead records its CUDA graphs on the second call.
+        return {"default": {0}, "reduce-overhead": {0, 1}}.get(self.compile_mode, set())
+
+    def _autocast(self):
+        if self.device.type == "cuda" and self.cfg.model.bf16:
+            # Graphs must not keep autocast's cache of cast weights (PyTorch's CUDA-graph notes).
+            return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False)
+        return contextlib.nullcontext()
+
+
+def effective_impl(cfg: GraphBridgeConfig, device: torch.device) -> str:
+    """What actually runs; on the CPU that is always eager ("none"), said in one warning line."""
+    impl = CudaGraphImpl(cfg.model.cuda_graph_impl).value
+    if device.type == "cuda":
+        return f"torch_compile:{cfg.torch_compile}" if cfg.torch_compile != "none" else impl
+    dropped = [f"cuda_graph_impl={impl}"] if impl != "none" else []
+    if cfg.torch_compile != "none":
+        dropped.append(f"torch_compile={cfg.torch_compile}")
+    if dropped:
+        why = "device=cpu" if Device(cfg.device) == Device.cpu else "no CUDA device is visible"
+        log.warning("%s: %s not applied; training runs eagerly on the CPU (effective_impl=none)",
+                    why, " and ".join(dropped))
+    return "none"
+
+
+def unsupported_settings(cfg: GraphBridgeConfig, device: torch.device) -> List[str]:
+    """Everything in ``cfg`` the torch engine cannot run, each with the override that fixes it."""
+    model = cfg.model
+    problems = []
+    parallel = {f"model.{name}": getattr(model, name) for name in PARALLEL_SIZES if getattr(model, name) != 1}
+    if cfg.train.num_gpus != 1 or parallel:
+        problems.append(f"the torch engine runs on one device (train.num_gpus={cfg.train.num_gpus}, {parallel}); "
+                        "set train.num_gpus=1 and every parallel size to 1, or use engine=megatron")
+    if model.fp16 or model.fp8 or model.fp4:
+        problems.append("the torch engine trains in fp32 or bf16 autocast; set model.fp16=false model.fp8=null "
+                        "model.fp4=null, or use engine=megatron")
+    not_modelled = [key for key, value in (("model.attention_output_gate", model.attention_output_gate),
+                                           ("model.layernorm_zero_centered_gamma", model.layernorm_zero_centered_gamma),
+                                           ("model.moe_shared_expert_gate", model.moe_shared_expert_gate),
+                                           ("model.experimental_attention_variant", model.experimental_attention_variant))
+                    if value]
+    if not_modelled:
+        problems.append(f"the native model does not implement {not_modelled}; turn them off or use engine=megatron")
+    choices = [("model.normalization", model.normalization, NORMS),
+               ("model.activation_func", model.activation_func, ACTIVATIONS),
+               ("model.position_embedding_type", model.position_embedding_type, POSITION_EMBEDDING_TYPES),
+               ("model.softmax_type", model.softmax_type, SOFTMAX_TYPES),
+               ("model.moe_router_score_function", model.moe_router_score_function, ROUTER_SCORE_FUNCTIONS),
+               ("optimizer.optimizer", cfg.optimizer.optimizer, ("adam",)),
+               ("optimizer.lr_decay_style", cfg.optimizer.lr_decay_style, LR_DECAY_STYLES)]
+    problems += [f"{key}={value!r} is not supported by the torch engine; use one of {list(allowed)}"
+                 for key, value, allowed in choices if value not in allowed]
+    impl = CudaGraphImpl(model.cuda_graph_impl)
+    if device.type != "cuda" or impl == CudaGraphImpl.none:
+        return problems
+    if impl == CudaGraphImpl.transformer_engine:
+        problems.append("the torch engine has no Transformer Engine graphs; use engine=megatron, or "
+                        "cuda_graph=local_layer / cuda_graph=full_iteration")
+    if cfg.torch_compile != "none":
+        problems.append(f"torch_compile={cfg.torch_compile} and cuda_graph_impl={impl.value} both capture the "
+                        "step; set torch_compile=none or cuda_graph=none")
+    unknown = [name for name in model.cuda_graph_modules if name not in GRAPHABLE_MODULES]
+    if impl == CudaGraphImpl.local and unknown:
+        problems.append(f"the native model has no {unknown} to graph; the torch engine graphs "
+                        f"{list(GRAPHABLE_MODULES)}: drop {unknown} from model.cuda_graph_modules")
+    return problems
+
+
+def build_optimizer(model: torch.nn.Module, config: OptimizerConfig, device: torch.device,
+                    capturable: bool) -> torch.optim.AdamW:
+    """AdamW; ``capturable`` keeps its step count and learning rate on the device for graphs."""
+    decayed = [p for name, p in model.named_parameters() if p.dim() >= 2 and not name.endswith("bias")]
+    not_decayed = [p for name, p in model.named_parameters() if p.dim() < 2 or name.endswith("bias")]
+    groups = [{"params": decayed, "weight_decay": config.weight_decay},
+              {"params": not_decayed, "weight_decay": 0.0}]
+    lr = torch.tensor(config.lr, device=device) if capturable else config.lr
+    return torch.optim.AdamW(groups, lr=lr, betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
+                             capturable=capturable)
+
+
+def learning_rate(config: OptimizerConfig, train_iters: int, step: int) -> float:
+    """Linear warmup over lr_warmup_iters, then lr_decay_style down to min_lr at train_iters."""
+    if step < config.lr_warmup_iters:
+        return config.lr * (step + 1) / config.lr_warmup_iters
+    if config.lr_decay_style == "constant":
+        return config.lr
+    progress = (step - config.lr_warmup_iters) / max(1, train_iters - config.lr_warmup_iters)
+    remaining = 0.5 * (1.0 + math.cos(math.pi * progress)) if config.lr_decay_style == "cosine" else 1.0 - progress
+    return config.min_lr + (config.lr - config.min_lr) * remaining

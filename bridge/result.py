@@ -1,0 +1,147 @@
+"""``<job_dir>/result.json``: what one training job measured, written atomically.
+
+Keys (perf/report.py reads exactly these):
+    status "completed" | "failed" | "interrupted", reason (null or why it did not complete),
+    config_digest (sha256 of resolved.yaml, first 16 hex digits), job (job.json or {}),
+    engine, device, impl (requested model.cuda_graph_impl), effective_impl, modules,
+    train_iters, steps_completed,
+    step_time_ms {median, p10, p90, mean, count}: excludes the first perf.warmup_steps steps
+        and every capture step; values are null when no step is left,
+    capture_step (first capture step or null), capture_time_s (wall time of the capture steps),
+    graph_count, tokens_per_s, tflops_per_gpu (null when bridge.flops is unavailable),
+    memory {peak_allocated_gb, peak_reserved_gb} in GiB (2**30 bytes; null on the CPU),
+    loss (one float per completed step), env {gpu, torch, megatron_core, transformer_engine,
+    python}, created (ISO 8601).
+"""
+
+import hashlib
+import json
+import platform
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+from bridge.atomic import write_json_atomic
+from bridge.config.schema import GraphBridgeConfig
+
+RESULT_FILE = "result.json"
+
+
+@dataclass
+class RunRecord:
+    """What the trainer measured; filled step by step."""
+
+    engine: Optional[str] = None
+    device: Optional[str] = None
+    effective_impl: Optional[str] = None
+    losses: List[float] = field(default_factory=list)
+    step_times_s: List[float] = field(default_factory=list)
+    capture_steps: List[int] = field(default_factory=list)
+    graph_count: int = 0
+    peak_allocated_gb: Optional[float] = None
+    peak_reserved_gb: Optional[float] = None
+
+
+def failure(error: BaseException) -> Tuple[str, str]:
+    """(status, reason) for an exception that ended a run."""
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted", "interrupted (KeyboardInterrupt)"
+    return "failed", f"{type(error).__name__}: {error}"
+
+
+def build_result(cfg: Optional[GraphBridgeConfig], job_dir: Path, status: str, reason: Optional[str],
+                 record: RunRecord) -> dict:
+    """The result document; ``cfg`` is None when the config itself could not be loaded."""
+    job_dir = Path(job_dir)
+    warmup_steps = cfg.perf.warmup_steps if cfg else 0
+    timed = [seconds for step, seconds in enumerate(record.step_times_s)
+             if step >= warmup_steps and step not in record.capture_steps]
+    stats = step_time_stats_ms(timed)
+    median_s = stats["median"] / 1e3 if stats["median"] else None
+    capture_times = [record.step_times_s[step] for step in record.capture_steps if step < len(record.step_times_s)]
+    return {
+        "status": status,
+        "reason": reason,
+        "config_digest": config_digest(job_dir),
+        "job": _read_json(job_dir / "job.json"),
+        "engine": record.engine or (cfg.engine.value if cfg else None),
+        "device": record.device or (cfg.device.value if cfg else None),
+        "impl": cfg.model.cuda_graph_impl.value if cfg else None,
+        "effective_impl": record.effective_impl,
+        "modules": list(cfg.model.cuda_graph_modules) if cfg else [],
+        "train_iters": cfg.train.train_iters if cfg else None,
+        "steps_completed": len(record.losses),
+        "step_time_ms": stats,
+        "capture_step": min(record.capture_steps) if record.capture_steps else None,
+        "capture_time_s": sum(capture_times) if capture_times else None,
+        "graph_count": record.graph_count,
+        "tokens_per_s": cfg.train.global_batch_size * cfg.dataset.seq_length / median_s if cfg and median_s else None,
+        "tflops_per_gpu": _tflops_per_gpu(cfg, median_s) if cfg and median_s else None,
+        "memory": {"peak_allocated_gb": record.peak_allocated_gb, "peak_reserved_gb": record.peak_reserved_gb},
+        "loss": list(record.losses),
+        "env": environment(record.device == "cuda"),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def write_result(job_dir: Path, result: dict) -> Path:
+    """Write ``result.json`` atomically: a reader sees the old file or the whole new one."""
+    path = Path(job_dir) / RESULT_FILE
+    write_json_atomic(path, result)
+    return path
+
+
+def step_time_stats_ms(step_times_s: List[float]) -> dict:
+    if not step_times_s:
+        return {"median": None, "p10": None, "p90": None, "mean": None, "count": 0}
+    ms = sorted(seconds * 1e3 for seconds in step_times_s)
+    return {"median": percentile(ms, 50), "p10": percentile(ms, 10), "p90": percentile(ms, 90),
+            "mean": sum(ms) / len(ms), "count": len(ms)}
+
+
+def percentile(sorted_values: List[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default), defined for one value too."""
+    position = (len(sorted_values) - 1) * q / 100
+    lower = int(position)
+    upper = min(lower + 1, len(sorted_values) - 1)
+    return sorted_values[lower] + (sorted_values[upper] - sorted_values[lower]) * (position - lower)
+
+
+def config_digest(job_dir: Path) -> Optional[str]:
+    resolved = Path(job_dir) / "resolved.yaml"
+    if not resolved.exists():
+        return None
+    return hashlib.sha256(resolved.read_text().encode()).hexdigest()[:16]
+
+
+def environment(on_cuda: bool) -> dict:
+    import torch
+
+    return {
+        "gpu": torch.cuda.get_device_name() if on_cuda else None,
+        "torch": torch.__version__,
+        "megatron_core": _version("megatron-core"),
+        "transformer_engine": _version("transformer-engine") or _version("transformer-engine-torch"),
+        "python": platform.python_version(),
+    }
+
+
+def _tflops_per_gpu(cfg: GraphBridgeConfig, median_s: float) -> Optional[float]:
+    try:
+        from bridge.flops import model_flops_per_step
+    except ImportError:  # bridge/flops.py is optional for the trainer
+        return None
+    return model_flops_per_step(cfg) / median_s / cfg.train.num_gpus / 1e12
+
+
+def _version(distribution: str) -> Optional[str]:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}

@@ -1,0 +1,173 @@
+"""The shared trainer and the training process on the CPU: result.json carries every key the
+report reads, with capture and warmup steps out of the step-time statistics; failures and
+interrupts still leave a result; the write is atomic; ``python -m bridge.run`` works end to end.
+"""
+
+import hashlib
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import bridge.atomic
+from bridge import run
+from bridge.result import build_result, percentile, write_result, RunRecord
+from bridge.trainer import Trainer
+from tests.test_torch_engine_cpu import small_config
+
+RESULT_KEYS = {"status", "reason", "config_digest", "job", "engine", "device", "impl", "effective_impl", "modules",
+               "train_iters", "steps_completed", "step_time_ms", "capture_step", "capture_time_s", "graph_count",
+               "tokens_per_s", "tflops_per_gpu", "memory", "loss", "env", "created"}
+JOB = {"choices": {"recipe": "llama/tiny", "cuda_graph": "none"}, "overrides": ["train.train_iters=5"]}
+
+
+def write_job(job_dir: Path, cfg) -> Path:
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / "resolved.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    (job_dir / "job.json").write_text(json.dumps(JOB))
+    return job_dir
+
+
+def read_result(job_dir: Path) -> dict:
+    return json.loads((job_dir / "result.json").read_text())
+
+
+class ScriptedEngine:
+    """An engine whose losses, capture steps and failures the test decides."""
+
+    name, device, effective_impl = "torch", torch.device("cpu"), "full_iteration"
+
+    def __init__(self, losses, capture_step=None, fail_at=None, error=RuntimeError("boom")):
+        self.losses, self.capture_step, self.fail_at, self.error = losses, capture_step, fail_at, error
+        self.closed = 0
+
+    def train_step(self, step):
+        if step == self.fail_at:
+            raise self.error
+        return torch.tensor(self.losses[step])
+
+    def capture_steps(self):
+        return {self.capture_step} if self.capture_step is not None else set()
+
+    def graph_count(self):
+        return 0 if self.closed else int(self.capture_step is not None)
+
+    def close(self):
+        self.closed += 1
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """Trainer over a ScriptedEngine: ``scripted(tmp_path, engine, *overrides)``."""
+
+    def make(job_dir, engine, *overrides):
+        monkeypatch.setattr("bridge.trainer.build_engine", lambda cfg: engine)
+        cfg = small_config("llama/tiny", "perf.warmup_steps=1", *overrides)
+        return Trainer(cfg, write_job(job_dir, cfg))
+
+    return make
+
+
+def test_torch_run_writes_every_result_key(tmp_path):
+    cfg = small_config()
+    trainer = Trainer(cfg, write_job(tmp_path, cfg))
+    result = trainer.run()
+    trainer.close()
+    assert read_result(tmp_path) == result
+    assert set(result) == RESULT_KEYS
+    digest = hashlib.sha256((tmp_path / "resolved.yaml").read_text().encode()).hexdigest()[:16]
+    assert result["config_digest"] == digest and result["job"] == JOB
+    assert (result["status"], result["reason"], result["engine"], result["device"]) == ("completed", None, "torch", "cpu")
+    assert (result["impl"], result["effective_impl"], result["modules"]) == ("none", "none", [])
+    assert result["train_iters"] == result["steps_completed"] == len(result["loss"]) == 5
+    assert result["step_time_ms"]["count"] == 5 - cfg.perf.warmup_steps
+    stats = result["step_time_ms"]
+    assert stats["p10"] <= stats["median"] <= stats["p90"]
+    tokens = cfg.train.global_batch_size * cfg.dataset.seq_length
+    assert result["tokens_per_s"] == pytest.approx(tokens / (stats["median"] / 1e3))
+    assert (result["capture_step"], result["capture_time_s"], result["graph_count"]) == (None, None, 0)
+    assert result["memory"] == {"peak_allocated_gb": None, "peak_reserved_gb": None}
+    assert result["env"]["torch"] == torch.__version__ and result["env"]["gpu"] is None
+    assert all(math.isfinite(loss) for loss in result["loss"])
+
+
+def test_capture_and_warmup_steps_are_left_out_of_step_times(tmp_path, scripted, monkeypatch):
+    ticks = iter(range(100))
+    monkeypatch.setattr("bridge.trainer.time.perf_counter", lambda: next(ticks) ** 2)  # step i lasts 4i+1 s
+    trainer = scripted(tmp_path, ScriptedEngine([3.0, 2.5, 2.0, 1.5, 1.0, 0.5], capture_step=2), "train.train_iters=6")
+    result = trainer.run()
+    assert result["capture_step"] == 2 and result["capture_time_s"] == 9
+    assert result["graph_count"] == 1
+    # warmup_steps=1 drops step 0, capture drops step 2: steps 1, 3, 4, 5 last 5, 13, 17, 21 s.
+    assert result["step_time_ms"] == {"median": 15e3, "p10": 7.4e3, "p90": 19.8e3, "mean": 14e3, "count": 4}
+    assert result["loss"] == [3.0, 2.5, 2.0, 1.5, 1.0, 0.5]
+
+
+@pytest.mark.parametrize("error, status", [(RuntimeError("boom"), "failed"), (KeyboardInterrupt(), "interrupted")])
+def test_a_run_that_stops_early_still_writes_its_result(tmp_path, scripted, error, status):
+    engine = ScriptedEngine([3.0, 2.0, 1.0, 1.0, 1.0], fail_at=2, error=error)
+    trainer = scripted(tmp_path, engine)
+    with pytest.raises(type(error)):
+        trainer.run()
+    trainer.close()
+    trainer.close()
+    result = read_result(tmp_path)
+    assert result["status"] == status and result["steps_completed"] == 2 and result["loss"] == [3.0, 2.0]
+    assert status == "interrupted" or result["reason"] == "RuntimeError: boom"
+    assert engine.closed == 1
+
+
+def test_non_finite_loss_fails_the_run(tmp_path, scripted):
+    trainer = scripted(tmp_path, ScriptedEngine([3.0, float("nan"), 1.0, 1.0, 1.0]))
+    with pytest.raises(FloatingPointError):
+        trainer.run()
+    assert "loss is nan at step 1" in read_result(tmp_path)["reason"]
+
+
+def test_result_write_is_atomic(tmp_path, monkeypatch):
+    write_result(tmp_path, {"status": "completed"})
+
+    def disk_full(fd):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(bridge.atomic.os, "fsync", disk_full)  # the new text is half on disk
+    with pytest.raises(OSError):
+        write_result(tmp_path, {"status": "failed"})
+    assert read_result(tmp_path) == {"status": "completed"}
+    assert [path.name for path in tmp_path.iterdir()] == ["result.json"]
+
+
+def test_percentile_interpolates_like_numpy():
+    assert percentile([5.0], 90) == 5.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 10) == pytest.approx(1.3)
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == pytest.approx(2.5)
+
+
+def test_result_without_a_config_keeps_every_key(tmp_path):
+    result = build_result(None, tmp_path, "failed", "KeyError: model", RunRecord())
+    assert set(result) == RESULT_KEYS and result["job"] == {} and result["config_digest"] is None
+
+
+def test_run_entry_reports_a_config_it_cannot_run(tmp_path, capsys):
+    job_dir = write_job(tmp_path, small_config("llama/tiny", "optimizer.optimizer=sgd"))
+    assert run.main([str(job_dir)]) == 2
+    result = read_result(job_dir)
+    assert result["status"] == "failed" and "optimizer.optimizer='sgd'" in result["reason"]
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_python_m_bridge_run_trains_a_job(tmp_path):
+    job_dir = write_job(tmp_path, small_config("llama/tiny", "cuda_graph=full_iteration"))
+    process = subprocess.run([sys.executable, "-m", "bridge.run", str(job_dir)], capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parents[1], timeout=300)
+    assert process.returncode == 0, process.stderr
+    result = read_result(job_dir)
+    assert (result["status"], result["impl"], result["effective_impl"]) == ("completed", "full_iteration", "none")
+    warnings = [line for line in process.stderr.splitlines() if line.startswith("WARNING")]
+    assert len(warnings) == 1 and "not applied" in warnings[0]
+    assert "result.json" in process.stdout
