@@ -72,9 +72,11 @@ def gpt_model_arguments(cfg: GraphBridgeConfig) -> Dict[str, Any]:
     model = cfg.model
     args = {name: getattr(model, name) for name in GPT_MODEL_FIELDS}
     if model.multi_latent_attention:
-        # MLA carries its own rotary settings in the config; GPTModel must not see them.
+        # MLA carries its own rotary settings (YaRN included, as rope_type) in the config;
+        # GPTModel must neither see them nor build a second rotary embedding.
         args.pop("rotary_base")
         args.pop("rotary_percent")
+        args["position_embedding_type"] = "rope"
     args.update(vocab_size=padded_vocab_size(cfg), max_sequence_length=cfg.dataset.seq_length)
     return args
 

@@ -111,6 +111,9 @@ RULE_CASES = {
                    Case({**EP_OVERLAP, **te("attn", "moe_router", "moe_preprocess")}, megatron=True)),
     "delay_wgrad": (Case({**MOE, "model.delay_wgrad_compute": True}, megatron=True),
                     Case({**EP_OVERLAP, "model.delay_wgrad_compute": True}, megatron=True)),
+    "dropless_moe_capture": (Case({**MOE, **FULL_ITERATION}),
+                             Case({**MOE, **DROP_AND_PAD, "model.moe_token_dispatcher_type": "alltoall",
+                                   **FULL_ITERATION})),
     "mamba_layers": (Case(te("mamba")), Case(te("attn"))),
     "warmup_steps": (Case({**te("attn"), "model.cuda_graph_warmup_steps": 0}),
                      Case({**te("attn"), "model.cuda_graph_warmup_steps": 1})),
@@ -160,6 +163,9 @@ RULE_CASES = {
 
 # Extra rejects for rules with more than one way to fail.
 EXTRA_REJECTS = {
+    "dropless_moe_capture": [Case({**MOE, **local()}), Case({**MOE, **te()})],
+    "optimizer_in_graph": [Case({**FULL_ITERATION, "optimizer.optimizer_in_graph": True,
+                                 "ddp.use_distributed_optimizer": True})],
     "recompute_settings": [Case({"model.recompute_granularity": "selective", "model.recompute_num_layers": 1}),
                            Case({"model.recompute_granularity": "block"})],
     "module_names": [Case(te("")), Case(te("full")), Case(te("attn", "attn"))],

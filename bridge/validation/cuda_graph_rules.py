@@ -422,11 +422,50 @@ def full_iteration_param_gather(cfg):
 
 @rule("optimizer_in_graph")
 def optimizer_in_graph(cfg):
-    if cfg.optimizer.optimizer_in_graph and _impl(cfg) != FULL_ITERATION:
+    if not cfg.optimizer.optimizer_in_graph:
+        return None
+    if _impl(cfg) != FULL_ITERATION:
         return violation(
             "optimizer_in_graph", ["optimizer.optimizer_in_graph", IMPL],
             "the optimizer step can only be captured inside the full-iteration graph; use "
             "cuda_graph=full_iteration or optimizer.optimizer_in_graph=false",
+        )
+    if Engine(cfg.engine) == Engine.torch:
+        return None
+    # The megatron engine's in-graph step is a capturable AdamW over fp32 master weights.
+    unmet = [key for key, ok in (
+        ("optimizer.optimizer=adam", cfg.optimizer.optimizer == "adam"),
+        ("model.bf16=true", cfg.model.bf16),
+        ("ddp.use_distributed_optimizer=false", not cfg.ddp.use_distributed_optimizer),
+        ("model.expert_model_parallel_size=1", cfg.model.expert_model_parallel_size == 1),
+    ) if not ok]
+    if unmet:
+        return violation(
+            "optimizer_in_graph", ["optimizer.optimizer_in_graph"] + [key.split("=")[0] for key in unmet],
+            f"the in-graph optimizer step needs {' '.join(unmet)}; set those or "
+            "optimizer.optimizer_in_graph=false",
+        )
+    return None
+
+
+@rule("dropless_moe_capture")
+def dropless_moe_capture(cfg):
+    model = cfg.model
+    impl = _impl(cfg)
+    whole = impl == FULL_ITERATION or (impl in (LOCAL, TE) and (not _modules(cfg) or "moe" in _modules(cfg)))
+    if (
+        Engine(cfg.engine) != Engine.torch
+        and is_moe_model(model)
+        and not is_drop_and_pad(model)
+        and whole
+    ):
+        return violation(
+            "dropless_moe_capture",
+            [IMPL, MODULES, "model.moe_expert_capacity_factor", "model.moe_pad_expert_input_to_capacity"],
+            "dropless MoE dispatch reads per-expert token counts on the host, which cannot be "
+            "captured; use router graphs (cuda_graph=te_attn_moe_router) or set drop-and-pad "
+            "routing: model.moe_token_dispatcher_type=alltoall "
+            "model.moe_expert_capacity_factor=1.0 model.moe_pad_expert_input_to_capacity=true",
         )
     return None
 
