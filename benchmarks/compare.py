@@ -9,8 +9,8 @@ medians), its ratio to the first variant, and peak memory against it.
     python benchmarks/compare.py --common recipe=llama/tiny engine=torch \\
         --variant eager=cuda_graph=none --variant full=cuda_graph=full_iteration
 
-Sets reproduce the tables in docs/benchmarks.md (llama/tiny: 8 layers, hidden 512, seq 256,
-micro-batch 2).
+The torch_engine set produces the torch-engine table in docs/benchmarks.md (llama/tiny: 8
+layers, hidden 512, seq 256, micro-batch 2); benchmarks/megatron_graphs.py the megatron one.
 """
 
 import argparse
@@ -31,21 +31,6 @@ SETS: Dict[str, Dict[str, List[str]]] = {
         "torch.compile default": ["engine=torch", "cuda_graph=none", "torch_compile=default"],
         "torch.compile reduce-overhead": ["engine=torch", "cuda_graph=none", "torch_compile=reduce-overhead"],
         "megatron full_iteration": ["engine=megatron", "cuda_graph=full_iteration"],
-    },
-    "megatron_local_spec": {
-        "eager": ["engine=megatron", "model.transformer_impl=local", "cuda_graph=none"],
-        "local_layer": ["engine=megatron", "model.transformer_impl=local", "cuda_graph=local_layer"],
-        "full_iteration": ["engine=megatron", "model.transformer_impl=local", "cuda_graph=full_iteration"],
-        "full_iteration + optimizer": ["engine=megatron", "model.transformer_impl=local", "cuda_graph=full_iteration",
-                                       "optimizer.optimizer_in_graph=true"],
-    },
-    "megatron_te_spec": {
-        "eager": ["engine=megatron", "cuda_graph=none"],
-        "te_layer": ["engine=megatron", "cuda_graph=te_layer"],
-        "te_attn": ["engine=megatron", "cuda_graph=te_attn"],
-        "te_attn_mlp": ["engine=megatron", "cuda_graph=te_attn_mlp"],
-        "full_iteration": ["engine=megatron", "cuda_graph=full_iteration"],
-        "full_iteration + optimizer": ["engine=megatron", "cuda_graph=full_iteration", "optimizer.optimizer_in_graph=true"],
     },
 }
 
