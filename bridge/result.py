@@ -25,6 +25,7 @@ from typing import List, Optional, Tuple
 
 from bridge.atomic import write_json_atomic
 from bridge.config.schema import GraphBridgeConfig
+from bridge.diagnosis import failure_reason
 
 RESULT_FILE = "result.json"
 
@@ -44,11 +45,11 @@ class RunRecord:
     peak_reserved_gb: Optional[float] = None
 
 
-def failure(error: BaseException) -> Tuple[str, str]:
-    """(status, reason) for an exception that ended a run."""
+def failure(error: BaseException, step: Optional[int] = None) -> Tuple[str, str]:
+    """(status, reason) for an exception that ended a run at ``step`` (None: before the loop)."""
     if isinstance(error, KeyboardInterrupt):
         return "interrupted", "interrupted (KeyboardInterrupt)"
-    return "failed", f"{type(error).__name__}: {error}"
+    return "failed", failure_reason(error, step)
 
 
 def build_result(cfg: Optional[GraphBridgeConfig], job_dir: Path, status: str, reason: Optional[str],
@@ -120,12 +121,21 @@ def environment(on_cuda: bool) -> dict:
     import torch
 
     return {
-        "gpu": torch.cuda.get_device_name() if on_cuda else None,
+        "gpu": _gpu_name() if on_cuda else None,
         "torch": torch.__version__,
         "megatron_core": _version("megatron-core"),
         "transformer_engine": _version("transformer-engine") or _version("transformer-engine-torch"),
         "python": platform.python_version(),
     }
+
+
+def _gpu_name() -> Optional[str]:
+    import torch
+
+    try:
+        return torch.cuda.get_device_name()
+    except RuntimeError:  # after a sticky CUDA error (illegal address) every call fails; write the rest
+        return None
 
 
 def _tflops_per_gpu(cfg: GraphBridgeConfig, median_s: float) -> Optional[float]:

@@ -2,23 +2,31 @@
 
 The Hydra process has already written ``<job_dir>/resolved.yaml`` (finished and validated)
 and ``job.json``. This process trains one job and always leaves a result.json behind.
-Exit status: 0 completed, 1 failed, 2 configuration the engine cannot run, 130 interrupted.
+Exit status: 0 completed, 1 failed, 2 configuration the engine cannot run, 128 + N stopped by
+signal N at a step boundary (130 SIGINT, 143 SIGTERM; train.exit_signal_handler=true).
 """
 
 import logging
 import os
 import sys
+import threading
 import traceback
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from bridge.config.schema import GraphBridgeConfig
+from bridge.diagnosis import GraphCaptureError, NonFiniteError, diagnose
 from bridge.engines import ConfigError
 from bridge.result import RunRecord, build_result, failure, write_result
-from bridge.trainer import Trainer
+from bridge.trainer import ExitSignals, Trainer
 
 log = logging.getLogger("bridge.run")
+
+COMPLETED, FAILED, CANNOT_RUN, KEYBOARD_INTERRUPT = 0, 1, 2, 130
+CLOSE_TIMEOUT_S = 60.0
+"""Longest wait for the engine to release its graphs once result.json is written: a dead NCCL
+peer or a broken CUDA context must not keep a sweep waiting."""
 
 
 def load_resolved(job_dir: Path) -> GraphBridgeConfig:
@@ -30,30 +38,62 @@ def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m bridge.run <job_dir>", file=sys.stderr)
-        return 2
+        return CANNOT_RUN
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     job_dir = Path(args[0])
+    exit_signals = ExitSignals()
     cfg = trainer = None
+    code = FAILED
     try:
         cfg = load_resolved(job_dir)
         os.environ.update(cfg.env_vars)  # before the first CUDA call reads them
-        trainer = Trainer(cfg, job_dir)
+        if cfg.train.exit_signal_handler:
+            exit_signals.install()
+        trainer = Trainer(cfg, job_dir, exit_signals if cfg.train.exit_signal_handler else None)
         trainer.run()  # writes result.json itself, whatever happens
-        return 0
+        code = 128 + trainer.stopped_by if trainer.stopped_by else COMPLETED
     except (Exception, KeyboardInterrupt) as error:
-        status, reason = failure(error)
-        if trainer is None:
-            write_result(job_dir, build_result(cfg, job_dir, status, reason, RunRecord()))
-        if isinstance(error, ConfigError):
-            log.error("%s", error)
-            return 2
-        if status == "interrupted":
-            return 130
-        traceback.print_exc()
-        return 1
+        code = report_failure(error, cfg, job_dir, trainer)
     finally:
         if trainer is not None:
-            trainer.close()
+            close_within(trainer, CLOSE_TIMEOUT_S, code)
+        exit_signals.restore()
+    return code
+
+
+def report_failure(error: BaseException, cfg, job_dir: Path, trainer) -> int:
+    """Log why the run ended (result.json is written unless the trainer never started); its exit code."""
+    status, reason = failure(error, trainer.steps_completed if trainer is not None else None)
+    if trainer is None:
+        write_result(job_dir, build_result(cfg, job_dir, status, reason, RunRecord()))
+    if status == "interrupted":
+        return KEYBOARD_INTERRUPT
+    if isinstance(error, (ConfigError, NonFiniteError)):
+        log.error("%s", reason)  # the message says it all: no traceback
+        return CANNOT_RUN if isinstance(error, ConfigError) else FAILED
+    traceback.print_exc()
+    if isinstance(error, GraphCaptureError) or diagnose(error) is not None:
+        log.error("%s", reason)  # the diagnosis, below the traceback that shows the offending line
+    return FAILED
+
+
+def close_within(trainer: Trainer, seconds: float, code: int) -> None:
+    """Release every graph; if that hangs, exit with ``code`` anyway (result.json is written)."""
+    watchdog = threading.Timer(seconds, _exit_now, args=(code, seconds))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        trainer.close()
+    except Exception as error:  # after a sticky CUDA error every call fails; nothing more to free
+        log.error("releasing the engine failed: %s", error)
+    finally:
+        watchdog.cancel()
+
+
+def _exit_now(code: int, seconds: float) -> None:
+    log.error("releasing the engine took over %.0f s; exiting without waiting for it", seconds)
+    logging.shutdown()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -3,13 +3,19 @@
 ``__init__`` builds the engine (which owns model, optimizer, data and graphs), ``run`` times
 ``train.train_iters`` steps and writes result.json on every exit path, ``close`` releases
 every graph. One trainer per process: see DESIGN.md, "Process model".
+
+Stopping early never loses the result: SIGINT or SIGTERM (``ExitSignals``) end the loop at the
+next step boundary, a non-finite loss or gradient norm ends it with the step it first happened
+at, and a capture or replay failure ends it with a diagnosis (bridge.diagnosis); each writes
+result.json with what was measured so far.
 """
 
 import math
 import os
+import signal
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Dict, Optional
 
 import torch
 from rich.console import Console
@@ -17,20 +23,52 @@ from rich.table import Table
 from tqdm import tqdm
 
 from bridge.config.schema import GraphBridgeConfig
+from bridge.diagnosis import NonFiniteError
 from bridge.engines import build_engine
 from bridge.result import RunRecord, build_result, failure, write_result
 
 
+class ExitSignals:
+    """SIGINT and SIGTERM (Slurm's preemption notice) only record that they came.
+
+    Raising from the handler, as Python's default SIGINT handler does, could land inside a
+    captured region and leave a half-captured graph; the loop checks ``received`` between steps.
+    """
+
+    HANDLED = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.received: Optional[signal.Signals] = None
+        self._previous: Dict[int, object] = {}
+
+    def install(self) -> None:
+        for signum in self.HANDLED:
+            self._previous[signum] = signal.signal(signum, self._record)
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    def _record(self, signum: int, frame) -> None:
+        # The first one counts: the launcher forwards what a terminal or Slurm also sent here.
+        if self.received is None:
+            self.received = signal.Signals(signum)
+
+
 class Trainer:
-    def __init__(self, cfg: GraphBridgeConfig, job_dir: Path):
+    def __init__(self, cfg: GraphBridgeConfig, job_dir: Path, exit_signals: Optional[ExitSignals] = None):
         self.cfg = cfg
         self.job_dir = Path(job_dir)
+        self.exit_signals = exit_signals
+        self.stopped_by: Optional[signal.Signals] = None
         # Under torchrun only rank 0 reports.
         self.is_reporting_rank = int(os.environ.get("RANK", "0")) == 0
         self.result_path: Optional[Path] = None
-        if torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
         self.engine = build_engine(cfg)
+        # After the engine picked this rank's GPU: before it, torchrun ranks would all open GPU 0.
+        if self.engine.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.engine.device)
         self.record = RunRecord(engine=self.engine.name, device=self.engine.device.type,
                                 effective_impl=self.engine.effective_impl)
         self._closed = False
@@ -42,13 +80,16 @@ class Trainer:
                         desc=f"{self.engine.name} {self.engine.effective_impl}")
         try:
             for step in progress:
+                if self._stop_requested():
+                    status, reason = "interrupted", self._interrupt_reason(step)
+                    break
                 loss, seconds = self._timed_step(step)
                 self.record.losses.append(loss)
                 self.record.step_times_s.append(seconds)
-                self._check_loss(step, loss)
+                self._check_finite(step, loss)
                 self._show_progress(progress, step, loss, seconds)
         except (Exception, KeyboardInterrupt) as error:
-            status, reason = failure(error)
+            status, reason = failure(error, self.steps_completed)
             raise
         finally:
             progress.close()
@@ -57,11 +98,33 @@ class Trainer:
             print_summary(result, self.result_path)
         return result
 
+    @property
+    def steps_completed(self) -> int:
+        return len(self.record.losses)
+
     def close(self) -> None:
         """Delete every graph and release the engine; safe to call twice."""
         if not self._closed:
             self._closed = True
             self.engine.close()
+
+    def _stop_requested(self) -> bool:
+        """Whether a signal came, on any rank: every rank must stop after the same step, or the
+        others would wait forever in the next step's collectives."""
+        if self.exit_signals is None:
+            return False
+        received = int(self.exit_signals.received or 0)
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if distributed and torch.distributed.get_world_size() > 1:
+            agreed = torch.tensor(received, device=self.engine.device)
+            torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MAX)
+            received = int(agreed)
+        self.stopped_by = signal.Signals(received) if received else None
+        return self.stopped_by is not None
+
+    def _interrupt_reason(self, step: int) -> str:
+        return (f"{self.stopped_by.name} received: stopped at the step boundary after {step} of "
+                f"{self.cfg.train.train_iters} steps")
 
     def _timed_step(self, step: int):
         start = time.perf_counter()
@@ -70,13 +133,23 @@ class Trainer:
             torch.cuda.synchronize(self.engine.device)  # the clock must see the GPU work
         return float(loss), time.perf_counter() - start
 
-    def _check_loss(self, step: int, loss: float) -> None:
-        # The loss is on the host anyway, so checking it costs nothing; the interval keeps a
-        # check under full-iteration graphs, where check_for_nan_in_loss is off.
+    def _check_finite(self, step: int, loss: float) -> None:
+        # The loss is on the host anyway, so checking it every step costs nothing.
+        if self.cfg.rerun_state_machine.check_for_nan_in_loss is not False and not math.isfinite(loss):
+            raise NonFiniteError(f"loss is {loss} at step {step}")
         interval = self.cfg.perf.nan_check_interval
-        wanted = self.cfg.rerun_state_machine.check_for_nan_in_loss is not False or (interval and step % interval == 0)
-        if wanted and not math.isfinite(loss):
-            raise FloatingPointError(f"loss is {loss} at step {step}")
+        if interval > 0 and ((step + 1) % interval == 0 or step + 1 == self.cfg.train.train_iters):
+            first = self._first_non_finite_step()
+            if first is not None:
+                raise NonFiniteError(f"non-finite loss or grad norm at step {first} (detected at step {step})")
+
+    def _first_non_finite_step(self) -> Optional[int]:
+        finite_steps = self.engine.finite_steps() if hasattr(self.engine, "finite_steps") else None
+        if finite_steps is None:  # an engine without the device-side check: the losses seen so far
+            return next((step for step, loss in enumerate(self.record.losses) if not math.isfinite(loss)), None)
+        # A plain read: _timed_step synchronised the device already, so this is one small copy.
+        count = int(finite_steps)
+        return count if count < self.steps_completed else None
 
     def _show_progress(self, progress: tqdm, step: int, loss: float, seconds: float) -> None:
         progress.set_postfix(loss=f"{loss:.4f}", step_ms=f"{seconds * 1e3:.1f}")
@@ -88,8 +161,11 @@ class Trainer:
         self.record.capture_steps = sorted(self.engine.capture_steps())
         self.record.graph_count = self.engine.graph_count()
         if self.engine.device.type == "cuda":
-            self.record.peak_allocated_gb = torch.cuda.max_memory_allocated(self.engine.device) / 2**30
-            self.record.peak_reserved_gb = torch.cuda.max_memory_reserved(self.engine.device) / 2**30
+            try:
+                self.record.peak_allocated_gb = torch.cuda.max_memory_allocated(self.engine.device) / 2**30
+                self.record.peak_reserved_gb = torch.cuda.max_memory_reserved(self.engine.device) / 2**30
+            except RuntimeError:  # after a sticky CUDA error (illegal address); the result matters more
+                pass
         result = build_result(self.cfg, self.job_dir, status, reason, self.record)
         if self.is_reporting_rank:
             self.result_path = write_result(self.job_dir, result)

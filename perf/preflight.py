@@ -5,6 +5,7 @@ choice (no suggestion). Each becomes one line naming the file and line, or the n
 
 import dataclasses
 import difflib
+import os
 from pathlib import Path
 from typing import Iterable, List, Optional
 
@@ -23,10 +24,10 @@ OPEN_KEYS = ("hydra", "env_vars")  # Hydra's own tree and free-form dicts
 Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def check(argv: List[str]) -> Optional[str]:
-    """An error line for the first problem found, or None."""
+def check(argv: List[str], config_root: Optional[Path] = None) -> Optional[str]:
+    """An error line for the first problem found, or None; ``config_root`` replaces conf/."""
     overrides, config_dirs = _split(argv)
-    roots = [config_dir()] + [Path(d) for d in config_dirs]
+    roots = [config_root or config_dir()] + [Path(d) for d in config_dirs]
     return _yaml_error(roots) or _override_error(overrides, roots)
 
 
@@ -46,7 +47,9 @@ def _split(argv: List[str]):
 
 def _yaml_files(roots: Iterable[Path]):
     for root in roots:
-        yield from sorted(root.rglob("*.yaml"))
+        # os.walk, not Path.rglob: before Python 3.13 rglob skips the conf/recipe symlink.
+        for directory, _, names in sorted(os.walk(root, followlinks=True)):
+            yield from (Path(directory) / name for name in sorted(names) if name.endswith(".yaml"))
 
 
 def _yaml_error(roots: List[Path]) -> Optional[str]:

@@ -5,7 +5,8 @@ spellings, then the override helper. It never touches CUDA.
 """
 
 from dataclasses import dataclass, field
-from typing import List, Sequence
+from pathlib import Path
+from typing import List, Optional, Sequence
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -36,9 +37,10 @@ def prepare(composed: DictConfig) -> Prepared:
     return Prepared(config, report.notes, report.violations)
 
 
-def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
-    """Compose conf/config.yaml with Hydra overrides, exactly as the CLI would."""
+def compose_config(overrides: Sequence[str] = (), config_root: Optional[Path] = None) -> DictConfig:
+    """Compose config.yaml with Hydra overrides, exactly as the CLI would; from graphbridge's
+    conf/ or from another tree laid out like it (``config_root``)."""
     register()
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(config_root or config_dir()), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))

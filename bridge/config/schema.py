@@ -284,7 +284,10 @@ class PerfConfig:
     warmup_steps: int = 3
     """Eager steps excluded from timing, besides the capture step."""
     nan_check_interval: int = 10
-    """Full-iteration graphs: read the in-graph finite flag every N steps (0 = off)."""
+    """Read the device-side finite check of loss and gradient norm every N steps (0 = off). It
+    runs inside full-iteration graphs, where the loss and grad NaN checks must be off."""
+    inject_nan_at_step: Optional[int] = None
+    """Testing aid: multiply the loss by NaN from this step on, inside the (graphed) step."""
 
 
 @dataclass

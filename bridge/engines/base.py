@@ -1,6 +1,6 @@
 """What the shared trainer needs from an engine (megatron or torch)."""
 
-from typing import Protocol, Set
+from typing import Optional, Protocol, Set
 
 import torch
 
@@ -13,7 +13,10 @@ class Engine(Protocol):
     """The graph impl that actually runs (e.g. "none" when CUDA is absent)."""
 
     def train_step(self, step: int) -> torch.Tensor:
-        """One optimizer step over the global batch; returns the loss as a device scalar."""
+        """One optimizer step over the global batch; returns the loss as a device scalar.
+
+        Capture and replay run inside ``bridge.diagnosis.graph_region(region, phase)``, so their
+        failures reach the trainer as GraphCaptureError naming the graph region."""
 
     def capture_steps(self) -> Set[int]:
         """Steps whose wall time includes graph capture (excluded from step-time stats)."""
@@ -23,3 +26,14 @@ class Engine(Protocol):
 
     def close(self) -> None:
         """Delete every graph and release engine state; idempotent, safe on every exit path."""
+
+
+class ChecksFinite(Protocol):
+    """Optional for an engine (the trainer looks it up with getattr): the device-side NaN check
+    that also works inside full-iteration graphs."""
+
+    def finite_steps(self) -> Optional[torch.Tensor]:
+        """An int64 device scalar that each step updates on the device, inside the graph under
+        full-iteration graphs (see bridge.graphs.torch_graphs.FiniteCheck): the number of steps
+        before the first one with a non-finite loss or gradient norm, counted from the engine's
+        first step. None when perf.nan_check_interval is 0."""

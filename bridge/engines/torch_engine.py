@@ -10,6 +10,9 @@ How a step runs on CUDA, by ``model.cuda_graph_impl`` and ``torch_compile``:
     torch_compile      torch.compile of the model, mode default or reduce-overhead (CUDA graphs
                        through torch.compile's cudagraph trees); not combined with a graph impl
 On the CPU every step runs eagerly in fp32, with one warning line if graphs were requested.
+Every step records whether its loss and gradient norm are finite into a device counter
+(``FiniteCheck``, inside the graph under full_iteration) unless perf.nan_check_interval is 0;
+perf.inject_nan_at_step multiplies the loss by NaN from that step on, inside the step, to test it.
 Training: AdamW (no weight decay on biases and norms), linear warmup then cosine or linear
 decay to optimizer.min_lr over train_iters, gradient clipping, gradient accumulation over the
 microbatches of the global batch, bf16 autocast on CUDA when model.bf16.
@@ -19,16 +22,17 @@ import contextlib
 import gc
 import logging
 import math
-from typing import Dict, List, Set
+from typing import Dict, List, Optional, Set
 
 import torch
 
 from bridge.config.schema import CudaGraphImpl, Device, GraphBridgeConfig, OptimizerConfig
 from bridge.data import MockData
+from bridge.diagnosis import graph_region
 from bridge.engines import ConfigError, resolve_device
 from bridge.engines.native_model import (ACTIVATIONS, NORMS, POSITION_EMBEDDING_TYPES,
                                          ROUTER_SCORE_FUNCTIONS, SOFTMAX_TYPES, build_native_model)
-from bridge.graphs.torch_graphs import FullIterationGraph, ModuleGraphs, select_modules
+from bridge.graphs.torch_graphs import FiniteCheck, FullIterationGraph, ModuleGraphs, select_modules
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +58,10 @@ class TorchEngine:
         graphs_optimizer = self.effective_impl == CudaGraphImpl.full_iteration.value
         self.optimizer = build_optimizer(self.model, cfg.optimizer, self.device, capturable=graphs_optimizer)
         self.capture_step = cfg.model.cuda_graph_warmup_steps
+        self.finite_check = FiniteCheck(self.device) if cfg.perf.nan_check_interval > 0 else None
+        # A device factor the step multiplies its loss by: 1, or NaN once the injection starts.
+        self.inject_nan_at_step = cfg.perf.inject_nan_at_step
+        self.loss_factor = torch.ones((), device=self.device) if self.inject_nan_at_step is not None else None
         self.full_graph = FullIterationGraph(self._step) if graphs_optimizer else None
         self.module_graphs = None
         if self.effective_impl == CudaGraphImpl.local.value:
@@ -70,6 +78,8 @@ class TorchEngine:
 
     def train_step(self, step: int) -> torch.Tensor:
         self._set_learning_rate(learning_rate(self.cfg.optimizer, self.cfg.train.train_iters, step))
+        if self.loss_factor is not None:
+            self.loss_factor.fill_(math.nan if step >= self.inject_nan_at_step else 1.0)
         batch = self._load_batch(step)
         if self.full_graph is not None:
             if step < self.capture_step:
@@ -78,10 +88,14 @@ class TorchEngine:
                 self.full_graph.capture(batch)
                 self._capture_steps.add(step)
             return self.full_graph.replay(batch)
-        if self.module_graphs is not None and step == self.capture_step:
-            with self._autocast():
-                self.module_graphs.capture(self.device)
-            self._capture_steps.add(step)
+        if self.module_graphs is not None and step >= self.capture_step:
+            if step == self.capture_step:
+                with self._autocast():
+                    self.module_graphs.capture(self.device)
+                self._capture_steps.add(step)
+            # The graphed modules replay inside the step's forward and backward.
+            with graph_region(self.module_graphs.region, "replay"):
+                return self._step(batch)
         if step in self._compile_steps():
             self._capture_steps.add(step)
         return self._step(batch)
@@ -97,6 +111,10 @@ class TorchEngine:
         # cudagraph trees are owned by torch.compile; counted as one graph while alive.
         return int(self.compile_mode == "reduce-overhead" and bool(self._capture_steps))
 
+    def finite_steps(self) -> Optional[torch.Tensor]:
+        """Steps before the first non-finite loss or gradient norm, on the device (None: check off)."""
+        return None if self.finite_check is None else self.finite_check.finite_steps
+
     def close(self) -> None:
         for graphs in (self.full_graph, self.module_graphs):
             if graphs is not None:
@@ -104,7 +122,7 @@ class TorchEngine:
         if self.compile_mode is not None:
             torch.compiler.reset()  # drops compiled code and the cudagraph-tree memory pools
         self.full_graph = self.module_graphs = self.compile_mode = None
-        self.model = self.forward = self.optimizer = None
+        self.model = self.forward = self.optimizer = self.finite_check = None
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -121,14 +139,22 @@ class TorchEngine:
                 torch.compiler.cudagraph_mark_step_begin()
             with self._autocast():
                 loss = self.forward(*(batch[key][index] for key in BATCH_KEYS))
+            if self.loss_factor is not None:
+                loss = loss * self.loss_factor
             (loss / count).backward()
             total = total + loss.detach()
+        grad_norm = None
         if self.cfg.optimizer.clip_grad > 0:
             # error_if_nonfinite=False keeps the norm on the device: no host sync inside a graph.
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optimizer.clip_grad,
-                                           error_if_nonfinite=False)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optimizer.clip_grad,
+                                                       error_if_nonfinite=False)
         self.optimizer.step()
-        return total / count
+        mean_loss = total / count
+        if self.finite_check is not None:
+            # Without clipping there is no norm to check; a non-finite gradient then shows in the
+            # next step's loss.
+            self.finite_check.record(mean_loss, grad_norm)
+        return mean_loss
 
     def _load_batch(self, step: int) -> Dict[str, torch.Tensor]:
         microbatches = self.data.microbatches(step)

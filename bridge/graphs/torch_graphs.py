@@ -6,9 +6,13 @@
 - ``ModuleGraphs`` (cuda_graph_impl=local): ``torch.cuda.make_graphed_callables`` over the
   submodules that ``model.cuda_graph_modules`` names, one forward and one backward graph each.
 
+- ``FiniteCheck``: the NaN check that works inside a full-iteration graph, where the host
+  never sees the gradient norm.
+
 The engine captures once, at step == model.cuda_graph_warmup_steps, after eager steps. Dropout
 draws from the default CUDA generator, whose state both APIs register with the graph
-themselves, so no generator needs registering here.
+themselves, so no generator needs registering here. Capture and replay failures are raised as
+``bridge.diagnosis.GraphCaptureError`` naming the region, for the trainer to diagnose.
 """
 
 from typing import Callable, Dict, List, Optional, Sequence
@@ -16,9 +20,11 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 from torch import nn
 
+from bridge.diagnosis import graph_region
 from bridge.engines.native_model import MLPBlock, MoEBlock, NativeGPT
 
 Batch = Dict[str, torch.Tensor]
+FULL_ITERATION_REGION = "the full-iteration graph (forward, backward and optimizer step)"
 
 
 class FullIterationGraph:
@@ -42,14 +48,16 @@ class FullIterationGraph:
     def capture(self, batch: Batch) -> None:
         """Record the step; nothing runs until ``replay``."""
         self.static_batch = {name: tensor.clone() for name, tensor in batch.items()}
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        graph = torch.cuda.CUDAGraph()
+        with graph_region(FULL_ITERATION_REGION, "capture"), torch.cuda.graph(graph):
             self.static_loss = self.step_fn(self.static_batch)
+        self.graph = graph  # only a complete capture counts as a graph
 
     def replay(self, batch: Batch) -> torch.Tensor:
         for name, tensor in batch.items():
             self.static_batch[name].copy_(tensor)
-        self.graph.replay()
+        with graph_region(FULL_ITERATION_REGION, "replay"):
+            self.graph.replay()
         # The next replay overwrites the static loss in place.
         return self.static_loss.clone()
 
@@ -70,6 +78,8 @@ class ModuleGraphs:
 
     def __init__(self, modules: Sequence[nn.Module]):
         self.modules: List[nn.Module] = list(modules)
+        kinds = ", ".join(sorted({type(module).__name__ for module in self.modules}))
+        self.region = f"the per-module graphs ({len(self.modules)} x {kinds})"
         self.input_specs: Dict[nn.Module, list] = {}
         self.hooks = [module.register_forward_pre_hook(self._record_inputs) for module in self.modules]
         self.captured = False
@@ -85,7 +95,8 @@ class ModuleGraphs:
                   for shape, dtype, requires_grad in self.input_specs[module])
             for module in self.modules
         )
-        torch.cuda.make_graphed_callables(tuple(self.modules), sample_args)
+        with graph_region(self.region, "capture"):
+            torch.cuda.make_graphed_callables(tuple(self.modules), sample_args)
         self.captured = True
 
     def count(self) -> int:
@@ -102,6 +113,25 @@ class ModuleGraphs:
         for hook in self.hooks:
             hook.remove()
         self.hooks = []
+
+
+class FiniteCheck:
+    """Counts, on the device, the steps before the first non-finite loss or gradient norm.
+
+    ``record`` launches only device ops that write in place into two tensors allocated here,
+    outside any graph: inside a captured step it becomes part of the graph, and every replay
+    updates the same tensors without a host sync. The trainer reads ``finite_steps`` every
+    perf.nan_check_interval steps; a count below the steps run names the first bad step.
+    """
+
+    def __init__(self, device: torch.device):
+        self.all_finite = torch.ones((), dtype=torch.bool, device=device)
+        self.finite_steps = torch.zeros((), dtype=torch.int64, device=device)
+
+    def record(self, loss: torch.Tensor, grad_norm: Optional[torch.Tensor]) -> None:
+        finite = torch.isfinite(loss) if grad_norm is None else torch.isfinite(loss) & torch.isfinite(grad_norm)
+        self.all_finite.logical_and_(finite)
+        self.finite_steps.add_(self.all_finite)
 
 
 def select_modules(model: NativeGPT, names: Sequence[str]) -> List[nn.Module]:

@@ -1,0 +1,146 @@
+"""Capture failures, a freed graph input and a NaN on a real GPU, through the real training
+process: the diagnosis in result.json, every graph released, and a bounded, non-zero exit.
+
+A failed capture can poison the CUDA context, so each case runs in its own process:
+
+    python -m tests.gpu.test_failures_gpu <case> <job_dir>
+
+injects the fault into the torch engine's full-iteration step, runs ``bridge.run.main`` on the
+job and writes ``probe.json`` with the graphs left after close.
+"""
+
+import json
+import math
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import bridge
+from bridge import run
+from bridge.engines.torch_engine import TorchEngine
+from bridge.graphs.torch_graphs import FullIterationGraph
+from bridge.trainer import Trainer
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+
+from tests.test_trainer_cpu import write_job  # noqa: E402  (after the skip: it imports the CPU suite)
+
+ROOT = Path(__file__).resolve().parents[2]
+CAPTURE_STEP = 3  # model.cuda_graph_warmup_steps
+EXIT_WITHIN_S = 180  # start, eager steps, capture, failure and cleanup, generously
+FULL_ITERATION = ("recipe=llama/tiny", "engine=torch", "device=cuda", "cuda_graph=full_iteration",
+                  "model.num_layers=2", "train.train_iters=8")
+
+
+def synchronise_inside_the_step() -> None:
+    step = TorchEngine._step
+
+    def step_reading_its_loss(self, batch):
+        loss = step(self, batch)
+        loss.item()  # a host read: harmless eagerly, illegal while capturing
+        return loss
+
+    TorchEngine._step = step_reading_its_loss
+
+
+def leave_a_side_stream_unjoined() -> None:
+    step = TorchEngine._step
+
+    def step_forking_a_stream(self, batch):
+        loss = step(self, batch)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            loss * 2  # work the capturing stream never waits for
+        return loss
+
+    TorchEngine._step = step_forking_a_stream
+
+
+def free_an_input_before_replay() -> None:
+    step, replay = TorchEngine._step, FullIterationGraph.replay
+    held = {}
+
+    def step_reading_a_big_tensor(self, batch):
+        if "tensor" not in held:
+            held["tensor"] = torch.ones(64 * 2**20, device=self.device)  # 256 MiB: a segment of its own
+        return step(self, batch) + held["tensor"].sum() * 0
+
+    def replay_after_freeing_it(self, batch):
+        if held.pop("tensor", None) is not None:
+            torch.cuda.empty_cache()  # its segment goes back to the driver; the graph still reads it
+        return replay(self, batch)
+
+    TorchEngine._step, FullIterationGraph.replay = step_reading_a_big_tensor, replay_after_freeing_it
+
+
+INJECTIONS = {"sync": synchronise_inside_the_step, "unjoined": leave_a_side_stream_unjoined,
+              "freed": free_an_input_before_replay}
+
+
+def main(case: str, job_dir: str) -> int:
+    INJECTIONS[case]()
+    close = Trainer.close
+
+    def close_and_count(trainer):
+        try:
+            close(trainer)
+        finally:
+            (Path(job_dir) / "probe.json").write_text(json.dumps({"graphs_after_close": trainer.engine.graph_count()}))
+
+    Trainer.close = close_and_count
+    return run.main([job_dir])
+
+
+def run_case(tmp_path, case, *overrides):
+    job_dir = write_job(tmp_path, bridge.load([*FULL_ITERATION, *overrides]))
+    command = ([sys.executable, "-m", "tests.gpu.test_failures_gpu", case, str(job_dir)] if case else
+               [sys.executable, "-m", "bridge.run", str(job_dir)])
+    start = time.monotonic()
+    # The timeout is the bound on the exit: a hang fails the test.
+    process = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=EXIT_WITHIN_S)
+    result = json.loads((job_dir / "result.json").read_text())
+    print(f"\nMEASURED {case or 'nan'}: exit {process.returncode} after {time.monotonic() - start:.1f} s; "
+          f"reason: {result['reason']}")
+    return process, result, job_dir
+
+
+FULL_GRAPH = r"CUDA graph capture of the full-iteration graph \(forward, backward and optimizer step\) failed at step 3"
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("sync", FULL_GRAPH + r": cudaErrorStreamCaptureUnsupported\. Likely cause: a synchronising operation"),
+    ("unjoined", FULL_GRAPH + r": cudaErrorStreamCaptureUnjoined\. Likely cause: a side stream"),
+    # CUDA reports the illegal access asynchronously, mostly at the step's synchronisation after the replay.
+    ("freed", r"(step 3 failed|CUDA graph replay of the full-iteration graph .* at step 3): cudaErrorIllegalAddress\. "
+              r"Likely cause: a kernel touched memory it does not own"),
+])
+def test_a_failing_graph_is_diagnosed_released_and_exits(tmp_path, case, reason):
+    process, result, job_dir = run_case(tmp_path, case)
+    assert process.returncode == run.FAILED, process.stderr[-3000:]
+    assert result["status"] == "failed" and re.match(reason, result["reason"]), result["reason"]
+    assert "Fix:" in result["reason"] and result["reason"] in process.stderr
+    assert result["steps_completed"] == CAPTURE_STEP and len(result["loss"]) == CAPTURE_STEP
+    assert json.loads((job_dir / "probe.json").read_text()) == {"graphs_after_close": 0}
+
+
+def test_a_nan_inside_the_graph_is_caught_at_the_next_check(tmp_path):
+    # Injected at step 6, three replays after capture; read at steps 3 and 7.
+    process, result, _ = run_case(tmp_path, None, "train.train_iters=12", "perf.inject_nan_at_step=6",
+                                     "perf.nan_check_interval=4")
+    assert process.returncode == run.FAILED, process.stderr[-3000:]
+    assert result["reason"] == "non-finite loss or grad norm at step 6 (detected at step 7)"
+    assert result["steps_completed"] == 8 and result["graph_count"] == 1
+    assert all(math.isfinite(loss) for loss in result["loss"][:6]) and math.isnan(result["loss"][6])
+    assert "Traceback" not in process.stderr
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))

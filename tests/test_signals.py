@@ -1,0 +1,187 @@
+"""Interrupts never lose results: SIGINT and SIGTERM stop training at a step boundary with a
+partial result.json and exit status 128 + N; the launcher forwards them to the training process
+and kills one that does not stop in time; `kill <graphbridge pid>` ends a real run cleanly.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from bridge import run
+from bridge.trainer import ExitSignals, Trainer
+from perf import launch
+from tests.test_trainer_cpu import ScriptedEngine, read_result, write_job
+from tests.test_torch_engine_cpu import small_config
+
+
+class SignalledEngine(ScriptedEngine):
+    """Sends ``signum`` to its own process in the middle of step ``at``, as a scheduler would."""
+
+    def __init__(self, losses, signum, at):
+        super().__init__(losses)
+        self.signum, self.at = signum, at
+
+    def train_step(self, step):
+        if step == self.at:
+            os.kill(os.getpid(), self.signum)
+        return super().train_step(step)  # the step still finishes: nothing was raised into it
+
+
+@pytest.fixture
+def signalled_job(tmp_path, monkeypatch):
+    def make(signum, *overrides):
+        engine = SignalledEngine([3.0, 2.5, 2.0, 1.5, 1.0, 0.5], signum, at=2)
+        monkeypatch.setattr("bridge.trainer.build_engine", lambda cfg: engine)
+        write_job(tmp_path, small_config("llama/tiny", "train.train_iters=6", *overrides))
+        return engine
+
+    return make
+
+
+def test_exit_signals_record_the_first_signal_and_restore_the_handlers():
+    before = signal.getsignal(signal.SIGTERM)
+    exit_signals = ExitSignals()
+    exit_signals.install()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)  # a repeat, e.g. forwarded by the launcher
+    finally:
+        exit_signals.restore()
+    assert exit_signals.received == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_stops_training_at_the_next_step_boundary(tmp_path, signalled_job, signum, code):
+    engine = signalled_job(signum)
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    assert run.main([str(tmp_path)]) == code
+    result = read_result(tmp_path)
+    assert result["status"] == "interrupted"
+    assert result["reason"] == f"{signum.name} received: stopped at the step boundary after 3 of 6 steps"
+    assert result["steps_completed"] == 3 and result["loss"] == [3.0, 2.5, 2.0]
+    assert engine.closed == 1
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+
+
+def test_without_the_handler_sigint_is_a_keyboard_interrupt(tmp_path, signalled_job):
+    signalled_job(signal.SIGINT, "train.exit_signal_handler=false")
+    assert run.main([str(tmp_path)]) == 130
+    result = read_result(tmp_path)
+    assert (result["status"], result["reason"], result["steps_completed"]) == (
+        "interrupted", "interrupted (KeyboardInterrupt)", 2)
+
+
+def test_a_signal_before_the_first_step_still_writes_a_result(tmp_path):
+    cfg = small_config()
+    exit_signals = ExitSignals()
+    exit_signals.received = signal.SIGTERM  # came while the engine was being built
+    result = Trainer(cfg, write_job(tmp_path, cfg), exit_signals).run()
+    assert (result["status"], result["steps_completed"], result["loss"]) == ("interrupted", 0, [])
+
+
+def sleeper(ignore_sigterm: bool):
+    body = "import signal, time\n"
+    if ignore_sigterm:
+        body += "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    return [sys.executable, "-c", body + "time.sleep(60)\n"]
+
+
+def signal_self_soon(signum, delay=1.0):
+    threading.Timer(delay, os.kill, args=(os.getpid(), signum)).start()
+
+
+def test_the_launcher_forwards_a_signal_to_the_training_process():
+    with launch.SignalForwarding() as forwarding:
+        signal_self_soon(signal.SIGTERM)
+        code = forwarding.run(sleeper(ignore_sigterm=False), dict(os.environ))
+    assert (code, forwarding.received, forwarding.killed) == (143, signal.SIGTERM, False)
+
+
+def test_the_launcher_kills_a_training_process_that_does_not_stop(monkeypatch):
+    monkeypatch.setattr(launch, "GRACE_S", 1.0)
+    start = time.monotonic()
+    with launch.SignalForwarding() as forwarding:
+        signal_self_soon(signal.SIGTERM)
+        code = forwarding.run(sleeper(ignore_sigterm=True), dict(os.environ))
+    assert code == 128 + signal.SIGKILL and forwarding.killed
+    assert time.monotonic() - start < 10
+    assert forwarding.why_no_result(code) == "killed 1 s after SIGTERM: it reached no step boundary in time"
+
+
+def test_a_signal_before_the_training_process_starts_keeps_it_from_starting():
+    with launch.SignalForwarding() as forwarding:
+        os.kill(os.getpid(), signal.SIGINT)
+        code = forwarding.run([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ))
+    assert code == 130
+    assert forwarding.why_no_result(code) == "SIGINT received before the training process started"
+
+
+@pytest.mark.parametrize("body, code, reason", [
+    ("raise SystemExit(3)", 3, "training process exited with status 3 before writing result.json"),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", 139,
+     "training process ended by SIGSEGV before writing result.json"),
+])
+def test_a_training_process_that_dies_still_leaves_a_result(tmp_path, monkeypatch, body, code, reason):
+    monkeypatch.setattr(launch, "training_command", lambda config, job_dir: [sys.executable, "-c", body])
+    job = {"choices": {}, "overrides": []}
+    assert launch.run_job(small_config(), tmp_path, job) == code
+    assert read_result(tmp_path) == {"status": "failed", "reason": reason, "job": job}
+
+
+@pytest.mark.parametrize("sweep", [False, True])
+def test_kill_of_the_graphbridge_process_ends_with_a_partial_result(tmp_path, sweep):
+    """The real command: Hydra process, fresh training process, SIGTERM to the former. In a
+    sweep the signal ends the sweep too: the second job never starts."""
+    out = tmp_path / "out"
+    jobs = ["-m", "train.train_iters=200,201", f"hydra.sweep.dir={out}"] if sweep else [
+        "train.train_iters=200", f"hydra.run.dir={out}"]
+    process = subprocess.Popen(
+        [sys.executable, "-c", "from perf.main import main; main()", *jobs, "recipe=llama/tiny", "engine=torch",
+         "model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    stderr = StderrReader(process)
+    try:
+        stderr.wait_for(r"\b[1-9]\d*/200\b", timeout=120)  # tqdm's progress: at least one step done
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=60)
+    finally:
+        process.kill()
+    assert code == 143, stderr.text
+    assert time.monotonic() - signalled < 30
+    job_dir = out / "0" if sweep else out
+    result = read_result(job_dir)
+    assert result["status"] == "interrupted" and result["reason"].startswith("SIGTERM received")
+    assert 0 < result["steps_completed"] < 200 and len(result["loss"]) == result["steps_completed"]
+    names = {path.name for path in job_dir.iterdir()}
+    assert {"job.json", "resolved.yaml", "result.json"} <= names and not [n for n in names if n.endswith(".tmp")]
+    assert not (out / "1").exists()
+    assert "Traceback" not in stderr.text
+
+
+class StderrReader:
+    """Collects a process's stderr on a thread, so the test can wait for a line without blocking."""
+
+    def __init__(self, process: subprocess.Popen):
+        self.process = process
+        self.text = ""
+        self._thread = threading.Thread(target=self._read, args=(process.stderr,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream) -> None:
+        for chunk in iter(lambda: stream.read(64), ""):
+            self.text += chunk
+
+    def wait_for(self, pattern: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, self.text):
+            assert self.process.poll() is None, f"exited with {self.process.returncode}:\n{self.text}"
+            assert time.monotonic() < deadline, f"no {pattern!r} within {timeout} s:\n{self.text}"
+            time.sleep(0.1)
