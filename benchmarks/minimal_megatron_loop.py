@@ -1,0 +1,207 @@
+"""The yardstick for the trainer's overhead: a minimal hand-written megatron-core training loop.
+
+    python benchmarks/minimal_megatron_loop.py [--cuda-graph full_iteration] [--local-spec] [--rounds 2]
+
+The same model and graph impl as graphbridge's megatron engine (the megatron-core config
+objects come from ``bridge.translate.build_megatron_configs``), written out as straight
+megatron-core calls with no engine, trainer or data abstraction: one GPU, one random static
+batch reused every step. In alternating fresh processes it times this loop, the megatron
+engine under a bare loop, and the trainer (graphbridge's own path: a job directory and
+``python -m bridge.run``), and prints the medians and the ratios to the minimal loop, so an
+overhead shows where it comes from. Target: the trainer within 3 % of the minimal loop.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from functools import partial
+from itertools import repeat
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMON = ("recipe=llama/tiny", "rerun_state_machine.check_for_nan_in_loss=false", "ddp.check_for_nan_in_grad=false")
+
+
+def minimal_loop(overrides, total_steps: int, skipped: int) -> float:
+    """Median step time (ms) of a plain megatron-core loop over steps[skipped:]."""
+    import torch
+    from megatron.core import parallel_state
+    from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
+    from megatron.core.full_cuda_graph import FullCudaGraphWrapper
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_local_spec,
+        get_gpt_layer_with_transformer_engine_spec,
+    )
+    from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
+    from megatron.core.optimizer import get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
+    from megatron.core.transformer.enums import CudaGraphScope
+    from megatron.core.transformer.module import Float16Module
+
+    import bridge
+    from bridge.translate import build_megatron_configs
+
+    cfg = bridge.load(overrides)
+    configs = build_megatron_configs(cfg)
+    config = configs["transformer_config"]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
+    torch.cuda.set_device(0)
+    torch.cuda.set_stream(torch.cuda.Stream())
+    torch.distributed.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+    parallel_state.initialize_model_parallel()
+    micro, seq = cfg.train.micro_batch_size, cfg.dataset.seq_length
+    init_num_microbatches_calculator(0, None, micro, micro, 1)
+    graphed = config.cuda_graph_impl != "none"
+    model_parallel_cuda_manual_seed(cfg.rng.seed, te_rng_tracker=graphed, use_cudagraphable_rng=graphed)
+
+    if cfg.model.transformer_impl == "transformer_engine":
+        spec = get_gpt_layer_with_transformer_engine_spec()
+    else:
+        spec = get_gpt_layer_local_spec(normalization=config.normalization)
+    model = GPTModel(config=config, transformer_layer_spec=spec, **configs["gpt_model"]).cuda()
+    model = DistributedDataParallel(config, configs["ddp_config"], Float16Module(config, model))
+    optimizer = get_megatron_optimizer(configs["optimizer_config"], [model])
+    scheduler = OptimizerParamScheduler(optimizer, 0.0, cfg.optimizer.lr, cfg.optimizer.min_lr,
+                                        cfg.optimizer.lr_warmup_iters, total_steps, "cosine",
+                                        cfg.optimizer.weight_decay, cfg.optimizer.weight_decay, total_steps,
+                                        "constant")
+    config.grad_scale_func = optimizer.scale_loss
+    config.finalize_model_grads_func = finalize_model_grads
+
+    forward_backward = get_forward_backward_func()
+    if CudaGraphScope.full_iteration in config.cuda_graph_scope:
+        forward_backward = FullCudaGraphWrapper(forward_backward, cuda_graph_warmup_steps=config.cuda_graph_warmup_steps)
+    te_graphs = None
+    if config.cuda_graph_impl == "transformer_engine":
+        te_graphs = TECudaGraphHelper(model=[model], config=config, seq_length=seq, micro_batch_size=micro,
+                                      optimizers=[optimizer])
+
+    tokens = torch.randint(0, cfg.model.vocab_size, (micro, seq), device="cuda")
+    batch = {"tokens": tokens, "labels": tokens.roll(-1, dims=1),
+             "loss_mask": torch.ones(micro, seq, device="cuda"),
+             "position_ids": torch.arange(seq, device="cuda").expand(micro, seq)}
+
+    def loss_func(output):
+        loss = output.float().mean()
+        return loss, {"lm loss": loss.detach().clone()}
+
+    def forward_step(data, model):
+        b = next(data)
+        return model(b["tokens"], b["position_ids"], None, labels=b["labels"]), loss_func
+
+    seconds = []
+    for step in range(total_steps):
+        if te_graphs is not None and step == config.cuda_graph_warmup_steps:
+            te_graphs.create_cudagraphs()
+        start = time.perf_counter()
+        model.zero_grad_buffer()
+        optimizer.zero_grad()
+        forward_backward(forward_step_func=forward_step, data_iterator=repeat(batch), model=[model],
+                         num_microbatches=1, seq_length=seq, micro_batch_size=micro, forward_only=False)
+        optimizer.step()
+        scheduler.step(1)
+        torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - start)
+    return 1000 * statistics.median(seconds[skipped:])
+
+
+def engine_loop(overrides, total_steps: int, skipped: int) -> float:
+    """Median step time (ms) of the megatron engine driven by a bare loop (no trainer)."""
+    import bridge
+    from bridge.engines.megatron_engine import MegatronEngine
+
+    engine = MegatronEngine(bridge.load(overrides))
+    seconds = []
+    try:
+        for step in range(total_steps):
+            start = time.perf_counter()
+            float(engine.train_step(step))
+            seconds.append(time.perf_counter() - start)
+    finally:
+        engine.close()
+    return 1000 * statistics.median(seconds[skipped:])
+
+
+def trainer_median(overrides, job_dir: Path) -> float:
+    """Median step time (ms) of graphbridge's own path: a job directory and ``python -m bridge.run``."""
+    import bridge
+    from perf.launch import RESULT, job_record, training_command, write_job
+
+    config = bridge.load(overrides)
+    write_job(config, job_dir, job_record({}, overrides))
+    done = subprocess.run(training_command(config, job_dir), cwd=ROOT, env=child_env(), capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"trainer failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+    return json.loads((job_dir / RESULT).read_text())["step_time_ms"]["median"]
+
+
+def child_env() -> dict:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cuda-graph", nargs="*", default=["none", "full_iteration"])
+    parser.add_argument("--local-spec", action="store_true", help="megatron-core's local layer spec, not TE's")
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per run")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--jobs-dir", type=Path, default=Path("/tmp/graphbridge-minimal-loop"))
+    parser.add_argument("--child", nargs=3, metavar=("LOOP", "CUDA_GRAPH", "LOCAL_SPEC"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    # The first replay follows capture at step cuda_graph_warmup_steps (3); both sides skip it.
+    skipped = 5
+
+    def overrides_for(choice: str, local_spec: bool):
+        spec = ["model.transformer_impl=local"] if local_spec else []
+        return [*COMMON, f"cuda_graph={choice}", *spec, f"train.train_iters={skipped + args.steps}",
+                f"perf.warmup_steps={skipped}"]
+
+    loops = {"minimal": minimal_loop, "engine": engine_loop}
+    if args.child:
+        loop, choice, local_spec = args.child[0], args.child[1], args.child[2] == "local"
+        print(json.dumps(loops[loop](overrides_for(choice, local_spec), skipped + args.steps, skipped)))
+        return
+    spec = "local" if args.local_spec else "te"
+    times = {"minimal": {}, "engine": {}, "trainer": {}}
+
+    def run_child(loop: str, choice: str, round_index: int) -> float:
+        done = subprocess.run([sys.executable, __file__, "--child", loop, choice, spec, "--steps", str(args.steps)],
+                              cwd=ROOT, env=child_env(), capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{loop} loop {choice} failed:\n{done.stderr[-4000:]}")
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    def run_trainer(choice: str, round_index: int) -> float:
+        job_dir = args.jobs_dir / f"{spec}-{choice}-{round_index}"
+        return trainer_median(overrides_for(choice, args.local_spec), job_dir)
+
+    runners = {"minimal": partial(run_child, "minimal"), "engine": partial(run_child, "engine"),
+               "trainer": run_trainer}
+    for round_index in range(args.rounds):
+        # Alternate which variant and which side goes first, so drift cancels.
+        choices = args.cuda_graph if round_index % 2 == 0 else args.cuda_graph[::-1]
+        sides = list(runners) if round_index % 2 == 0 else list(runners)[::-1]
+        for choice in choices:
+            for side in sides:
+                times[side].setdefault(choice, []).append(runners[side](choice, round_index))
+            print(f"round {round_index + 1}: {spec}/{choice}: "
+                  + ", ".join(f"{side} {times[side][choice][-1]:.2f} ms" for side in runners), flush=True)
+    print(f"\n{'variant':24} {'minimal ms':>10} {'engine ms':>10} {'trainer ms':>10} {'engine/min':>10} "
+          f"{'trainer/min':>11}")
+    for choice in args.cuda_graph:
+        minimal, engine, trainer = (statistics.median(times[side][choice]) for side in runners)
+        print(f"{spec + '/' + choice:24} {minimal:10.2f} {engine:10.2f} {trainer:10.2f} {engine / minimal:9.3f}x "
+              f"{trainer / minimal:10.3f}x")
+
+
+if __name__ == "__main__":
+    main()

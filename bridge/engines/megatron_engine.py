@@ -1,0 +1,365 @@
+"""The megatron engine: megatron-core GPTModel, DDP, optimizer and schedule, graphed as configured.
+
+Built the way Megatron-LM / Megatron-Bridge build a job: process group, a dedicated CUDA stream,
+model-parallel groups, microbatch calculator, RNG tracker, GPTModel (Transformer Engine or
+local layer spec) in Float16Module and megatron DDP, megatron optimizer and
+OptimizerParamScheduler, ``get_forward_backward_func``. The CUDA-graph mechanism is one object
+from ``bridge.graphs`` (full_iteration, local, transformer_engine) behind one protocol.
+
+Same seed, same weights and same data for every graph impl: the model is built before any graph
+machinery runs, from RNG trackers seeded identically, and the data depends only on the seed, so
+loss curves compare across impls. One engine per process: megatron-core keeps graph, RNG and
+static-buffer state at class level; ``close`` deletes every graph and resets that state.
+"""
+
+import gc
+import importlib
+import os
+import socket
+import warnings
+from contextlib import nullcontext
+from functools import partial
+from typing import List, Set
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
+    get_transformer_block_with_experimental_attention_variant_spec,
+)
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_mtp_block_spec
+from megatron.core.num_microbatches_calculator import (
+    destroy_num_microbatches_calculator,
+    get_num_microbatches,
+    init_num_microbatches_calculator,
+)
+from megatron.core.optimizer import get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+from megatron.core.transformer.module import Float16Module
+from megatron.core.utils import get_batch_on_this_cp_rank
+
+from bridge.config.schema import CudaGraphImpl, GraphBridgeConfig
+from bridge.data import MockData
+from bridge.diagnosis import graph_region
+from bridge.graphs.base import GraphLifecycle, NoGraphs
+from bridge.graphs.capturable_optimizer import CapturableAdamW, ScheduleView
+from bridge.graphs.full_iteration import FullIterationGraph, full_iteration_state_is_clean, reset_full_iteration_state
+from bridge.graphs.local import LocalLayerGraphs, local_graph_state_is_clean, reset_local_graph_state
+from bridge.graphs.transformer_engine import TransformerEngineGraphs
+from bridge.translate import build_megatron_configs
+
+
+class MegatronEngine:
+    name = "megatron"
+
+    def __init__(self, cfg: GraphBridgeConfig):
+        self.cfg = cfg
+        self.effective_impl = CudaGraphImpl(cfg.model.cuda_graph_impl).value
+        self.graphs: GraphLifecycle = NoGraphs()
+        self.model_chunks: List[torch.nn.Module] = []
+        self.optimizer = None
+        self._closed = False
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self) -> None:
+        cfg = self.cfg
+        os.environ.update(cfg.env_vars)
+        self.device = init_distributed(cfg.train.num_gpus)
+        configs = build_megatron_configs(cfg)
+        self.transformer_config = configs["transformer_config"]
+        init_parallel_state(cfg)
+        self.num_microbatches = get_num_microbatches()
+        seed_rng_trackers(cfg, graphed=self.effective_impl != CudaGraphImpl.none.value)
+        self.layer_spec = choose_layer_spec(cfg)
+        self.model_chunks = build_model_chunks(
+            self.transformer_config, configs["gpt_model"], configs["ddp_config"],
+            use_transformer_engine=self.layer_spec == "transformer_engine",
+            overlap_param_gather_with_optimizer_step=cfg.optimizer.overlap_param_gather_with_optimizer_step)
+        # Graph machinery and optimizer come after the model, so the weights never depend on the impl.
+        torch.cuda.synchronize()
+        self.optimizer_in_graph = cfg.optimizer.optimizer_in_graph
+        if self.optimizer_in_graph:
+            check_optimizer_in_graph(cfg)
+            self.optimizer = CapturableAdamW(self.model_chunks, cfg.optimizer, self.device)
+            self.schedule_view = ScheduleView()
+            schedule_target = self.schedule_view
+        else:
+            self.optimizer = get_megatron_optimizer(configs["optimizer_config"], self.model_chunks)
+            self.transformer_config.grad_scale_func = self.optimizer.scale_loss
+            schedule_target = self.optimizer
+        self.scheduler = build_scheduler(cfg, schedule_target)
+        set_model_config_hooks(self.transformer_config, self.model_chunks, cfg.ddp.overlap_grad_reduce)
+
+        # Megatron-Bridge train.py: with the distributed optimizer gathering params behind the
+        # forward, the pre-hooks stay off for the first step (nothing to wait for yet).
+        self.toggle_forward_pre_hook = cfg.ddp.use_distributed_optimizer and cfg.ddp.overlap_param_gather
+        if self.toggle_forward_pre_hook:
+            for chunk in self.model_chunks:
+                chunk.disable_forward_pre_hook(param_sync=False)
+
+        self.graphs = self._graph_lifecycle()
+        self.forward_backward = self.graphs.wrap(get_forward_backward_func())
+        self.mock_data = MockData(cfg, parallel_state.get_data_parallel_rank(),
+                                  parallel_state.get_data_parallel_world_size())
+        self.prefetched = (0, pinned(self.mock_data.microbatches(0)))
+        self.steps_done = 0
+
+    def _graph_lifecycle(self) -> GraphLifecycle:
+        cfg, impl = self.cfg, CudaGraphImpl(self.cfg.model.cuda_graph_impl)
+        if impl == CudaGraphImpl.full_iteration:
+            optimizer_step = self.optimizer.step if self.optimizer_in_graph else None
+            return FullIterationGraph(cfg.model.cuda_graph_warmup_steps, optimizer_step)
+        if impl == CudaGraphImpl.local:
+            return LocalLayerGraphs(self.model_chunks)
+        if impl == CudaGraphImpl.transformer_engine:
+            if self.layer_spec != "transformer_engine":
+                raise ValueError("model.cuda_graph_impl=transformer_engine needs Transformer Engine and "
+                                 "model.transformer_impl=transformer_engine; install graphbridge[te] or "
+                                 "use cuda_graph=local_layer / cuda_graph=full_iteration")
+            return TransformerEngineGraphs(self.model_chunks, self.transformer_config, cfg.dataset.seq_length,
+                                           cfg.train.micro_batch_size, self.optimizer, self.toggle_forward_pre_hook)
+        return NoGraphs()
+
+    def train_step(self, step: int) -> torch.Tensor:
+        self.graphs.before_step(step)
+        for chunk in self.model_chunks:
+            chunk.zero_grad_buffer()
+        if self.optimizer_in_graph:
+            self.optimizer.set_learning_rate(self.schedule_view.learning_rate)
+        else:
+            self.optimizer.zero_grad()
+        phase = self.graphs.phase(step)
+        with graph_region(self.graphs.region, phase) if phase else nullcontext():
+            losses = self.forward_backward(
+                forward_step_func=forward_step, data_iterator=self._step_data(step), model=self.model_chunks,
+                num_microbatches=self.num_microbatches, seq_length=self.cfg.dataset.seq_length,
+                micro_batch_size=self.cfg.train.micro_batch_size, forward_only=False)
+        # The GPU is still busy with this step: build the next step's batches meanwhile.
+        self.prefetched = (step + 1, pinned(self.mock_data.microbatches(step + 1)))
+        stepped = True if self.optimizer_in_graph else self.optimizer.step()[0]
+        if stepped:
+            self.scheduler.step(increment=1)
+        if self.toggle_forward_pre_hook and self.steps_done == 0:
+            for chunk in self.model_chunks:
+                chunk.enable_forward_pre_hook()
+        self.steps_done += 1
+        return self._step_loss(losses)
+
+    def _step_data(self, step: int) -> List:
+        """One iterator of this rank's microbatches per model chunk (each chunk reads them all)."""
+        prefetched_step, microbatches = self.prefetched
+        if prefetched_step != step:
+            microbatches = self.mock_data.microbatches(step)
+        if parallel_state.get_context_parallel_world_size() > 1:
+            microbatches = [get_batch_on_this_cp_rank(batch) for batch in microbatches]
+        return [iter(microbatches) for _ in self.model_chunks]
+
+    def _step_loss(self, losses) -> torch.Tensor:
+        """Mean over microbatches, on every rank (megatron computes it on the last stage only)."""
+        if parallel_state.is_pipeline_last_stage(ignore_virtual=True):
+            loss = torch.stack([item["lm loss"] for item in losses]).mean()
+        else:
+            loss = torch.zeros((), dtype=torch.float32, device=self.device)
+        if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+            torch.distributed.broadcast(loss, src=parallel_state.get_pipeline_model_parallel_last_rank(),
+                                        group=parallel_state.get_pipeline_model_parallel_group())
+        data_parallel = parallel_state.get_data_parallel_group(with_context_parallel=True)
+        if data_parallel.size() > 1:
+            torch.distributed.all_reduce(loss, op=torch.distributed.ReduceOp.AVG, group=data_parallel)
+        return loss
+
+    def capture_steps(self) -> Set[int]:
+        return self.graphs.capture_steps()
+
+    def graph_count(self) -> int:
+        return self.graphs.graph_count()
+
+    def close(self) -> None:
+        """Graphs first (they hold NCCL buffers that block destroy_process_group), then state."""
+        if self._closed:
+            return
+        self._closed = True
+        if torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        self.graphs.delete()
+        self.graphs = NoGraphs()
+        # Also covers an engine that failed half-built, before its lifecycle existed.
+        reset_full_iteration_state()
+        reset_local_graph_state()
+        self.model_chunks, self.optimizer, self.scheduler = [], None, None
+        # The config's schedule hooks hold the model chunks and the optimizer.
+        self.transformer_config, self.forward_backward = None, None
+        gc.collect()
+        destroy_num_microbatches_calculator()
+        parallel_state.destroy_model_parallel()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        torch.cuda.empty_cache()
+
+
+def megatron_graph_state_is_clean() -> bool:
+    """megatron-core's class-level graph state is as a fresh process has it."""
+    return full_iteration_state_is_clean() and local_graph_state_is_clean()
+
+
+def init_distributed(num_gpus: int) -> torch.device:
+    """torchrun's environment, or a one-process NCCL group when started without torchrun."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size != num_gpus:
+        raise ValueError(f"train.num_gpus={num_gpus} but {world_size} processes were started; launch "
+                         f"torchrun --nproc-per-node {num_gpus} or set train.num_gpus={world_size}")
+    if world_size == 1:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(device)
+    # Graph capture on the legacy default stream fails (cudaErrorStreamCaptureImplicit in TE's
+    # make_graphed_callables); Megatron-Bridge also moves to a side stream before building anything.
+    torch.cuda.set_stream(torch.cuda.Stream())
+    torch.distributed.init_process_group("nccl", rank=int(os.environ.get("RANK", "0")), world_size=world_size,
+                                         device_id=device)
+    return device
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def init_parallel_state(cfg: GraphBridgeConfig) -> None:
+    """megatron-core's model-parallel groups and its global microbatch calculator."""
+    model = cfg.model
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=model.tensor_model_parallel_size,
+        pipeline_model_parallel_size=model.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=model.virtual_pipeline_model_parallel_size,
+        context_parallel_size=model.context_parallel_size,
+        expert_model_parallel_size=model.expert_model_parallel_size,
+        expert_tensor_parallel_size=model.expert_tensor_parallel_size)
+    init_num_microbatches_calculator(
+        rank=torch.distributed.get_rank(), rampup_batch_size=None,
+        global_batch_size=cfg.train.global_batch_size, micro_batch_size=cfg.train.micro_batch_size,
+        data_parallel_size=parallel_state.get_data_parallel_world_size())
+
+
+def seed_rng_trackers(cfg: GraphBridgeConfig, graphed: bool) -> None:
+    """Megatron-Bridge's _set_random_seed, with force_reset: the tracker is process-global."""
+    seed = cfg.rng.seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed, te_rng_tracker=cfg.rng.te_rng_tracker,
+                                    inference_rng_tracker=cfg.rng.inference_rng_tracker,
+                                    use_cudagraphable_rng=graphed, force_reset_rng=True)
+
+
+def choose_layer_spec(cfg: GraphBridgeConfig) -> str:
+    if cfg.model.transformer_impl != "transformer_engine":
+        return "local"
+    try:
+        importlib.import_module("transformer_engine.pytorch")
+    except (ImportError, OSError) as missing:
+        warnings.warn(f"model.transformer_impl=transformer_engine but Transformer Engine does not import "
+                      f"({missing}); building megatron-core's local layer spec instead")
+        return "local"
+    return "transformer_engine"
+
+
+def build_model_chunks(transformer_config, gpt_model_args, ddp_config, use_transformer_engine: bool,
+                       overlap_param_gather_with_optimizer_step: bool) -> List:
+    """One GPTModel per virtual pipeline stage, each in Float16Module and megatron DDP."""
+    vp_size = transformer_config.virtual_pipeline_model_parallel_size
+    chunks = []
+    for vp_stage in range(vp_size) if vp_size else [None]:
+        block_spec = decoder_block_spec(transformer_config, use_transformer_engine, vp_stage)
+        mtp_spec = None
+        if transformer_config.mtp_num_layers:
+            mtp_spec = get_gpt_mtp_block_spec(transformer_config, block_spec,
+                                              use_transformer_engine=use_transformer_engine, vp_stage=vp_stage)
+        model = GPTModel(
+            config=transformer_config, transformer_layer_spec=block_spec, mtp_block_spec=mtp_spec,
+            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+            vp_stage=vp_stage, **gpt_model_args)
+        model.cuda(torch.cuda.current_device())
+        if transformer_config.bf16 or transformer_config.fp16:
+            model = Float16Module(transformer_config, model)
+        chunks.append(model)
+    return [DistributedDataParallel(config=transformer_config, ddp_config=ddp_config, module=chunk,
+                                    disable_bucketing=index > 0 or overlap_param_gather_with_optimizer_step)
+            for index, chunk in enumerate(chunks)]
+
+
+def decoder_block_spec(transformer_config, use_transformer_engine: bool, vp_stage):
+    """Megatron-LM's gpt_builders choice: linear-attention hybrids have their own block spec (TE only)."""
+    if transformer_config.experimental_attention_variant is None:
+        return get_gpt_decoder_block_spec(transformer_config, use_transformer_engine=use_transformer_engine,
+                                          normalization=transformer_config.normalization, vp_stage=vp_stage)
+    if not use_transformer_engine:
+        raise ValueError(f"model.experimental_attention_variant={transformer_config.experimental_attention_variant} "
+                         "exists only in megatron-core's Transformer Engine spec; install graphbridge[te] and keep "
+                         "model.transformer_impl=transformer_engine")
+    return get_transformer_block_with_experimental_attention_variant_spec(transformer_config, vp_stage=vp_stage)
+
+
+def check_optimizer_in_graph(cfg: GraphBridgeConfig) -> None:
+    """What the capturable optimizer does not reproduce of megatron-core's optimizer."""
+    if cfg.ddp.use_distributed_optimizer:
+        raise ValueError("optimizer.optimizer_in_graph=true has no distributed-optimizer variant; set "
+                         "ddp.use_distributed_optimizer=false or optimizer.optimizer_in_graph=false")
+    if cfg.model.expert_model_parallel_size > 1:
+        raise ValueError("optimizer.optimizer_in_graph=true does not reduce the grad norm across expert-parallel "
+                         "ranks; set model.expert_model_parallel_size=1 or optimizer.optimizer_in_graph=false")
+    if cfg.model.fp16 or cfg.optimizer.optimizer != "adam":
+        raise ValueError("optimizer.optimizer_in_graph=true supports adam with bf16 or fp32 only (fp16 needs a "
+                         "loss scaler); set optimizer.optimizer=adam and model.fp16=false")
+
+
+def build_scheduler(cfg: GraphBridgeConfig, optimizer) -> OptimizerParamScheduler:
+    """Linear warmup from zero, then decay to min_lr at train_iters (counted in iterations)."""
+    opt = cfg.optimizer
+    return OptimizerParamScheduler(
+        optimizer, init_lr=0.0, max_lr=opt.lr, min_lr=opt.min_lr, lr_warmup_steps=opt.lr_warmup_iters,
+        lr_decay_steps=cfg.train.train_iters, lr_decay_style=opt.lr_decay_style,
+        start_wd=opt.weight_decay, end_wd=opt.weight_decay, wd_incr_steps=cfg.train.train_iters,
+        wd_incr_style="constant")
+
+
+def set_model_config_hooks(transformer_config, model_chunks, overlap_grad_reduce: bool) -> None:
+    """The schedule's hooks into DDP, as Megatron-LM's training.py sets them."""
+    transformer_config.finalize_model_grads_func = finalize_model_grads
+    if overlap_grad_reduce:
+        no_sync = [chunk.no_sync for chunk in model_chunks]
+        grad_sync = [chunk.start_grad_sync for chunk in model_chunks]
+        transformer_config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
+        transformer_config.grad_sync_func = grad_sync[0] if len(grad_sync) == 1 else grad_sync
+
+
+def pinned(microbatches: List) -> List:
+    """Page-locked copies: their host-to-device copies do not hold up the CPU."""
+    return [{key: None if value is None else value.pin_memory() for key, value in batch.items()}
+            for batch in microbatches]
+
+
+def forward_step(data_iterator, model):
+    # Batches arrive on the CPU, as from a data loader: FullCudaGraphWrapper copies them into its
+    # static buffers on a side stream that does not wait for work queued on ours. Tensors already
+    # on the GPU (those static buffers) pass through unchanged.
+    batch = {key: value.cuda(non_blocking=True) for key, value in next(data_iterator).items()
+             if value is not None}
+    output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"],
+                   loss_mask=batch["loss_mask"])
+    return output, partial(masked_mean_loss, batch["loss_mask"])
+
+
+def masked_mean_loss(loss_mask: torch.Tensor, output: torch.Tensor):
+    mask = loss_mask.reshape(-1).float()
+    loss = torch.sum(output.float().reshape(-1) * mask) / mask.sum()
+    # The schedule divides the returned loss in place by the microbatch count; report a copy.
+    return loss, {"lm loss": loss.detach().clone()}
