@@ -4,11 +4,11 @@ It holds the verdict (violations), the migration notes, what is graphed and when
 arguments megatron-core would be given, and the environment of the job.
 """
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, List
 
-from omegaconf import OmegaConf
 
 from bridge.config.load import Prepared
 from bridge.config.migration import scope_names
@@ -40,7 +40,8 @@ class Plan:
             "violations": [v.as_dict() for v in self.violations],
             "notes": self.notes,
             "graphs": self.graphs(),
-            "config": OmegaConf.to_container(OmegaConf.structured(self.config), enum_to_str=True),
+            # asdict, not OmegaConf: an invalid config may hold values its schema would refuse.
+            "config": _jsonable(dataclasses.asdict(self.config)),
             # An invalid config is never handed to megatron-core, so there is nothing to show.
             "megatron": _jsonable(self.megatron()) if self.valid else None,
             "env": dict(self.config.env_vars),
@@ -87,11 +88,11 @@ def build_plan(prepared: Prepared) -> Plan:
 def describe_graphs(cfg: GraphBridgeConfig) -> Dict[str, Any]:
     model = cfg.model
     impl = CudaGraphImpl(model.cuda_graph_impl)
-    modules = list(model.cuda_graph_modules)
+    modules = list(model.cuda_graph_modules) if isinstance(model.cuda_graph_modules, (list, tuple)) else []
     warmup = model.cuda_graph_warmup_steps
     parked = None
     if impl == CudaGraphImpl.none:
-        legacy = scope_names(model.cuda_graph_scope)
+        legacy = scope_names(model.cuda_graph_scope) if isinstance(model.cuda_graph_scope, (str, list, tuple)) else []
         parked = modules or legacy or None
         summary = "nothing (eager)"
     elif impl == CudaGraphImpl.full_iteration:
@@ -115,4 +116,4 @@ def _jsonable(value):
         return [_jsonable(v) for v in value]
     if hasattr(value, "value"):  # Enums
         return value.value
-    return value
+    return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)

@@ -28,8 +28,8 @@ def apply_weak_scaling(cfg) -> List[str]:
     """Bridge's weak scaling: on another GPU count than the preset's, keep the global batch
     per GPU, GBS = GBS_preset / preset_num_gpus * num_gpus. Returns the info lines."""
     preset_gpus, gpus = cfg.workload.preset_num_gpus, cfg.train.num_gpus
-    if preset_gpus is None or gpus == preset_gpus:
-        return []
+    if preset_gpus is None or preset_gpus < 1 or gpus == preset_gpus:
+        return []  # (a count below 1 is reported by the positive_sizes rule)
     before = cfg.train.global_batch_size
     cfg.train.global_batch_size = before * gpus // preset_gpus
     return [

@@ -141,6 +141,7 @@ RULE_CASES = {
     "cpu_offloading_conflicts": (Case({"model.cpu_offloading": True, "model.recompute_granularity": "selective"},
                                       megatron=True),
                                  Case({"model.cpu_offloading": True}, megatron=True)),
+    "config_types": (Case({"model.window_size": 128}), Case({"model.window_size": [128, 0]})),
     "positive_sizes": (Case({"train.train_iters": 0}), Case({"train.train_iters": 1})),
     # megatron-core floors hidden/heads silently here and fails later, at model build.
     "attention_heads": (Case({"model.hidden_size": 100, "model.num_attention_heads": 3}),

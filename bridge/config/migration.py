@@ -72,6 +72,16 @@ def _migrate_flags(model: ModelConfig, report: MigrationReport) -> None:
 def _migrate_scope(model: ModelConfig, report: MigrationReport) -> None:
     if model.cuda_graph_scope is None:
         return
+    if not isinstance(model.cuda_graph_scope, (str, list, tuple)):
+        report.violations.append(
+            Violation(
+                "legacy_scope_names",
+                ["model.cuda_graph_scope"],
+                f"model.cuda_graph_scope={model.cuda_graph_scope!r} must be a name, a comma list or a "
+                "list of names; better: model.cuda_graph_modules=[...]",
+            )
+        )
+        return
     names = scope_names(model.cuda_graph_scope)
     bad = [name for name in names if name not in LEGACY_SCOPE_NAMES]
     if bad:

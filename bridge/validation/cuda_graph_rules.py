@@ -30,7 +30,8 @@ def _graphed(cfg) -> bool:
 
 
 def _modules(cfg) -> list:
-    return list(cfg.model.cuda_graph_modules)
+    modules = cfg.model.cuda_graph_modules
+    return list(modules) if isinstance(modules, (list, tuple)) else []  # module_names reports others
 
 
 def _active_modules(cfg) -> set:
@@ -40,6 +41,12 @@ def _active_modules(cfg) -> set:
 
 @rule("module_names")
 def module_names(cfg):
+    if not isinstance(cfg.model.cuda_graph_modules, (list, tuple)):
+        return violation(
+            "module_names", [MODULES],
+            f"model.cuda_graph_modules={cfg.model.cuda_graph_modules!r} must be a list of names; "
+            "set model.cuda_graph_modules=[] for the whole layer",
+        )
     names = _modules(cfg)
     if "" in names:
         return violation(

@@ -7,11 +7,23 @@ def is_moe_model(model) -> bool:
     return model.num_moe_experts is not None and model.num_moe_experts > 1
 
 
+def valid_moe_layer_freq(model) -> bool:
+    freq = model.moe_layer_freq
+    if isinstance(freq, bool):
+        return False
+    if isinstance(freq, int):
+        return freq >= 1
+    return isinstance(freq, (list, tuple)) and len(freq) == model.num_layers and set(freq) <= {0, 1}
+
+
 def moe_layer_pattern(model) -> List[int]:
-    """1 for an MoE layer, 0 for a dense one, per layer (megatron-core's moe_layer_freq)."""
+    """1 for an MoE layer, 0 for a dense one, per layer (megatron-core's moe_layer_freq).
+    A malformed freq counts as all-MoE here; the moe_layer_freq rule reports it."""
     if not is_moe_model(model):
         return [0] * model.num_layers
     freq = model.moe_layer_freq
+    if not valid_moe_layer_freq(model):
+        return [1] * model.num_layers
     if isinstance(freq, int):
         return [1 if layer % freq == 0 else 0 for layer in range(model.num_layers)]
     return [int(bit) for bit in freq]

@@ -1,14 +1,19 @@
-"""Rules on sizes, batches and parallelism: what megatron-core would reject later, or what
+"""Rules on sizes, batches, parallelism and value types: what megatron-core would reject later, or what
 would only show once a job is running at scale."""
 
-from bridge.validation.model_facts import is_moe_model
+import dataclasses
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from bridge.validation.model_facts import is_moe_model, valid_moe_layer_freq
 from bridge.validation.registry import rule, violation
 
 POSITIVE = (
     "model.num_layers", "model.hidden_size", "model.num_attention_heads", "model.vocab_size",
     "dataset.seq_length", "train.micro_batch_size", "train.global_batch_size", "train.train_iters",
     "train.num_gpus", "model.tensor_model_parallel_size", "model.pipeline_model_parallel_size",
-    "model.context_parallel_size", "model.expert_model_parallel_size",
+    "model.context_parallel_size", "model.expert_model_parallel_size", "model.make_vocab_size_divisible_by",
 )
 
 
@@ -30,10 +35,12 @@ def data_parallel_size(cfg) -> int:
 
 @rule("positive_sizes")
 def positive_sizes(cfg):
+    keys = [key for key in POSITIVE if _get(cfg, key) < 1]
+    optional = ("model.expert_tensor_parallel_size", "workload.preset_num_gpus")
+    keys += [key for key in optional if _get(cfg, key) is not None and _get(cfg, key) < 1]
     return [
         violation("positive_sizes", [key], f"{key}={_get(cfg, key)} must be at least 1; set {key}=1 or more")
-        for key in POSITIVE
-        if _get(cfg, key) < 1
+        for key in keys
     ]
 
 
@@ -62,12 +69,7 @@ def attention_heads(cfg):
 def moe_layer_freq(cfg):
     model = cfg.model
     freq = model.moe_layer_freq
-    if isinstance(freq, bool) or not isinstance(freq, (int, list, tuple)):
-        ok = False
-    elif isinstance(freq, int):
-        ok = freq >= 1
-    else:
-        ok = len(freq) == model.num_layers and set(freq) <= {0, 1}
+    ok = valid_moe_layer_freq(model)
     if ok and is_moe_model(model) and model.moe_router_topk > model.num_moe_experts:
         return violation(
             "moe_layer_freq", ["model.moe_router_topk", "model.num_moe_experts"],
@@ -96,6 +98,8 @@ def gpu_count(cfg):
             "change train.num_gpus or the parallel sizes",
         )
     expert_tp = model.expert_tensor_parallel_size or model.tensor_model_parallel_size
+    if model.expert_model_parallel_size < 1 or expert_tp < 1:
+        return None  # positive_sizes reports it
     expert_world = cfg.train.num_gpus // model.pipeline_model_parallel_size
     if expert_world % (model.expert_model_parallel_size * expert_tp):
         return violation(
@@ -163,4 +167,23 @@ def torch_compile(cfg):
             "torch_compile", ["torch_compile"],
             f"torch_compile={cfg.torch_compile!r}: use none, default or reduce-overhead",
         )
+    return None
+
+
+@rule("config_types")
+def config_types(cfg):
+    """Interpolations are resolved after composition, so a value can reach here with a type
+    its field refuses (a list field set to ${model.hidden_size}); the job could not be written."""
+    nodes = [(f"{f.name}.", getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
+             if dataclasses.is_dataclass(getattr(cfg, f.name))] + [("", cfg)]
+    for prefix, node in nodes:  # per section first, so the key gets its full path
+        try:
+            OmegaConf.structured(node)
+        except OmegaConfBaseException as error:
+            key = prefix + str(getattr(error, "full_key", None) or "")
+            return violation(
+                "config_types", [key],
+                f"{key} has a value of the wrong type ({str(error).splitlines()[0]}); set it to a value "
+                "of its declared type (graphbridge --cfg job shows the schema's types)",
+            )
     return None
