@@ -247,7 +247,8 @@ class OptimizerConfig:
     overlap_param_gather_with_optimizer_step: bool = False
     optimizer_in_graph: bool = False
     """Capture the optimizer step inside the full-iteration graph (capturable optimizer,
-    learning rate as a device tensor); beyond what Bridge does on megatron-core 0.16.1."""
+    learning rate as a device tensor); beyond what Bridge does on megatron-core 0.16.1. Read by
+    the megatron engine; the torch engine's full-iteration graph always holds its optimizer."""
 
 
 @dataclass
@@ -279,8 +280,6 @@ class PlanConfig:
 
 @dataclass
 class PerfConfig:
-    profile: bool = False
-    """Write a torch.profiler trace and report the GPU-busy fraction."""
     warmup_steps: int = 3
     """Eager steps excluded from timing, besides the capture step."""
     nan_check_interval: int = 10
