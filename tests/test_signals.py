@@ -72,7 +72,13 @@ def test_a_signal_stops_training_at_the_next_step_boundary(tmp_path, signalled_j
 
 def test_without_the_handler_sigint_is_a_keyboard_interrupt(tmp_path, signalled_job):
     signalled_job(signal.SIGINT, "train.exit_signal_handler=false")
-    assert run.main([str(tmp_path)]) == 130
+    # Python's own SIGINT handler, as under a terminal: a job started in the background by a
+    # non-interactive shell (CI) inherits SIGINT ignored, and Python then installs none.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert run.main([str(tmp_path)]) == 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
     result = read_result(tmp_path)
     assert (result["status"], result["reason"], result["steps_completed"]) == (
         "interrupted", "interrupted (KeyboardInterrupt)", 2)
