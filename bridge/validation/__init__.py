@@ -6,7 +6,13 @@ second and can run before any GPU, process group or output is touched.
 
 from typing import List
 
-from bridge.validation import cuda_graph_rules, environment_rules, megatron_rules, training_rules  # noqa: F401  (registers)
+from bridge.validation import (  # noqa: F401  (importing registers the rules)
+    cuda_graph_rules,
+    environment_rules,
+    megatron_rules,
+    moe_graph_rules,
+    training_rules,
+)
 from bridge.validation.registry import RULES, run_rules
 from bridge.validation.violation import Violation
 

@@ -1,42 +1,25 @@
 """CUDA-graph rules: megatron-core 0.16.1's TransformerConfig checks (R4-R13 in the
 reference) plus the training-level ones Bridge and Megatron-LM keep outside megatron-core.
-Messages keep the upstream wording where there is one and add the override that fixes it.
+The MoE-specific ones are in moe_graph_rules.py. Messages keep the upstream wording where
+there is one and add the override that fixes it.
 """
 
 import difflib
 
-from bridge.config.schema import CUDA_GRAPH_MODULES, CudaGraphImpl, Engine
-from bridge.validation.model_facts import (
-    has_dense_layers,
-    is_drop_and_pad,
-    is_moe_model,
-    recompute_modules,
+from bridge.config.schema import CUDA_GRAPH_MODULES, Engine
+from bridge.validation.graph_facts import (
+    FULL_ITERATION,
+    IMPL,
+    LOCAL,
+    MODULES,
+    TE,
+    active_modules,
+    impl_of,
+    is_graphed,
+    modules_of,
 )
+from bridge.validation.model_facts import recompute_modules
 from bridge.validation.registry import rule, violation
-
-IMPL = "model.cuda_graph_impl"
-MODULES = "model.cuda_graph_modules"
-TE = CudaGraphImpl.transformer_engine
-LOCAL = CudaGraphImpl.local
-FULL_ITERATION = CudaGraphImpl.full_iteration
-
-
-def _impl(cfg) -> CudaGraphImpl:
-    return CudaGraphImpl(cfg.model.cuda_graph_impl)
-
-
-def _graphed(cfg) -> bool:
-    return _impl(cfg) != CudaGraphImpl.none
-
-
-def _modules(cfg) -> list:
-    modules = cfg.model.cuda_graph_modules
-    return list(modules) if isinstance(modules, (list, tuple)) else []  # module_names reports others
-
-
-def _active_modules(cfg) -> set:
-    """Modules that reach megatron-core: none when impl is none (they are parked)."""
-    return set(_modules(cfg)) if _graphed(cfg) else set()
 
 
 @rule("module_names")
@@ -47,7 +30,7 @@ def module_names(cfg):
             f"model.cuda_graph_modules={cfg.model.cuda_graph_modules!r} must be a list of names; "
             "set model.cuda_graph_modules=[] for the whole layer",
         )
-    names = _modules(cfg)
+    names = modules_of(cfg)
     if "" in names:
         return violation(
             "module_names", [MODULES],
@@ -57,7 +40,7 @@ def module_names(cfg):
     if {"full", "full_iteration"} & set(names):
         return violation(
             "module_names", [MODULES],
-            f"'full' and 'full_iteration' are not modules: use model.cuda_graph_modules=[] for "
+            "'full' and 'full_iteration' are not modules: use model.cuda_graph_modules=[] for "
             "the whole layer, cuda_graph=full_iteration for the whole iteration",
         )
     unknown = [name for name in names if name not in CUDA_GRAPH_MODULES]
@@ -78,7 +61,7 @@ def module_names(cfg):
 
 @rule("full_iteration_modules")
 def full_iteration_modules(cfg):
-    if _impl(cfg) == FULL_ITERATION and _modules(cfg):
+    if impl_of(cfg) == FULL_ITERATION and modules_of(cfg):
         return violation(
             "full_iteration_modules", [IMPL, MODULES],
             "cuda_graph_modules must be empty when cuda_graph_impl=full_iteration; "
@@ -89,7 +72,7 @@ def full_iteration_modules(cfg):
 
 @rule("te_rng_tracker")
 def te_rng_tracker(cfg):
-    if _graphed(cfg) and not (cfg.rng.te_rng_tracker or cfg.model.use_te_rng_tracker):
+    if is_graphed(cfg) and not (cfg.rng.te_rng_tracker or cfg.model.use_te_rng_tracker):
         return violation(
             "te_rng_tracker", ["rng.te_rng_tracker", "model.use_te_rng_tracker"],
             "Transformer engine's RNG tracker is required for cudagraphs; set "
@@ -100,7 +83,7 @@ def te_rng_tracker(cfg):
 
 @rule("full_iteration_nan_checks")
 def full_iteration_nan_checks(cfg):
-    if _impl(cfg) != FULL_ITERATION:
+    if impl_of(cfg) != FULL_ITERATION:
         return None
     keys = []
     if cfg.rerun_state_machine.check_for_nan_in_loss:
@@ -119,9 +102,9 @@ def full_iteration_nan_checks(cfg):
 
 @rule("local_scoped_modules")
 def local_scoped_modules(cfg):
-    scoped = sorted({"attn", "mlp"} & set(_modules(cfg)))
+    scoped = sorted({"attn", "mlp"} & set(modules_of(cfg)))
     # The torch engine's local impl is make_graphed_callables, which does graph sub-modules.
-    if _impl(cfg) == LOCAL and scoped and Engine(cfg.engine) != Engine.torch:
+    if impl_of(cfg) == LOCAL and scoped and Engine(cfg.engine) != Engine.torch:
         return violation(
             "local_scoped_modules", [IMPL, MODULES],
             f"cuda_graph_impl=local graphs the whole layer in megatron-core 0.16.1, not {scoped}; "
@@ -133,7 +116,7 @@ def local_scoped_modules(cfg):
 
 @rule("cpu_offloading")
 def cpu_offloading(cfg):
-    if _graphed(cfg) and cfg.model.cpu_offloading:
+    if is_graphed(cfg) and cfg.model.cpu_offloading:
         return violation(
             "cpu_offloading", [IMPL, "model.cpu_offloading"],
             "CUDA graphs not supported with CPU offloading; set model.cpu_offloading=false "
@@ -142,90 +125,9 @@ def cpu_offloading(cfg):
     return None
 
 
-@rule("moe_with_moe_router")
-def moe_with_moe_router(cfg):
-    if {"moe", "moe_router"} <= _active_modules(cfg):
-        return violation(
-            "moe_with_moe_router", [MODULES],
-            "cuda_graph_scope must not contain both moe and moe_router; keep one "
-            "(cuda_graph=te_moe or cuda_graph=te_moe_router)",
-        )
-    return None
-
-
-@rule("moe_preprocess_needs_router")
-def moe_preprocess_needs_router(cfg):
-    active = _active_modules(cfg)
-    if _impl(cfg) == TE and "moe_preprocess" in active and "moe_router" not in active:
-        return violation(
-            "moe_preprocess_needs_router", [MODULES],
-            "moe_preprocess cuda graph is only supported with moe_router cuda graph; add "
-            "moe_router to model.cuda_graph_modules",
-        )
-    return None
-
-
-@rule("moe_modules_need_moe_model")
-def moe_modules_need_moe_model(cfg):
-    if not is_moe_model(cfg.model) and {"moe", "moe_router"} & _active_modules(cfg):
-        return violation(
-            "moe_modules_need_moe_model", [MODULES, "model.num_moe_experts"],
-            "moe cuda graph is only supported for MoE; this model is dense, use "
-            "cuda_graph=te_attn_mlp or cuda_graph=te_layer",
-        )
-    return None
-
-
-@rule("mlp_needs_dense_layers")
-def mlp_needs_dense_layers(cfg):
-    model = cfg.model
-    if is_moe_model(model) and not has_dense_layers(model) and "mlp" in _active_modules(cfg):
-        return violation(
-            "mlp_needs_dense_layers", [MODULES, "model.moe_layer_freq"],
-            "mlp cuda graph is only supported for dense layers, but not found in the model; "
-            "every layer is MoE, use cuda_graph=te_attn_moe_router",
-        )
-    return None
-
-
-@rule("moe_needs_drop_and_pad")
-def moe_needs_drop_and_pad(cfg):
-    model = cfg.model
-    if is_moe_model(model) and not is_drop_and_pad(model) and "moe" in _active_modules(cfg):
-        return violation(
-            "moe_needs_drop_and_pad",
-            [MODULES, "model.moe_expert_capacity_factor", "model.moe_pad_expert_input_to_capacity"],
-            "moe cuda graph is only supported with drop-padding MoE; set "
-            "model.moe_expert_capacity_factor=1.0 model.moe_pad_expert_input_to_capacity=true, "
-            "or use cuda_graph=te_moe_router",
-        )
-    return None
-
-
-@rule("moe_preprocess_host_sync")
-def moe_preprocess_host_sync(cfg):
-    model = cfg.model
-    syncs = model.moe_expert_capacity_factor is not None or model.moe_router_padding_for_fp8
-    if (
-        is_moe_model(model)
-        and not is_drop_and_pad(model)
-        and model.moe_token_dispatcher_type == "alltoall"
-        and syncs
-        and "moe_preprocess" in _active_modules(cfg)
-    ):
-        return violation(
-            "moe_preprocess_host_sync",
-            [MODULES, "model.moe_token_dispatcher_type", "model.moe_expert_capacity_factor"],
-            "moe_preprocess cuda graph is not supported when there are DtoH copies and "
-            "synchronizations in the preprocess step; drop moe_preprocess "
-            "(model.cuda_graph_modules=[attn,moe_router]) or model.moe_expert_capacity_factor=null",
-        )
-    return None
-
-
 @rule("full_recompute")
 def full_recompute(cfg):
-    if _graphed(cfg) and cfg.model.recompute_granularity == "full" and _impl(cfg) != FULL_ITERATION:
+    if is_graphed(cfg) and cfg.model.recompute_granularity == "full" and impl_of(cfg) != FULL_ITERATION:
         return violation(
             "full_recompute", [IMPL, "model.recompute_granularity"],
             "full recompute is only supported with full iteration CUDA graph; use "
@@ -234,29 +136,12 @@ def full_recompute(cfg):
     return None
 
 
-@rule("moe_recompute_with_router")
-def moe_recompute_with_router(cfg):
-    model = cfg.model
-    if (
-        model.recompute_granularity == "selective"
-        and _impl(cfg) == TE
-        and "moe" in recompute_modules(model)
-        and "moe_router" in _active_modules(cfg)
-    ):
-        return violation(
-            "moe_recompute_with_router", [MODULES, "model.recompute_modules"],
-            "moe recompute is not supported with moe_router CUDA graph; remove moe from "
-            "model.recompute_modules or moe_router from model.cuda_graph_modules",
-        )
-    return None
-
-
 def _whole_layer_or_iteration(cfg) -> bool:
-    return _impl(cfg) == FULL_ITERATION or not _modules(cfg)
+    return impl_of(cfg) == FULL_ITERATION or not modules_of(cfg)
 
 
 def _graphs_module(cfg, name: str) -> bool:
-    return _graphed(cfg) and (_whole_layer_or_iteration(cfg) or name in _modules(cfg))
+    return is_graphed(cfg) and (_whole_layer_or_iteration(cfg) or name in modules_of(cfg))
 
 
 @rule("recompute_attention_dropout")
@@ -314,16 +199,16 @@ def recompute_moe_jitter(cfg):
 
 @rule("ep_overlap")
 def ep_overlap(cfg):
-    if not (cfg.model.overlap_moe_expert_parallel_comm and _graphed(cfg)):
+    if not (cfg.model.overlap_moe_expert_parallel_comm and is_graphed(cfg)):
         return None
-    if _impl(cfg) != TE:
+    if impl_of(cfg) != TE:
         return violation(
             "ep_overlap", [IMPL, "model.overlap_moe_expert_parallel_comm"],
-            f"megatron-core 0.16.1 cannot combine cuda_graph_impl={_impl(cfg).value} with EP "
+            f"megatron-core 0.16.1 cannot combine cuda_graph_impl={impl_of(cfg).value} with EP "
             "A2A overlap; use a TE scope such as cuda_graph=te_attn_moe_router or set "
             "model.overlap_moe_expert_parallel_comm=false",
         )
-    if {"moe", "mlp"} & set(_modules(cfg)) or not _modules(cfg):
+    if {"moe", "mlp"} & set(modules_of(cfg)) or not modules_of(cfg):
         return violation(
             "ep_overlap", [MODULES, "model.overlap_moe_expert_parallel_comm"],
             "CUDA graph scope on moe and mlp is not supported with overlap_moe_expert_parallel_comm; "
@@ -355,7 +240,7 @@ def delay_wgrad(cfg):
 @rule("warmup_steps")
 def warmup_steps(cfg):
     warmup = cfg.model.cuda_graph_warmup_steps
-    if not _graphed(cfg):
+    if not is_graphed(cfg):
         return None
     if warmup < 1:
         return violation(
@@ -374,7 +259,7 @@ def warmup_steps(cfg):
 
 @rule("static_shapes")
 def static_shapes(cfg):
-    if not _graphed(cfg):
+    if not is_graphed(cfg):
         return None
     if cfg.model.seq_length != cfg.dataset.seq_length:
         return violation(
@@ -393,9 +278,9 @@ def static_shapes(cfg):
 
 @rule("packed_sequence_scope")
 def packed_sequence_scope(cfg):
-    if not (_graphed(cfg) and cfg.dataset.packed_sequence):
+    if not (is_graphed(cfg) and cfg.dataset.packed_sequence):
         return None
-    if _impl(cfg) != TE or not _modules(cfg) or "attn" in _modules(cfg):
+    if impl_of(cfg) != TE or not modules_of(cfg) or "attn" in modules_of(cfg):
         return violation(
             "packed_sequence_scope", [IMPL, MODULES, "dataset.packed_sequence"],
             "packed sequences carry packed_seq_params, which megatron-core 0.16.1 cannot pass "
@@ -406,7 +291,7 @@ def packed_sequence_scope(cfg):
 
 @rule("engine_impl")
 def engine_impl(cfg):
-    if Engine(cfg.engine) == Engine.torch and _impl(cfg) == TE:
+    if Engine(cfg.engine) == Engine.torch and impl_of(cfg) == TE:
         return violation(
             "engine_impl", ["engine", IMPL],
             "the torch engine has no Transformer Engine graphs; use engine=megatron, or "
@@ -417,7 +302,7 @@ def engine_impl(cfg):
 
 @rule("full_iteration_param_gather")
 def full_iteration_param_gather(cfg):
-    if _impl(cfg) == FULL_ITERATION and cfg.optimizer.overlap_param_gather_with_optimizer_step:
+    if impl_of(cfg) == FULL_ITERATION and cfg.optimizer.overlap_param_gather_with_optimizer_step:
         return violation(
             "full_iteration_param_gather",
             [IMPL, "optimizer.overlap_param_gather_with_optimizer_step"],
@@ -431,7 +316,7 @@ def full_iteration_param_gather(cfg):
 def optimizer_in_graph(cfg):
     if not cfg.optimizer.optimizer_in_graph:
         return None
-    if _impl(cfg) != FULL_ITERATION:
+    if impl_of(cfg) != FULL_ITERATION:
         return violation(
             "optimizer_in_graph", ["optimizer.optimizer_in_graph", IMPL],
             "the optimizer step can only be captured inside the full-iteration graph; use "
@@ -455,31 +340,9 @@ def optimizer_in_graph(cfg):
     return None
 
 
-@rule("dropless_moe_capture")
-def dropless_moe_capture(cfg):
-    model = cfg.model
-    impl = _impl(cfg)
-    whole = impl == FULL_ITERATION or (impl in (LOCAL, TE) and (not _modules(cfg) or "moe" in _modules(cfg)))
-    if (
-        Engine(cfg.engine) != Engine.torch
-        and is_moe_model(model)
-        and not is_drop_and_pad(model)
-        and whole
-    ):
-        return violation(
-            "dropless_moe_capture",
-            [IMPL, MODULES, "model.moe_expert_capacity_factor", "model.moe_pad_expert_input_to_capacity"],
-            "dropless MoE dispatch reads per-expert token counts on the host, which cannot be "
-            "captured; use router graphs (cuda_graph=te_attn_moe_router) or set drop-and-pad "
-            "routing: model.moe_token_dispatcher_type=alltoall "
-            "model.moe_expert_capacity_factor=1.0 model.moe_pad_expert_input_to_capacity=true",
-        )
-    return None
-
-
 @rule("mamba_layers")
 def mamba_layers(cfg):
-    if "mamba" in _active_modules(cfg):
+    if "mamba" in active_modules(cfg):
         return violation(
             "mamba_layers", [MODULES],
             "the mamba module graphs MambaLayer only, and graphbridge's GPT models have none, so "

@@ -1,0 +1,137 @@
+"""CUDA-graph rules for MoE models: which module scopes an MoE layer can graph in
+megatron-core 0.16.1 (R7-R11b in the reference), plus the dropless-dispatch limit measured on
+the GPU."""
+
+from bridge.config.schema import Engine
+from bridge.validation.graph_facts import (
+    FULL_ITERATION,
+    IMPL,
+    LOCAL,
+    MODULES,
+    TE,
+    active_modules,
+    impl_of,
+    modules_of,
+)
+from bridge.validation.model_facts import has_dense_layers, is_drop_and_pad, is_moe_model, recompute_modules
+from bridge.validation.registry import rule, violation
+
+
+@rule("moe_with_moe_router")
+def moe_with_moe_router(cfg):
+    if {"moe", "moe_router"} <= active_modules(cfg):
+        return violation(
+            "moe_with_moe_router", [MODULES],
+            "cuda_graph_scope must not contain both moe and moe_router; keep one "
+            "(cuda_graph=te_moe or cuda_graph=te_moe_router)",
+        )
+    return None
+
+
+@rule("moe_preprocess_needs_router")
+def moe_preprocess_needs_router(cfg):
+    active = active_modules(cfg)
+    if impl_of(cfg) == TE and "moe_preprocess" in active and "moe_router" not in active:
+        return violation(
+            "moe_preprocess_needs_router", [MODULES],
+            "moe_preprocess cuda graph is only supported with moe_router cuda graph; add "
+            "moe_router to model.cuda_graph_modules",
+        )
+    return None
+
+
+@rule("moe_modules_need_moe_model")
+def moe_modules_need_moe_model(cfg):
+    if not is_moe_model(cfg.model) and {"moe", "moe_router"} & active_modules(cfg):
+        return violation(
+            "moe_modules_need_moe_model", [MODULES, "model.num_moe_experts"],
+            "moe cuda graph is only supported for MoE; this model is dense, use "
+            "cuda_graph=te_attn_mlp or cuda_graph=te_layer",
+        )
+    return None
+
+
+@rule("mlp_needs_dense_layers")
+def mlp_needs_dense_layers(cfg):
+    model = cfg.model
+    if is_moe_model(model) and not has_dense_layers(model) and "mlp" in active_modules(cfg):
+        return violation(
+            "mlp_needs_dense_layers", [MODULES, "model.moe_layer_freq"],
+            "mlp cuda graph is only supported for dense layers, but not found in the model; "
+            "every layer is MoE, use cuda_graph=te_attn_moe_router",
+        )
+    return None
+
+
+@rule("moe_needs_drop_and_pad")
+def moe_needs_drop_and_pad(cfg):
+    model = cfg.model
+    if is_moe_model(model) and not is_drop_and_pad(model) and "moe" in active_modules(cfg):
+        return violation(
+            "moe_needs_drop_and_pad",
+            [MODULES, "model.moe_expert_capacity_factor", "model.moe_pad_expert_input_to_capacity"],
+            "moe cuda graph is only supported with drop-padding MoE; set "
+            "model.moe_expert_capacity_factor=1.0 model.moe_pad_expert_input_to_capacity=true, "
+            "or use cuda_graph=te_moe_router",
+        )
+    return None
+
+
+@rule("moe_preprocess_host_sync")
+def moe_preprocess_host_sync(cfg):
+    model = cfg.model
+    syncs = model.moe_expert_capacity_factor is not None or model.moe_router_padding_for_fp8
+    if (
+        is_moe_model(model)
+        and not is_drop_and_pad(model)
+        and model.moe_token_dispatcher_type == "alltoall"
+        and syncs
+        and "moe_preprocess" in active_modules(cfg)
+    ):
+        return violation(
+            "moe_preprocess_host_sync",
+            [MODULES, "model.moe_token_dispatcher_type", "model.moe_expert_capacity_factor"],
+            "moe_preprocess cuda graph is not supported when there are DtoH copies and "
+            "synchronizations in the preprocess step; drop moe_preprocess "
+            "(model.cuda_graph_modules=[attn,moe_router]) or model.moe_expert_capacity_factor=null",
+        )
+    return None
+
+
+@rule("moe_recompute_with_router")
+def moe_recompute_with_router(cfg):
+    model = cfg.model
+    if (
+        model.recompute_granularity == "selective"
+        and impl_of(cfg) == TE
+        and "moe" in recompute_modules(model)
+        and "moe_router" in active_modules(cfg)
+    ):
+        return violation(
+            "moe_recompute_with_router", [MODULES, "model.recompute_modules"],
+            "moe recompute is not supported with moe_router CUDA graph; remove moe from "
+            "model.recompute_modules or moe_router from model.cuda_graph_modules",
+        )
+    return None
+
+
+@rule("dropless_moe_capture")
+def dropless_moe_capture(cfg):
+    model = cfg.model
+    impl = impl_of(cfg)
+    whole = impl == FULL_ITERATION or (impl in (LOCAL, TE) and (not modules_of(cfg) or "moe" in modules_of(cfg)))
+    if (
+        Engine(cfg.engine) != Engine.torch
+        and is_moe_model(model)
+        and not is_drop_and_pad(model)
+        and whole
+    ):
+        return violation(
+            "dropless_moe_capture",
+            [IMPL, MODULES, "model.moe_expert_capacity_factor", "model.moe_pad_expert_input_to_capacity"],
+            "dropless MoE dispatch reads per-expert token counts on the host, which cannot be "
+            "captured; use router graphs (cuda_graph=te_attn_moe_router) or set drop-and-pad "
+            "routing: model.moe_token_dispatcher_type=alltoall "
+            "model.moe_expert_capacity_factor=1.0 model.moe_pad_expert_input_to_capacity=true",
+        )
+    return None
