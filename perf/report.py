@@ -9,7 +9,9 @@ in the table as rows with their status and blank measurements.
 
 import argparse
 import csv
+import io
 import json
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -17,6 +19,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import yaml
+
+from bridge.atomic import write_text_atomic
 
 MIN_TIMED_STEPS = 30
 SUMMARY_FILES = ("summary.md", "summary.csv", "summary.png")
@@ -216,10 +220,11 @@ def write_summary(summary: Summary) -> None:
 
 
 def write_csv(summary: Summary, path: Path) -> None:
-    with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(summary.rows[0]))
-        writer.writeheader()
-        writer.writerows(summary.rows)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=list(summary.rows[0]))
+    writer.writeheader()
+    writer.writerows(summary.rows)
+    write_text_atomic(path, text.getvalue())
 
 
 def display_table(summary: Summary) -> Tuple[List[str], List[list]]:
@@ -273,7 +278,7 @@ def write_markdown(summary: Summary, path: Path) -> None:
         "- A successful capture is not a speedup guarantee: repeat the A/B after any dispatcher, "
         "overlap, precision or recompute change.",
     ]
-    path.write_text("\n".join(lines) + "\n")
+    write_text_atomic(path, "\n".join(lines) + "\n")
 
 
 def write_plot(summary: Summary, path: Path) -> None:
@@ -323,7 +328,9 @@ def write_plot(summary: Summary, path: Path) -> None:
         axis.grid(axis="y", alpha=0.3)
     figure.legend(handles=[Patch(color=EAGER_COLOR, label="eager"), Patch(color=GRAPHED_COLOR, label="graphed")],
                   loc="outside lower center", ncols=2, frameon=False)
-    figure.savefig(path, dpi=150)
+    partial = path.with_name(f".{path.name}.tmp")  # a reader never sees half a PNG
+    figure.savefig(partial, dpi=150, format="png")
+    os.replace(partial, path)
 
 
 def _bar_label(row: dict) -> str:
