@@ -1,18 +1,22 @@
-"""Checks on the command line before Hydra composes, for errors Hydra reports badly:
-a YAML syntax error in a config file (a long traceback), an unknown key or a misspelled group
-choice (no suggestion). Each becomes one line naming the file and line, or the nearest name.
+"""Checks on the command line before Hydra composes, for errors Hydra reports badly or not at all:
+a YAML syntax error or a duplicate key in a config file, a malformed '# @package' header, a
+defaults list that is not a list of names, a primary config that no longer loads the schema (each
+a long traceback), an unknown key, a misspelled group choice (no suggestion) or a group set to
+null (a traceback). Each becomes one line naming the file and line, or the override.
 """
 
 import dataclasses
 import difflib
 import os
+import re
 from pathlib import Path
 from typing import Iterable, List, Optional
 
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import ValueType
+from hydra.core.override_parser.types import ChoiceSweep, ValueType
 from hydra.errors import HydraException
+from omegaconf._utils import get_yaml_loader
 
 from bridge.config.paths import config_dir
 from bridge.config.schema import GraphBridgeConfig
@@ -20,20 +24,50 @@ from bridge.config.schema import GraphBridgeConfig
 # Hydra's own flags and the ones that take a value.
 FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "--config-path", "-cp", "--config-name", "-cn",
                     "--config-dir", "-cd", "--experimental-rerun"}
+PRIMARY_FLAGS = ("--config-path", "-cp", "--config-name", "-cn")  # another primary config than conf/config.yaml
 OPEN_KEYS = ("hydra", "env_vars")  # Hydra's own tree and free-form dicts
-Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+STR, NULL = "tag:yaml.org,2002:str", "tag:yaml.org,2002:null"
+# What Hydra reads as a header line, and a package it can place a config at.
+HEADER = re.compile(r"^\s*#\s*@")
+PACKAGE = re.compile(r"^\w[\w-]*(\.\w[\w-]*)*$")
+SCHEMA = ("base_config", "/base_config")  # the ConfigStore entry of GraphBridgeConfig
+
+
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    pass
+
+
+class Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """PyYAML's C loader reading as OmegaConf's loader does: its implicit types (1e3 is a float,
+    no timestamps), so a defaults entry has the type Hydra will see, and a duplicate key an
+    error, here at the duplicate's line."""
+
+    yaml_implicit_resolvers = get_yaml_loader().yaml_implicit_resolvers
+
+    def construct_mapping(self, node, deep=False):
+        first_lines = {}
+        for key_node, _ in node.value:
+            if key_node.tag != STR:
+                continue  # as OmegaConf: only string keys
+            if key_node.value in first_lines:
+                raise DuplicateKeyError(None, None, f"duplicate key '{key_node.value}', first at line "
+                                                    f"{first_lines[key_node.value]}", key_node.start_mark)
+            first_lines[key_node.value] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
 
 
 def check(argv: List[str], config_root: Optional[Path] = None) -> Optional[str]:
     """An error line for the first problem found, or None; ``config_root`` replaces conf/."""
-    overrides, config_dirs = _split(argv)
+    overrides, config_dirs, own_primary = _split(argv)
     roots = [config_root or config_dir()] + [Path(d) for d in config_dirs]
-    return _yaml_error(roots) or _override_error(overrides, roots)
+    return (_file_error(roots) or (None if own_primary else _primary_error(roots[0] / "config.yaml"))
+            or _override_error(overrides, roots))
 
 
 def _split(argv: List[str]):
-    overrides, config_dirs, args = [], [], iter(argv)
+    overrides, config_dirs, own_primary, args = [], [], False, iter(argv)
     for arg in args:
+        own_primary = own_primary or arg.split("=", 1)[0] in PRIMARY_FLAGS
         if arg in FLAGS_WITH_VALUE:
             value = next(args, "")
             if arg in ("--config-dir", "-cd"):
@@ -42,7 +76,7 @@ def _split(argv: List[str]):
             config_dirs.append(arg.split("=", 1)[1])
         elif not arg.startswith("-"):
             overrides.append(arg)
-    return overrides, config_dirs
+    return overrides, config_dirs, own_primary
 
 
 def _yaml_files(roots: Iterable[Path]):
@@ -52,15 +86,109 @@ def _yaml_files(roots: Iterable[Path]):
             yield from (Path(directory) / name for name in sorted(names) if name.endswith(".yaml"))
 
 
-def _yaml_error(roots: List[Path]) -> Optional[str]:
+def _file_error(roots: List[Path]) -> Optional[str]:
     for path in _yaml_files(roots):
+        text = path.read_text(encoding="utf-8")
         try:
-            yaml.load(path.read_text(encoding="utf-8"), Loader=Loader)
+            node = _load(text)
         except yaml.YAMLError as error:
             mark = getattr(error, "context_mark", None) or getattr(error, "problem_mark", None)
             where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown line"
             problem = ": ".join(filter(None, (getattr(error, "context", None), getattr(error, "problem", None))))
-            return f"{path}: {where}: {problem or error} (fix the YAML syntax there)"
+            fix = "merge the two or delete one" if isinstance(error, DuplicateKeyError) else "fix the YAML syntax there"
+            return f"{path}: {where}: {problem or error} ({fix})"
+        error = _header_error(text) or _shape_error(node, text)
+        if error:
+            return f"{path}: {error}"
+    return None
+
+
+def _load(text: str) -> Optional[yaml.Node]:
+    """The document's node tree, after constructing it as yaml.load does (constructor errors)."""
+    loader = Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is not None:
+            loader.construct_document(node)
+        return node
+    finally:
+        loader.dispose()
+
+
+def _header_error(text: str) -> Optional[str]:
+    # Hydra's reading of the header: the first lines that are '# @KEY VALUE', blank lines skipped.
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line:
+            continue
+        if not HEADER.match(line):
+            return None
+        words = line.lstrip("#").strip().split(" ")  # Hydra splits at spaces only
+        words = [word for word in words if word]
+        if len(words) != 2 or (words[0] == "@package" and not PACKAGE.match(words[1])):
+            return (f"line {number}: malformed header '{line}'; write '# @package <package>' with one space, "
+                    f"the package _global_, _group_ or a dotted key path (e.g. '# @package _global_')")
+    return None
+
+
+def _shape_error(node: Optional[yaml.Node], text: str) -> Optional[str]:
+    if node is None:
+        return None  # an empty file is an empty config
+    if not isinstance(node, yaml.MappingNode):
+        kind = "list" if isinstance(node, yaml.SequenceNode) else "single value"
+        return f"line {node.start_mark.line + 1}: a config file is a mapping of keys, not a {kind} (write 'key: value')"
+    defaults = _defaults_node(node)
+    if defaults is None:
+        return None
+    key, value = defaults
+    if not isinstance(value, yaml.SequenceNode):
+        return (f"line {key.start_mark.line + 1}: 'defaults' must be a list of config names, one '- name' or "
+                f"'- group: option' per line; fill it in or delete the 'defaults:' line")
+    for item in value.value:
+        if not _is_default(item):
+            return (f"line {item.start_mark.line + 1}: '{_source(item, text)}' is not a defaults entry; write "
+                    f"'- name' or '- group: option' (the option a name, a list of names or null)")
+    return None
+
+
+def _source(node: yaml.Node, text: str) -> str:
+    """The node's text on its first line, or that whole line where the node has none (null)."""
+    start, end, lines = node.start_mark, node.end_mark, text.splitlines()
+    line = lines[start.line] if start.line < len(lines) else ""
+    return (line[start.column:end.column] if end.line == start.line else line[start.column:]).strip() or line.strip()
+
+
+def _defaults_node(node: yaml.MappingNode):
+    """(key node, value node) of the top-level 'defaults', or None."""
+    return next(((key, value) for key, value in node.value if key.tag == STR and key.value == "defaults"), None)
+
+
+def _is_default(item: yaml.Node) -> bool:
+    """What Hydra accepts as a defaults entry: a name, or one group with a name, names or null."""
+    if isinstance(item, yaml.ScalarNode):
+        # ??? (mandatory) is a group's option only; as a config's name Hydra fails with a traceback.
+        return item.tag == STR and not item.value.split("@")[0].endswith("???")
+    if not isinstance(item, yaml.MappingNode) or len(item.value) != 1:
+        return False
+    (key, value), = item.value
+    if key.tag != STR:
+        return False
+    if isinstance(value, yaml.SequenceNode):
+        return all(isinstance(option, yaml.ScalarNode) and option.tag == STR for option in value.value)
+    return isinstance(value, yaml.ScalarNode) and value.tag in (STR, NULL)
+
+
+def _primary_error(path: Path) -> Optional[str]:
+    """Without base_config in its defaults list, config.yaml composes to an untyped dict."""
+    if not path.is_file():
+        return None  # Hydra says the primary config is missing
+    node = _load(path.read_text(encoding="utf-8"))  # its syntax and shape passed _file_error
+    defaults = _defaults_node(node) if isinstance(node, yaml.MappingNode) else None
+    names = [item.value for item in defaults[1].value if isinstance(item, yaml.ScalarNode)] if defaults else []
+    if not set(names) & set(SCHEMA):
+        where = f"line {defaults[0].start_mark.line + 1}: " if defaults else ""
+        return (f"{path}: {where}the primary config no longer loads the schema; put '- base_config' first in its "
+                f"defaults list, as graphbridge's own conf/config.yaml does")
     return None
 
 
@@ -71,15 +199,15 @@ def _override_error(overrides: List[str], roots: List[Path]) -> Optional[str]:
         return None  # Hydra's parser message is clear; let Hydra report it
     for override in parsed:
         key = override.key_or_group
-        if override.is_add() or override.is_force_add() or key.split(".")[0] in OPEN_KEYS:
-            continue
+        if override.is_force_add() or key.split(".")[0] in OPEN_KEYS:
+            continue  # Hydra says '++group=' is not supported
         choices = _group_choices(key, roots)
         if choices is not None:
             error = _choice_error(key, override, choices)
-        elif "/" not in key:
-            error = _key_error(key)
-        else:
+        elif override.is_add() or "/" in key:
             error = None
+        else:
+            error = _key_error(key)
         if error:
             return error
     return None
@@ -96,10 +224,17 @@ def _group_choices(group: str, roots: List[Path]) -> Optional[List[str]]:
 def _choice_error(group: str, override, choices: List[str]) -> Optional[str]:
     if override.is_delete() or override.value_type in (None, ValueType.GLOB_CHOICE_SWEEP):
         return None
+    value = override.value()
+    if None in (value.list if isinstance(value, ChoiceSweep) else [value]):
+        # Hydra takes a group's value for an option name and fails on None with a traceback.
+        return (f"{group}=null: a config group cannot be set to null; to use no {group} option write ~{group} "
+                f"(options: {', '.join(choices)})")
+    if group.split("/")[0] in OPEN_KEYS:
+        return None  # Hydra and its plugins add options that conf/ lacks: hydra/launcher=basic
     values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [
         override.get_value_element_as_str()]
     for value in values:
-        if value != "null" and value not in choices:
+        if value not in choices:
             close = difflib.get_close_matches(value, choices, n=3)
             hint = f"did you mean {' or '.join(close)}? " if close else ""
             return f"{group}={value}: no such option; {hint}options: {', '.join(choices)}"

@@ -2,8 +2,8 @@
 of a copy of the config tree go through the real plan path in-process (perf.preflight.check,
 Hydra composition, prepare, build_plan), and every outcome is one of: a valid plan, a list of
 violations, a preflight message, or a composition error from Hydra or OmegaConf with a message.
-Any other exception fails the test with hypothesis's smallest example, except the known gaps
-listed below (found by this fuzz outside issue 8, each with a strict xfail repro).
+Any other exception fails the test with hypothesis's smallest example; the damage that once got
+past preflight (FORMER_GAPS) has a test of its one-line message.
 
 2000 cases in all (500 override sets, 1000 syntax-breaking damages, 500 damages of any kind); a
 preflight verdict costs about 20 ms, a composition about 0.2 s, so the syntax damages, which
@@ -15,13 +15,11 @@ import dataclasses
 import json
 import re
 import shutil
-import traceback
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import pytest
-import yaml
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.utils import create_config_search_path
 from hydra.errors import HydraException
@@ -61,64 +59,39 @@ def plan_outcome(overrides: Sequence[str], config_root: Optional[Path] = None) -
     return "violations"
 
 
-# --- known gaps: crashes this fuzz found outside issue 8 ------------------------------------
+# --- damage the fuzz once found past preflight ---------------------------------------------
 
-# (exception type, a file it is raised in or through) -> what triggers it. Each is a traceback
-# on the command line today, found by this fuzz in code this issue does not own; the random
-# cases count them as "known gap" and go on looking for new ones, and each has a strict xfail
-# repro below: when it is fixed, the repro passes, fails as XPASS, and its entries here go.
-KNOWN_GAPS = {
-    (ValueError, "hydra/_internal/config_repository.py"): "a defaults list that is not a list of names",
-    (ValueError, "hydra/plugins/config_source.py"): "a malformed '# @package' header",
-    (ValueError, "hydra/_internal/defaults_list.py"): "a config group option Hydra cannot read (gpu=null on the "
-                                                      "command line, an emptied option in a defaults list)",
-    (yaml.constructor.ConstructorError, "omegaconf/_utils.py"): "a duplicate key in a YAML file (OmegaConf's loader "
-                                                                "rejects it, the PyYAML loader of perf.preflight not)",
-    (AttributeError, "bridge/config/load.py"): "a primary config.yaml that no longer loads the schema",
-}
-# (overrides, file of the config tree to replace, its new text)
-GAP_REPROS = {
-    "defaults_empty": ([], "recipe/llama/tiny.yaml", "# @package _global_\ndefaults:\n"),
-    "defaults_item_list": ([], "recipe/llama/tiny.yaml", "defaults:\n  - [1, 2]\n"),
-    "header_cut": ([], "arch/llama3.yaml", "# @"),
-    "config_emptied": ([], "config.yaml", ""),
-    "group_null": (["gpu=null"], None, None),
-    "duplicate_key": ([], "arch/llama3.yaml", "model:\n  rotary_base: 1.0\nmodel:\n  vocab_size: 5\n"),
+# Each was a traceback until preflight learned to name it: (overrides, file of the config tree
+# to replace, its new text, what the one-line message says). "{file}" is the replaced file's path.
+FORMER_GAPS = {
+    "defaults_empty": ([], "recipe/llama/tiny.yaml", "# @package _global_\ndefaults:\n",
+                       "{file}: line 2: 'defaults' must be a list of config names"),
+    "defaults_item_list": ([], "recipe/llama/tiny.yaml", "defaults:\n  - [1, 2]\n",
+                           "{file}: line 2: '[1, 2]' is not a defaults entry"),
+    "header_cut": ([], "arch/llama3.yaml", "# @", "{file}: line 1: malformed header '# @'"),
+    "config_emptied": ([], "config.yaml", "", "{file}: the primary config no longer loads the schema"),
+    "group_null": (["gpu=null"], None, None, "gpu=null: a config group cannot be set to null; to use no gpu "
+                                               "option write ~gpu"),
+    "duplicate_key": ([], "arch/llama3.yaml", "model:\n  rotary_base: 1.0\nmodel:\n  vocab_size: 5\n",
+                      "{file}: line 3, column 1: duplicate key 'model', first at line 1"),
 }
 
 
-class KnownGap(Exception):
-    """A failure that KNOWN_GAPS lists."""
-
-
-def known_gap(error: BaseException) -> Optional[str]:
-    files = [Path(frame.filename).as_posix() for frame in traceback.extract_tb(error.__traceback__)]
-    return next((gap for (kind, where), gap in KNOWN_GAPS.items()
-                 if isinstance(error, kind) and any(name.endswith(where) for name in files)), None)
-
-
-def fuzz_outcome(overrides: Sequence[str], config_root: Optional[Path] = None) -> str:
-    try:
-        return plan_outcome(overrides, config_root)
-    except Exception as error:
-        gap = known_gap(error)
-        if gap is None:
-            raise
-        return f"known gap: {gap}"
-
-
-@pytest.mark.xfail(strict=True, raises=KnownGap, reason="a known gap, see KNOWN_GAPS")
-@pytest.mark.parametrize("repro", sorted(GAP_REPROS))
-def test_known_gap_is_still_there(config_tree, repro):
-    overrides, relative_path, text = GAP_REPROS[repro]
+@pytest.mark.parametrize("case", sorted(FORMER_GAPS))
+def test_former_gap_is_one_line_from_preflight(config_tree, case):
+    overrides, relative_path, text, expected = FORMER_GAPS[case]
     with replaced(config_tree.root, relative_path, text):
-        try:
-            plan_outcome(overrides, config_root=config_tree.root)
-        except Exception as error:
-            gap = known_gap(error)
-            if gap is None:
-                raise
-            raise KnownGap(gap) from error
+        assert plan_outcome(overrides, config_root=config_tree.root) == "preflight message"
+        message = check(list(overrides), config_root=config_tree.root)
+    assert expected.format(file=config_tree.root / (relative_path or "")) in message
+    assert "\n" not in message and "Traceback" not in message
+
+
+def test_composition_without_the_schema_is_a_composition_error(config_tree):
+    # Past preflight (the in-process API does not run it), prepare still names the fix.
+    with replaced(config_tree.root, "config.yaml", ""):
+        with pytest.raises(HydraException, match="must name base_config first"):
+            prepare(compose_config([], config_root=config_tree.root))
 
 
 @contextmanager
@@ -197,7 +170,7 @@ def bad_override(draw) -> str:
 @settings(FUZZ, max_examples=500)
 @given(st.lists(bad_override(), max_size=4))
 def test_random_overrides_end_in_an_allowed_outcome(overrides):
-    event(fuzz_outcome(overrides))
+    event(plan_outcome(overrides))
 
 
 # --- random damage to one YAML file ---------------------------------------------------------
@@ -283,7 +256,7 @@ def damaged_case(config_tree: ConfigTree, kinds: Sequence[str], data) -> str:
     damaged = damage(path.read_text(), kind, data.draw)
     data.draw(st.just(damaged), label="damaged text")
     with replaced(config_tree.root, str(path.relative_to(config_tree.root)), damaged):
-        return fuzz_outcome(scenario, config_root=config_tree.root)
+        return plan_outcome(scenario, config_root=config_tree.root)
 
 
 @settings(FUZZ, max_examples=1000)

@@ -1,9 +1,16 @@
-"""Bad input on the command line: one line naming the file and line, or the nearest name."""
+"""Bad input on the command line: one line naming the file and line, or the override and the nearest
+name or the fix."""
+
+import os
+import shutil
 
 import pytest
 
+from bridge.config.load import compose_config
+from bridge.config.paths import config_dir
 from perf.preflight import check
-from tests.test_cli import graphbridge
+from tests.test_cli import ROOT, graphbridge
+from tests.test_fuzz import FORMER_GAPS, replaced
 
 
 @pytest.mark.parametrize(
@@ -24,7 +31,8 @@ def test_unknown_names_get_the_nearest_valid_one(argv, expected):
 @pytest.mark.parametrize(
     "argv",
     [["cuda_graph=te_attn", "model.num_layers=2"], ["+env_vars.NCCL_GRAPH_REGISTER=0"], ["hydra.run.dir=x"],
-     ["--cfg", "job"], ["recipe=llama/tiny"], ["model.cuda_graph_modules=[attn]"], ["cuda_graph=glob(te_*)"]],
+     ["--cfg", "job"], ["recipe=llama/tiny"], ["model.cuda_graph_modules=[attn]"], ["cuda_graph=glob(te_*)"],
+     ["-m", "hydra/launcher=basic"]],
 )
 def test_valid_command_lines_pass(argv):
     assert check(argv) is None
@@ -38,3 +46,146 @@ def test_broken_recipe_yaml_names_file_and_line(tmp_path):
     assert result.returncode == 1
     assert f"{broken}: line 3, column 15" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# --- config files: duplicate keys, headers, defaults lists, the primary config --------------
+
+
+def check_extra_file(tmp_path, text, *argv):
+    """Preflight's verdict on graphbridge's conf/ with one more config dir holding ``text``."""
+    (tmp_path / "extra.yaml").write_text(text)
+    return check(["--config-dir", str(tmp_path), *argv])
+
+
+def test_the_shipped_config_tree_passes():
+    assert check([]) is None
+
+
+def test_duplicate_key_names_its_line_and_the_first(tmp_path):
+    problem = check_extra_file(tmp_path, "model:\n  num_layers: 2\ntrain:\n  train_iters: 3\nmodel:\n  hidden_size: 4\n")
+    assert problem == (f"{tmp_path / 'extra.yaml'}: line 5, column 1: duplicate key 'model', first at line 1 "
+                       "(merge the two or delete one)")
+
+
+def test_same_key_in_different_mappings_passes(tmp_path):
+    assert check_extra_file(tmp_path, "model:\n  num_layers: 2\ntrain:\n  num_layers: 2\n") is None
+
+
+@pytest.mark.parametrize("header", ["# @", "# @package", "# @package _global_ # eh", "# @package\t_global_",
+                                    "# @package model..optimizer", "# @package $"])
+def test_malformed_package_header_names_the_line(tmp_path, header):
+    problem = check_extra_file(tmp_path, f"\n{header}\nmodel: {{}}\n")
+    assert problem.startswith(f"{tmp_path / 'extra.yaml'}: line 2: malformed header '{header.strip()}'")
+    assert "write '# @package <package>'" in problem
+
+
+@pytest.mark.parametrize("header", ["# @package _global_", "# @package _group_", "# @package model.optimizer",
+                                    "#@package _global_", "# a comment first\n# @"])
+def test_well_formed_package_header_passes(tmp_path, header):
+    assert check_extra_file(tmp_path, f"{header}\nmodel: {{}}\n") is None
+
+
+@pytest.mark.parametrize("text,line", [("- model\n", "a list"), ("3\n", "a single value")])
+def test_config_file_that_is_not_a_mapping_is_named(tmp_path, text, line):
+    assert check_extra_file(tmp_path, text) == (f"{tmp_path / 'extra.yaml'}: line 1: a config file is a mapping "
+                                                f"of keys, not {line} (write 'key: value')")
+
+
+def test_empty_config_file_passes(tmp_path):
+    assert check_extra_file(tmp_path, "# nothing yet\n") is None
+
+
+@pytest.mark.parametrize("defaults", ["defaults:\n", "defaults: /arch/llama3\n", "defaults: {arch: llama3}\n"])
+def test_defaults_that_is_not_a_list_is_named(tmp_path, defaults):
+    problem = check_extra_file(tmp_path, "# @package _global_\n" + defaults)
+    assert problem.startswith(f"{tmp_path / 'extra.yaml'}: line 2: 'defaults' must be a list of config names")
+
+
+@pytest.mark.parametrize("entry", ["[1, 2]", "3", "1e3", "null", "{}", "{a: x, b: y}", "gpu: 3", "gpu: [h100, 1]",
+                                   "gpu: {a: 1}", "1: h100", "true", "???", "/arch/???@_global_"])
+def test_defaults_entry_that_is_not_a_name_is_named(tmp_path, entry):
+    problem = check_extra_file(tmp_path, f"defaults:\n  - _self_\n  - {entry}\n")
+    assert problem == (f"{tmp_path / 'extra.yaml'}: line 3: '{entry}' is not a defaults entry; write '- name' "
+                       "or '- group: option' (the option a name, a list of names or null)")
+
+
+def test_defaults_entry_in_a_flow_list_is_quoted_alone(tmp_path):
+    problem = check_extra_file(tmp_path, "defaults: [_self_, 3, /arch/llama3]\n")
+    assert problem.startswith(f"{tmp_path / 'extra.yaml'}: line 1: '3' is not a defaults entry")
+
+
+def test_every_kind_of_defaults_entry_passes(tmp_path):
+    defaults = ["/arch/llama3", "/cuda_graph@_global_: none", "gpu: null", "gpu: ???", "precision:", "sweep: [a, b]",
+                "optional sweep: null", "override precision: bf16", "/preset/llama/llama3_8b: ${gpu}_${precision}",
+                "_self_"]
+    assert check_extra_file(tmp_path, "defaults:\n" + "".join(f"  - {d}\n" for d in defaults)) is None
+    assert check_extra_file(tmp_path, "defaults: []\n") is None
+
+
+@pytest.fixture
+def conf_copy(tmp_path):
+    shutil.copytree(config_dir(), tmp_path / "conf")  # the recipe symlink becomes a copy
+    return tmp_path / "conf"
+
+
+@pytest.mark.parametrize("text", ["", "# emptied\n", "defaults:\n  - recipe: llama/tiny\n  - _self_\n",
+                                  "model:\n  num_layers: 2\n"])
+def test_primary_config_without_the_schema_is_named(conf_copy, text):
+    (conf_copy / "config.yaml").write_text(text)
+    problem = check([], config_root=conf_copy)
+    assert problem.startswith(f"{conf_copy / 'config.yaml'}: ")
+    assert "the primary config no longer loads the schema; put '- base_config' first" in problem
+
+
+def test_primary_config_naming_the_schema_passes(conf_copy):
+    (conf_copy / "config.yaml").write_text("defaults:\n  - base_config\n  - recipe: llama/tiny\n  - _self_\n")
+    assert check([], config_root=conf_copy) is None
+    (conf_copy / "config.yaml").write_text("")
+    assert check(["-cn", "other"], config_root=conf_copy) is None  # another primary: Hydra and prepare judge it
+
+
+# --- config groups set to null --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [["gpu=null"], ["+gpu=null"], ["-m", "gpu=h100,null"], ["recipe=null"]])
+def test_group_set_to_null_says_to_delete_it(argv):
+    group = argv[-1].lstrip("+").split("=")[0]
+    assert check(argv).startswith(f"{group}=null: a config group cannot be set to null; to use no {group} option "
+                                  f"write ~{group} (options: ")
+
+
+@pytest.mark.parametrize("argv", [["~gpu"], ["~gpu=null"], ["~recipe"], ["gpu=h100"], ["-m", "gpu=h100,b200"]])
+def test_deleting_a_group_passes(argv):
+    assert check(argv) is None
+
+
+def test_tilde_group_composes_without_the_option():
+    # What the null message advises, checked against Hydra: ~group drops even a group with a default.
+    assert compose_config(["~gpu"]).workload.gpu is None
+    assert compose_config(["~recipe"]).model.hidden_size != compose_config([]).model.hidden_size
+
+
+# --- the real command line on a damaged copy of graphbridge ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def installed_copy(tmp_path_factory):
+    """bridge/, perf/ and conf/ copied side by side, as a checkout: conf/ is the copy's to damage."""
+    site = tmp_path_factory.mktemp("site")
+    for package in ("bridge", "perf"):
+        shutil.copytree(ROOT / package, site / package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(config_dir(), site / "conf")
+    return site
+
+
+@pytest.mark.parametrize("case", sorted(FORMER_GAPS))
+def test_former_gaps_are_one_line_on_the_command_line(installed_copy, tmp_path, case):
+    overrides, relative_path, text, expected = FORMER_GAPS[case]
+    conf = installed_copy / "conf"
+    with replaced(conf, relative_path, text):
+        result = graphbridge("mode=plan", *overrides, cwd=tmp_path,
+                             env={**os.environ, "PYTHONPATH": str(installed_copy)})
+    assert result.returncode == 1
+    assert result.stderr.startswith("graphbridge: " + expected.format(file=conf / (relative_path or "")))
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert result.stdout == ""

@@ -10,6 +10,7 @@ from typing import List, Optional, Sequence
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 
 from bridge.config.migration import migrate
@@ -31,6 +32,12 @@ class Prepared:
 def prepare(composed: DictConfig) -> Prepared:
     """Typed config with migrations and the override helper applied."""
     config = OmegaConf.to_object(composed)
+    if not isinstance(config, GraphBridgeConfig):
+        # A primary config without base_config composes to a plain dict. A compact Hydra error
+        # is one line on the command line, where any other exception here is a traceback.
+        raise ConfigCompositionException(
+            "the composed config does not carry graphbridge's schema: the primary config's defaults "
+            "list must name base_config first, as graphbridge's own conf/config.yaml does")
     report = migrate(config.model)
     report.notes.extend(apply_weak_scaling(config))
     set_cuda_graph_overrides(config)
