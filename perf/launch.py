@@ -4,18 +4,26 @@ process (plain python for one GPU, torchrun for several) trains from it.
 A fresh process per job is what makes sweeps correct: megatron-core keeps graph, RNG-tracker
 and static-buffer state at class level, so two jobs in one process are unsafe.
 
+A job of ``train.num_nodes`` > 1 runs this on every node (under Slurm: one task per node, see
+conf/hydra/launcher/slurm.yaml); each node starts one torchrun, and the nodes meet at node 0
+through torchrun's static rendezvous, found from Slurm's variables or MASTER_ADDR/NODE_RANK.
+Every rank gets this process's environment plus ``env_vars``; bridge.run applies ``env_vars``
+once more before its first CUDA call.
+
 SIGINT and SIGTERM sent to this process while a job trains go on to the training process, which
 stops at a step boundary and writes a partial result.json; one that is still running
 ``GRACE_S`` seconds later is killed. The signal then ends the whole command, a sweep included.
 """
 
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from omegaconf import OmegaConf
 
@@ -26,8 +34,23 @@ from bridge.validation.violation import Violation
 RESOLVED = "resolved.yaml"
 JOB = "job.json"
 RESULT = "result.json"
+RANKS = "ranks"
+"""Per-rank logs: <job_dir>/ranks/node<N>/<run id>/attempt_0/<local rank>/{stdout,stderr}.log."""
 GRACE_S = 60.0
 """How long a signalled training process may take to reach a step boundary and write its result."""
+MASTER_PORT = 29500
+"""torchrun's default port; under Slurm the job id is added (mod 1000) so that jobs which share
+a first node do not share a port."""
+LAUNCH_FAILED = 1
+
+log = logging.getLogger(__name__)
+
+# conf/hydra/launcher/slurm.yaml asks Slurm for the GPUs of one node: num_gpus / num_nodes.
+OmegaConf.register_new_resolver("graphbridge.gpus_per_node", lambda gpus, nodes: gpus // nodes)
+
+
+class LaunchError(Exception):
+    """The environment does not say where a multi-node job's node 0 is, or which node this is."""
 
 
 def job_record(choices: Dict[str, str], overrides: Sequence[str]) -> dict:
@@ -49,16 +72,79 @@ def write_invalid_result(job_dir: Path, violations: List[Violation], job: dict) 
     })
 
 
-def training_command(config: GraphBridgeConfig, job_dir: Path) -> List[str]:
-    gpus = config.train.num_gpus
+def training_env(config: GraphBridgeConfig, environ: Mapping[str, str]) -> Dict[str, str]:
+    """The training process's environment: ``environ`` with the config's ``env_vars`` on top.
+    torchrun hands it on to every rank it starts."""
+    return {**environ, **{key: str(value) for key, value in config.env_vars.items()}}
+
+
+def training_command(config: GraphBridgeConfig, job_dir: Path, environ: Mapping[str, str]) -> List[str]:
+    """The command that trains ``job_dir`` on this node: plain python for one GPU, else torchrun
+    with one rank per GPU of the node; the nodes of a multi-node job meet at node 0."""
+    train = ["-m", "bridge.run", str(job_dir)]
+    gpus, nodes = config.train.num_gpus, config.train.num_nodes
     if gpus <= 1:
-        return [sys.executable, "-m", "bridge.run", str(job_dir)]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
-            "-m", "bridge.run", str(job_dir)]
+        return [sys.executable, *train]
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]
+    per_node = f"--nproc-per-node={gpus // nodes}"
+    node = node_rank(config, environ)
+    # Every rank's output goes to its own file; only local rank 0 also prints, one stream per node.
+    logs = [f"--log-dir={job_dir / RANKS / f'node{node}'}", "--tee=3", "--local-ranks-filter=0"]
+    if nodes == 1:
+        return [*torchrun, "--standalone", per_node, *logs, *train]
+    address, port = rendezvous(config, environ)
+    return [*torchrun, f"--nnodes={nodes}", per_node, f"--node-rank={node}", f"--master-addr={address}",
+            f"--master-port={port}", *logs, *train]
+
+
+def node_rank(config: GraphBridgeConfig, environ: Mapping[str, str]) -> int:
+    """This node's index in the job: NODE_RANK, else Slurm's SLURM_NODEID; 0 for one node.
+    Under Slurm the job is the whole allocation, one task per node, as submitit starts it."""
+    nodes = config.train.num_nodes
+    if nodes <= 1:
+        return 0
+    if environ.get("NODE_RANK"):
+        return int(environ["NODE_RANK"])
+    if not environ.get("SLURM_NODEID"):
+        raise LaunchError(_unplaced(config, "this node's rank (NODE_RANK or SLURM_NODEID)"))
+    allocated = int(environ.get("SLURM_JOB_NUM_NODES", nodes))
+    if allocated != nodes:  # torchrun would wait for the missing nodes until its rendezvous times out
+        raise LaunchError(
+            f"train.num_nodes={nodes} but Slurm job {environ.get('SLURM_JOB_ID')} has {allocated} node(s) "
+            "(SLURM_JOB_NUM_NODES): allocate as many nodes as train.num_nodes; hydra/launcher=slurm asks for "
+            "train.num_nodes once per sweep, so use one command per node count")
+    return int(environ["SLURM_NODEID"])
+
+
+def rendezvous(config: GraphBridgeConfig, environ: Mapping[str, str]) -> Tuple[str, int]:
+    """Node 0's address and port: MASTER_ADDR and MASTER_PORT where set, else the Slurm job's
+    first host and a port derived from its job id, the same on every node."""
+    if environ.get("MASTER_ADDR"):
+        address = environ["MASTER_ADDR"]
+    elif environ.get("SLURM_JOB_NODELIST"):
+        address = first_host(environ["SLURM_JOB_NODELIST"])
+    else:
+        raise LaunchError(_unplaced(config, "node 0's address (MASTER_ADDR or SLURM_JOB_NODELIST)"))
+    if environ.get("MASTER_PORT"):
+        return address, int(environ["MASTER_PORT"])
+    return address, MASTER_PORT + int(environ.get("SLURM_JOB_ID", "0")) % 1000
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list: ``gpu-[017-020,031],cpu01`` -> ``gpu-017``."""
+    group = re.match(r"[^,\[]*(?:\[[^\]]*\][^,\[]*)*", nodelist).group(0)
+    return re.sub(r"\[([^\],-]*)[^\]]*\]", r"\1", group)
+
+
+def _unplaced(config: GraphBridgeConfig, unknown: str) -> str:
+    nodes = config.train.num_nodes
+    return (f"train.num_nodes={nodes} but {unknown} is not set: run under Slurm (graphbridge -m "
+            "hydra/launcher=slurm, or srun with one task per node), or set MASTER_ADDR=<node 0's host>, "
+            f"MASTER_PORT=<port, default {MASTER_PORT}> and NODE_RANK=<0..{nodes - 1}> on every node")
 
 
 def write_missing_result(job_dir: Path, job: dict, reason: str, interrupted: bool) -> None:
-    """A result for a training process that ended without writing one."""
+    """A result for a job whose training process wrote none: it ended early or never started."""
     write_json_atomic(job_dir / RESULT, {"status": "interrupted" if interrupted else "failed", "reason": reason,
                                          "job": job})
 
@@ -67,11 +153,22 @@ def run_job(config: GraphBridgeConfig, job_dir: Path, job: dict) -> int:
     """Write the job's files, train in a fresh process, return its exit code (128 + N for
     signal N). A signal forwarded to the job raises SystemExit with that code instead, which
     ends a sweep too."""
-    env = {**os.environ, **{key: str(value) for key, value in config.env_vars.items()}}
+    env = training_env(config, os.environ)
+    try:
+        node = node_rank(config, env)
+        command = training_command(config, job_dir, env)
+    except LaunchError as error:
+        log.error("%s", error)
+        write_missing_result(job_dir, job, str(error), interrupted=False)
+        return LAUNCH_FAILED
     with SignalForwarding() as forwarding:
+        # Every node writes the job files (identical content, atomic writes), so that no node's
+        # ranks depend on another node's write showing on the shared filesystem in time.
         write_job(config, job_dir, job)
-        code = forwarding.run(training_command(config, job_dir), env)
-        if not (job_dir / RESULT).exists():
+        code = forwarding.run(command, env)
+        # Node 0 alone stands in for a missing result.json: another node's torchrun may end before
+        # rank 0 has written it, or before the shared filesystem shows it there.
+        if node == 0 and not (job_dir / RESULT).exists():
             write_missing_result(job_dir, job, forwarding.why_no_result(code), interrupted=bool(forwarding.received))
     if forwarding.received:
         raise SystemExit(128 + forwarding.received)

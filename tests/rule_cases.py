@@ -150,6 +150,8 @@ RULE_CASES = {
                        Case({**MOE, "model.num_layers": 3, "model.moe_layer_freq": [0, 1, 1]})),
     "gpu_count": (Case({"train.num_gpus": 3, "model.tensor_model_parallel_size": 2}),
                   Case({"train.num_gpus": 4, "model.tensor_model_parallel_size": 2})),
+    "node_count": (Case({"train.num_gpus": 12, "train.num_nodes": 8}),
+                   Case({"train.num_gpus": 16, "train.num_nodes": 2, "train.global_batch_size": 16})),
     "global_batch": (Case({"train.num_gpus": 2, "train.global_batch_size": 3}),
                      Case({"train.num_gpus": 2, "train.global_batch_size": 4})),
     "virtual_pipeline": (Case({"model.virtual_pipeline_model_parallel_size": 2}),

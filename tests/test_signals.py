@@ -135,7 +135,7 @@ def test_a_signal_before_the_training_process_starts_keeps_it_from_starting():
      "training process ended by SIGSEGV before writing result.json"),
 ])
 def test_a_training_process_that_dies_still_leaves_a_result(tmp_path, monkeypatch, body, code, reason):
-    monkeypatch.setattr(launch, "training_command", lambda config, job_dir: [sys.executable, "-c", body])
+    monkeypatch.setattr(launch, "training_command", lambda config, job_dir, environ: [sys.executable, "-c", body])
     job = {"choices": {}, "overrides": []}
     assert launch.run_job(small_config(), tmp_path, job) == code
     assert read_result(tmp_path) == {"status": "failed", "reason": reason, "job": job}

@@ -229,6 +229,8 @@ class TrainConfig:
     train_iters: int = 50
     num_gpus: int = 1
     """GPUs the job runs on; data parallel size = num_gpus / (TP * PP * CP)."""
+    num_nodes: int = 1
+    """Nodes the job spans; GPUs per node = num_gpus / num_nodes (one torchrun per node)."""
     exit_signal_handler: bool = True
 
 

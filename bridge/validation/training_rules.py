@@ -12,8 +12,9 @@ from bridge.validation.registry import rule, violation
 POSITIVE = (
     "model.num_layers", "model.hidden_size", "model.num_attention_heads", "model.vocab_size",
     "dataset.seq_length", "train.micro_batch_size", "train.global_batch_size", "train.train_iters",
-    "train.num_gpus", "model.tensor_model_parallel_size", "model.pipeline_model_parallel_size",
-    "model.context_parallel_size", "model.expert_model_parallel_size", "model.make_vocab_size_divisible_by",
+    "train.num_gpus", "train.num_nodes", "model.tensor_model_parallel_size",
+    "model.pipeline_model_parallel_size", "model.context_parallel_size", "model.expert_model_parallel_size",
+    "model.make_vocab_size_divisible_by",
 )
 
 
@@ -108,6 +109,18 @@ def gpu_count(cfg):
             f"{expert_world} GPUs of a pipeline stage; change model.expert_model_parallel_size",
         )
     return None
+
+
+@rule("node_count")
+def node_count(cfg):
+    gpus, nodes = cfg.train.num_gpus, cfg.train.num_nodes
+    if nodes < 1 or gpus % nodes == 0:
+        return None  # positive_sizes reports nodes < 1
+    return violation(
+        "node_count", ["train.num_gpus", "train.num_nodes"],
+        f"train.num_gpus={gpus} is not divisible by train.num_nodes={nodes}: every node runs the same "
+        f"number of GPUs; set train.num_gpus to a multiple of {nodes} or change train.num_nodes",
+    )
 
 
 @rule("global_batch")
