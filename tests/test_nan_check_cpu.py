@@ -13,7 +13,7 @@ import torch
 from bridge import run
 from bridge.diagnosis import NonFiniteError
 from bridge.engines.torch_engine import TorchEngine
-from bridge.graphs.torch_graphs import FiniteCheck
+from bridge.graphs.finite_check import FiniteCheck
 from bridge.trainer import Trainer
 from tests.test_trainer_cpu import ScriptedEngine, read_result, write_job
 from tests.test_torch_engine_cpu import small_config

@@ -34,6 +34,6 @@ class ChecksFinite(Protocol):
 
     def finite_steps(self) -> Optional[torch.Tensor]:
         """An int64 device scalar that each step updates on the device, inside the graph under
-        full-iteration graphs (see bridge.graphs.torch_graphs.FiniteCheck): the number of steps
+        full-iteration graphs (see bridge.graphs.finite_check.FiniteCheck): the number of steps
         before the first one with a non-finite loss or gradient norm, counted from the engine's
         first step. None when perf.nan_check_interval is 0."""

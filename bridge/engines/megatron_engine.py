@@ -8,18 +8,22 @@ from ``bridge.graphs`` (full_iteration, local, transformer_engine) behind one pr
 
 Same seed, same weights and same data for every graph impl: the model is built before any graph
 machinery runs, from RNG trackers seeded identically, and the data depends only on the seed, so
-loss curves compare across impls. One engine per process: megatron-core keeps graph, RNG and
+loss curves compare across impls. Every step records into a device-side ``FiniteCheck`` whether
+its loss and gradient norm were finite (perf.nan_check_interval > 0); under full-iteration
+graphs both come out of the replay without a host sync. perf.inject_nan_at_step multiplies the
+loss by NaN from that step on, inside the (graphed) loss function, to test it. One engine per process: megatron-core keeps graph, RNG and
 static-buffer state at class level; ``close`` deletes every graph and resets that state.
 """
 
 import gc
 import importlib
+import math
 import os
 import socket
 import warnings
 from contextlib import nullcontext
 from functools import partial
-from typing import List, Set
+from typing import List, Optional, Set
 
 import torch
 from megatron.core import parallel_state
@@ -46,6 +50,7 @@ from bridge.data import MockData
 from bridge.diagnosis import graph_region
 from bridge.graphs.base import GraphLifecycle, NoGraphs
 from bridge.graphs.capturable_optimizer import CapturableAdamW, ScheduleView
+from bridge.graphs.finite_check import FiniteCheck
 from bridge.graphs.full_iteration import FullIterationGraph, full_iteration_state_is_clean, reset_full_iteration_state
 from bridge.graphs.local import LocalLayerGraphs, local_graph_state_is_clean, reset_local_graph_state
 from bridge.graphs.transformer_engine import TransformerEngineGraphs
@@ -106,6 +111,11 @@ class MegatronEngine:
 
         self.graphs = self._graph_lifecycle()
         self.forward_backward = self.graphs.wrap(get_forward_backward_func())
+        self.finite_check = FiniteCheck(self.device) if cfg.perf.nan_check_interval > 0 else None
+        self.inject_nan_at_step = cfg.perf.inject_nan_at_step
+        # A device tensor, so a captured loss function reads each step's value.
+        self.loss_factor = torch.ones((), device=self.device) if self.inject_nan_at_step is not None else None
+        self.forward_step = partial(forward_step, loss_factor=self.loss_factor)
         self.mock_data = MockData(cfg, parallel_state.get_data_parallel_rank(),
                                   parallel_state.get_data_parallel_world_size())
         self.prefetched = (0, pinned(self.mock_data.microbatches(0)))
@@ -135,22 +145,38 @@ class MegatronEngine:
             self.optimizer.set_learning_rate(self.schedule_view.learning_rate)
         else:
             self.optimizer.zero_grad()
+        if self.loss_factor is not None:
+            self.loss_factor.fill_(math.nan if step >= self.inject_nan_at_step else 1.0)
         phase = self.graphs.phase(step)
         with graph_region(self.graphs.region, phase) if phase else nullcontext():
             losses = self.forward_backward(
-                forward_step_func=forward_step, data_iterator=self._step_data(step), model=self.model_chunks,
+                forward_step_func=self.forward_step, data_iterator=self._step_data(step), model=self.model_chunks,
                 num_microbatches=self.num_microbatches, seq_length=self.cfg.dataset.seq_length,
                 micro_batch_size=self.cfg.train.micro_batch_size, forward_only=False)
         # The GPU is still busy with this step: build the next step's batches meanwhile.
         self.prefetched = (step + 1, pinned(self.mock_data.microbatches(step + 1)))
-        stepped = True if self.optimizer_in_graph else self.optimizer.step()[0]
+        if self.optimizer_in_graph:
+            stepped, grad_norm = True, self.optimizer.grad_norm
+        else:
+            stepped, grad_norm, _ = self.optimizer.step()
         if stepped:
             self.scheduler.step(increment=1)
         if self.toggle_forward_pre_hook and self.steps_done == 0:
             for chunk in self.model_chunks:
                 chunk.enable_forward_pre_hook()
         self.steps_done += 1
-        return self._step_loss(losses)
+        loss = self._step_loss(losses)
+        if self.finite_check is not None:
+            self.finite_check.record(loss, self._device_grad_norm(grad_norm))
+        return loss
+
+    def _device_grad_norm(self, grad_norm) -> Optional[torch.Tensor]:
+        """The capturable optimizer leaves the norm on the device. megatron-core's returns it as a
+        float (it synced for it already): checked here, it costs a launch only when it is bad.
+        None when clipping is off."""
+        if grad_norm is None or isinstance(grad_norm, torch.Tensor):
+            return grad_norm
+        return None if math.isfinite(grad_norm) else torch.full((), grad_norm, device=self.device)
 
     def _step_data(self, step: int) -> List:
         """One iterator of this rank's microbatches per model chunk (each chunk reads them all)."""
@@ -181,6 +207,10 @@ class MegatronEngine:
     def graph_count(self) -> int:
         return self.graphs.graph_count()
 
+    def finite_steps(self) -> Optional[torch.Tensor]:
+        """Steps before the first non-finite loss or gradient norm, on the device (None: check off)."""
+        return None if self.finite_check is None else self.finite_check.finite_steps
+
     def close(self) -> None:
         """Graphs first (they hold NCCL buffers that block destroy_process_group), then state."""
         if self._closed:
@@ -195,7 +225,8 @@ class MegatronEngine:
         reset_local_graph_state()
         self.model_chunks, self.optimizer, self.scheduler = [], None, None
         # The config's schedule hooks hold the model chunks and the optimizer.
-        self.transformer_config, self.forward_backward = None, None
+        self.transformer_config, self.forward_backward, self.forward_step = None, None, None
+        self.finite_check = self.loss_factor = None
         gc.collect()
         destroy_num_microbatches_calculator()
         parallel_state.destroy_model_parallel()
@@ -347,7 +378,7 @@ def pinned(microbatches: List) -> List:
             for batch in microbatches]
 
 
-def forward_step(data_iterator, model):
+def forward_step(data_iterator, model, *, loss_factor: Optional[torch.Tensor] = None):
     # Batches arrive on the CPU, as from a data loader: FullCudaGraphWrapper copies them into its
     # static buffers on a side stream that does not wait for work queued on ours. Tensors already
     # on the GPU (those static buffers) pass through unchanged.
@@ -355,11 +386,13 @@ def forward_step(data_iterator, model):
              if value is not None}
     output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"],
                    loss_mask=batch["loss_mask"])
-    return output, partial(masked_mean_loss, batch["loss_mask"])
+    return output, partial(masked_mean_loss, batch["loss_mask"], loss_factor)
 
 
-def masked_mean_loss(loss_mask: torch.Tensor, output: torch.Tensor):
+def masked_mean_loss(loss_mask: torch.Tensor, loss_factor: Optional[torch.Tensor], output: torch.Tensor):
     mask = loss_mask.reshape(-1).float()
     loss = torch.sum(output.float().reshape(-1) * mask) / mask.sum()
+    if loss_factor is not None:
+        loss = loss * loss_factor
     # The schedule divides the returned loss in place by the microbatch count; report a copy.
     return loss, {"lm loss": loss.detach().clone()}

@@ -32,7 +32,8 @@ from bridge.diagnosis import graph_region
 from bridge.engines import ConfigError, resolve_device
 from bridge.engines.native_model import (ACTIVATIONS, NORMS, POSITION_EMBEDDING_TYPES,
                                          ROUTER_SCORE_FUNCTIONS, SOFTMAX_TYPES, build_native_model)
-from bridge.graphs.torch_graphs import FiniteCheck, FullIterationGraph, ModuleGraphs, select_modules
+from bridge.graphs.finite_check import FiniteCheck
+from bridge.graphs.torch_graphs import FullIterationGraph, ModuleGraphs, select_modules
 
 log = logging.getLogger(__name__)
 

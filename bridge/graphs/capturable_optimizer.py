@@ -53,6 +53,9 @@ class CapturableAdamW:
         self.master_grads = [master.grad for master in self.masters]
         self.norm_grads = norm_grads
         self.clip_grad = optimizer_cfg.clip_grad
+        self.grad_norm = None
+        """The last step's global grad norm on the device (None without clipping); under the
+        full-iteration graph, the graph's output that every replay overwrites."""
         self.model_parallel_group = parallel_state.get_model_parallel_group()
         self.learning_rate = torch.zeros((), dtype=torch.float32, device=device)
         self.adamw = torch.optim.AdamW(
@@ -78,5 +81,6 @@ class CapturableAdamW:
         if self.model_parallel_group.size() > 1:
             torch.distributed.all_reduce(squared_norm, group=self.model_parallel_group)
         # megatron-core scales only when the factor is below one; clamping is the same without a branch.
-        factor = (self.clip_grad / (squared_norm.sqrt() + 1.0e-6)).clamp(max=1.0)
+        self.grad_norm = squared_norm.sqrt()
+        factor = (self.clip_grad / (self.grad_norm + 1.0e-6)).clamp(max=1.0)
         torch._foreach_mul_(self.master_grads, factor)

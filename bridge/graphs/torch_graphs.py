@@ -6,9 +6,6 @@
 - ``ModuleGraphs`` (cuda_graph_impl=local): ``torch.cuda.make_graphed_callables`` over the
   submodules that ``model.cuda_graph_modules`` names, one forward and one backward graph each.
 
-- ``FiniteCheck``: the NaN check that works inside a full-iteration graph, where the host
-  never sees the gradient norm.
-
 The engine captures once, at step == model.cuda_graph_warmup_steps, after eager steps. Dropout
 draws from the default CUDA generator, whose state both APIs register with the graph
 themselves, so no generator needs registering here. Capture and replay failures are raised as
@@ -113,25 +110,6 @@ class ModuleGraphs:
         for hook in self.hooks:
             hook.remove()
         self.hooks = []
-
-
-class FiniteCheck:
-    """Counts, on the device, the steps before the first non-finite loss or gradient norm.
-
-    ``record`` launches only device ops that write in place into two tensors allocated here,
-    outside any graph: inside a captured step it becomes part of the graph, and every replay
-    updates the same tensors without a host sync. The trainer reads ``finite_steps`` every
-    perf.nan_check_interval steps; a count below the steps run names the first bad step.
-    """
-
-    def __init__(self, device: torch.device):
-        self.all_finite = torch.ones((), dtype=torch.bool, device=device)
-        self.finite_steps = torch.zeros((), dtype=torch.int64, device=device)
-
-    def record(self, loss: torch.Tensor, grad_norm: Optional[torch.Tensor]) -> None:
-        finite = torch.isfinite(loss) if grad_norm is None else torch.isfinite(loss) & torch.isfinite(grad_norm)
-        self.all_finite.logical_and_(finite)
-        self.finite_steps.add_(self.all_finite)
 
 
 def select_modules(model: NativeGPT, names: Sequence[str]) -> List[nn.Module]:

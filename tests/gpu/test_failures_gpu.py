@@ -5,8 +5,10 @@ A failed capture can poison the CUDA context, so each case runs in its own proce
 
     python -m tests.gpu.test_failures_gpu <case> <job_dir>
 
-injects the fault into the torch engine's full-iteration step, runs ``bridge.run.main`` on the
-job and writes ``probe.json`` with the graphs left after close.
+injects the fault into the torch engine's full-iteration step (or, for megatron_sync, into the
+megatron engine's loss function, which megatron-core's FullCudaGraphWrapper captures), runs
+``bridge.run.main`` on the job and writes ``probe.json`` with the graphs left after close and
+whether megatron-core's class-level graph state is clean again.
 """
 
 import json
@@ -21,6 +23,7 @@ import pytest
 import torch
 
 import bridge
+import bridge.engines.megatron_engine as megatron_engine
 from bridge import run
 from bridge.engines.torch_engine import TorchEngine
 from bridge.graphs.torch_graphs import FullIterationGraph
@@ -37,6 +40,8 @@ CAPTURE_STEP = 3  # model.cuda_graph_warmup_steps
 EXIT_WITHIN_S = 180  # start, eager steps, capture, failure and cleanup, generously
 FULL_ITERATION = ("recipe=llama/tiny", "engine=torch", "device=cuda", "cuda_graph=full_iteration",
                   "model.num_layers=2", "train.train_iters=8")
+MEGATRON_FULL_ITERATION = ("recipe=llama/tiny", "engine=megatron", "cuda_graph=full_iteration",
+                           "model.num_layers=2", "train.train_iters=8")
 
 
 def synchronise_inside_the_step() -> None:
@@ -81,8 +86,19 @@ def free_an_input_before_replay() -> None:
     TorchEngine._step, FullIterationGraph.replay = step_reading_a_big_tensor, replay_after_freeing_it
 
 
+def synchronise_inside_the_megatron_loss() -> None:
+    loss_function = megatron_engine.masked_mean_loss
+
+    def loss_reading_itself(*args):
+        loss, reported = loss_function(*args)
+        loss.item()
+        return loss, reported
+
+    megatron_engine.masked_mean_loss = loss_reading_itself  # forward_step looks it up per call
+
+
 INJECTIONS = {"sync": synchronise_inside_the_step, "unjoined": leave_a_side_stream_unjoined,
-              "freed": free_an_input_before_replay}
+              "freed": free_an_input_before_replay, "megatron_sync": synchronise_inside_the_megatron_loss}
 
 
 def main(case: str, job_dir: str) -> int:
@@ -93,14 +109,16 @@ def main(case: str, job_dir: str) -> int:
         try:
             close(trainer)
         finally:
-            (Path(job_dir) / "probe.json").write_text(json.dumps({"graphs_after_close": trainer.engine.graph_count()}))
+            (Path(job_dir) / "probe.json").write_text(json.dumps({
+                "graphs_after_close": trainer.engine.graph_count(),
+                "megatron_state_clean": megatron_engine.megatron_graph_state_is_clean()}))
 
     Trainer.close = close_and_count
     return run.main([job_dir])
 
 
-def run_case(tmp_path, case, *overrides):
-    job_dir = write_job(tmp_path, bridge.load([*FULL_ITERATION, *overrides]))
+def run_case(tmp_path, case, *overrides, engine_overrides=FULL_ITERATION):
+    job_dir = write_job(tmp_path, bridge.load([*engine_overrides, *overrides]))
     command = ([sys.executable, "-m", "tests.gpu.test_failures_gpu", case, str(job_dir)] if case else
                [sys.executable, "-m", "bridge.run", str(job_dir)])
     start = time.monotonic()
@@ -128,13 +146,33 @@ def test_a_failing_graph_is_diagnosed_released_and_exits(tmp_path, case, reason)
     assert result["status"] == "failed" and re.match(reason, result["reason"]), result["reason"]
     assert "Fix:" in result["reason"] and result["reason"] in process.stderr
     assert result["steps_completed"] == CAPTURE_STEP and len(result["loss"]) == CAPTURE_STEP
-    assert json.loads((job_dir / "probe.json").read_text()) == {"graphs_after_close": 0}
+    assert json.loads((job_dir / "probe.json").read_text()) == {"graphs_after_close": 0, "megatron_state_clean": True}
+
+
+def test_a_sync_inside_megatron_cores_full_iteration_capture_is_diagnosed(tmp_path):
+    process, result, job_dir = run_case(tmp_path, "megatron_sync", engine_overrides=MEGATRON_FULL_ITERATION)
+    assert process.returncode == run.FAILED, process.stderr[-3000:]
+    assert re.match(r"CUDA graph capture of the full-iteration graph \(megatron-core FullCudaGraphWrapper\) "
+                    r"failed at step 3: cudaErrorStreamCaptureUnsupported\. Likely cause: a synchronising operation",
+                    result["reason"]), result["reason"] + "\n" + process.stderr[-4000:]
+    assert result["steps_completed"] == CAPTURE_STEP
+    assert json.loads((job_dir / "probe.json").read_text()) == {"graphs_after_close": 0, "megatron_state_clean": True}
 
 
 def test_a_nan_inside_the_graph_is_caught_at_the_next_check(tmp_path):
     # Injected at step 6, three replays after capture; read at steps 3 and 7.
     process, result, _ = run_case(tmp_path, None, "train.train_iters=12", "perf.inject_nan_at_step=6",
                                      "perf.nan_check_interval=4")
+    assert process.returncode == run.FAILED, process.stderr[-3000:]
+    assert result["reason"] == "non-finite loss or grad norm at step 6 (detected at step 7)"
+    assert result["steps_completed"] == 8 and result["graph_count"] == 1
+    assert all(math.isfinite(loss) for loss in result["loss"][:6]) and math.isnan(result["loss"][6])
+    assert "Traceback" not in process.stderr
+
+
+def test_a_nan_in_megatron_cores_full_iteration_graph_is_caught_at_the_next_check(tmp_path):
+    process, result, _ = run_case(tmp_path, None, "train.train_iters=12", "perf.inject_nan_at_step=6",
+                                  "perf.nan_check_interval=4", engine_overrides=MEGATRON_FULL_ITERATION)
     assert process.returncode == run.FAILED, process.stderr[-3000:]
     assert result["reason"] == "non-finite loss or grad norm at step 6 (detected at step 7)"
     assert result["steps_completed"] == 8 and result["graph_count"] == 1
