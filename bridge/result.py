@@ -5,13 +5,17 @@ Keys (perf/report.py reads exactly these):
     config_digest (sha256 of resolved.yaml, first 16 hex digits), job (job.json or {}),
     engine, device, impl (requested model.cuda_graph_impl), effective_impl, modules,
     train_iters, steps_completed,
-    step_time_ms {median, p10, p90, mean, count}: excludes the first perf.warmup_steps steps
-        and every capture step; values are null when no step is left,
+    step_time_ms {median, p10, p90, mean, count}: excludes the first perf.warmup_steps steps,
+        every capture step and the profiled steps; values are null when no step is left.
+        Under torchrun, each step's time is the slowest rank's,
     capture_step (first capture step or null), capture_time_s (wall time of the capture steps),
     graph_count, tokens_per_s, tflops_per_gpu (null when bridge.flops is unavailable),
-    memory {peak_allocated_gb, peak_reserved_gb} in GiB (2**30 bytes; null on the CPU),
+    memory {peak_allocated_gb, peak_reserved_gb} in GiB (2**30 bytes; null on the CPU; the
+        largest over ranks),
     loss (one float per completed step), env {gpu, torch, megatron_core, transformer_engine,
-    python}, created (ISO 8601).
+    python}, created (ISO 8601);
+    with perf.profile=true also profile {trace, steps, gpu_ms_per_step, gpu_busy} (see
+    bridge.profiling; the GPU values are null on the CPU).
 """
 
 import hashlib
@@ -40,6 +44,7 @@ class RunRecord:
     losses: List[float] = field(default_factory=list)
     step_times_s: List[float] = field(default_factory=list)
     capture_steps: List[int] = field(default_factory=list)
+    profiled_steps: List[int] = field(default_factory=list)
     graph_count: int = 0
     peak_allocated_gb: Optional[float] = None
     peak_reserved_gb: Optional[float] = None
@@ -58,7 +63,7 @@ def build_result(cfg: Optional[GraphBridgeConfig], job_dir: Path, status: str, r
     job_dir = Path(job_dir)
     warmup_steps = cfg.perf.warmup_steps if cfg else 0
     timed = [seconds for step, seconds in enumerate(record.step_times_s)
-             if step >= warmup_steps and step not in record.capture_steps]
+             if step >= warmup_steps and step not in record.capture_steps and step not in record.profiled_steps]
     stats = step_time_stats_ms(timed)
     median_s = stats["median"] / 1e3 if stats["median"] else None
     capture_times = [record.step_times_s[step] for step in record.capture_steps if step < len(record.step_times_s)]

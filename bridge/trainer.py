@@ -25,6 +25,7 @@ from tqdm import tqdm
 from bridge.config.schema import GraphBridgeConfig
 from bridge.diagnosis import NonFiniteError
 from bridge.engines import build_engine
+from bridge.profiling import StepProfiler
 from bridge.result import RunRecord, build_result, failure, write_result
 
 
@@ -71,6 +72,10 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats(self.engine.device)
         self.record = RunRecord(engine=self.engine.name, device=self.engine.device.type,
                                 effective_impl=self.engine.effective_impl)
+        self.profiler: Optional[StepProfiler] = None
+        if cfg.perf.profile:
+            self.profiler = StepProfiler(self.job_dir, cfg.train.train_iters - cfg.perf.profile_steps,
+                                         cfg.perf.profile_steps, self.engine.device)
         self._closed = False
 
     def run(self) -> dict:
@@ -108,6 +113,18 @@ class Trainer:
             self._closed = True
             self.engine.close()
 
+    def _take_slowest_rank(self) -> None:
+        """Under torchrun each step takes as long as its slowest rank, and the job needs the
+        largest peak memory: the record keeps the maximum over ranks of each."""
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()
+                and torch.distributed.get_world_size() > 1):
+            return
+        record = self.record
+        measured = record.step_times_s + [record.peak_allocated_gb or 0.0, record.peak_reserved_gb or 0.0]
+        slowest = torch.tensor(measured, dtype=torch.float64, device=self.engine.device)
+        torch.distributed.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)
+        *record.step_times_s, record.peak_allocated_gb, record.peak_reserved_gb = slowest.tolist()
+
     def _stop_requested(self) -> bool:
         """Whether a signal came, on any rank: every rank must stop after the same step, or the
         others would wait forever in the next step's collectives."""
@@ -127,11 +144,16 @@ class Trainer:
                 f"{self.cfg.train.train_iters} steps")
 
     def _timed_step(self, step: int):
+        if self.profiler is not None:
+            self.profiler.before_step(step)
         start = time.perf_counter()
         loss = self.engine.train_step(step)
         if self.engine.device.type == "cuda":
             torch.cuda.synchronize(self.engine.device)  # the clock must see the GPU work
-        return float(loss), time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        if self.profiler is not None:
+            self.profiler.after_step(step)
+        return float(loss), seconds
 
     def _check_finite(self, step: int, loss: float) -> None:
         # The loss is on the host anyway, so checking it every step costs nothing.
@@ -166,7 +188,17 @@ class Trainer:
                 self.record.peak_reserved_gb = torch.cuda.max_memory_reserved(self.engine.device) / 2**30
             except RuntimeError:  # after a sticky CUDA error (illegal address); the result matters more
                 pass
+        if status == "completed" or self.stopped_by is not None:  # every rank is at the same step boundary
+            self._take_slowest_rank()
+        if self.profiler is not None:
+            try:
+                self.profiler.stop()
+            except RuntimeError as error:  # after a sticky CUDA error; the result matters more
+                reason = f"{reason}; the profile was not written: {error}" if reason else str(error)
+            self.record.profiled_steps = list(self.profiler.traced_steps)
         result = build_result(self.cfg, self.job_dir, status, reason, self.record)
+        if self.profiler is not None:
+            result["profile"] = self.profiler.summary(result["step_time_ms"]["median"])
         if self.is_reporting_rank:
             self.result_path = write_result(self.job_dir, result)
         return result

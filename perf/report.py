@@ -168,6 +168,8 @@ def _row(job: Job, baseline: Optional[Job], swept: List[str]) -> dict:
         "peak_reserved_gb": memory.get("peak_reserved_gb"),
         "memory_overhead_gb": overhead,
         "capture_time_s": job.result.get("capture_time_s"),
+        # perf.profile=true: kernel time / step time, how close the step is to launch-free.
+        "gpu_busy": (job.result.get("profile") or {}).get("gpu_busy"),
         "graph_count": job.result.get("graph_count"),
         "baseline_job": baseline.name if baseline else None,
         "note": _note(job, measured, baseline),
@@ -232,6 +234,9 @@ def display_table(summary: Summary) -> Tuple[List[str], List[list]]:
     headers = ["job", "cuda_graph", *summary.swept_keys, "status", "impl", "step ms (median)",
                "p10–p90 ms", "speedup", "tokens/s", "TFLOP/s/GPU", "peak alloc GB",
                "Δ mem vs eager", "capture s", "note"]
+    profiled = any(row["gpu_busy"] is not None for row in summary.rows)
+    if profiled:
+        headers.insert(-1, "GPU busy")
     cells = []
     for row in summary.rows:
         speedup = _fmt(row["speedup"], "{:.2f}×")
@@ -246,7 +251,8 @@ def display_table(summary: Summary) -> Tuple[List[str], List[list]]:
             row["status"], row["effective_impl"] or "", warning + _fmt(row["step_ms_median"], "{:.2f}"),
             spread, speedup, _fmt(row["tokens_per_s"], "{:,.0f}"), _fmt(row["tflops_per_gpu"], "{:.3g}"),
             _fmt(row["peak_allocated_gb"], "{:.2f}"), _fmt(row["memory_overhead_gb"], "{:+.2f} GB"),
-            _fmt(row["capture_time_s"], "{:.2f}"), row["note"],
+            _fmt(row["capture_time_s"], "{:.2f}"), *([_fmt(row["gpu_busy"], "{:.0%}")] if profiled else []),
+            row["note"],
         ])
     return headers, cells
 

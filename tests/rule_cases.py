@@ -162,6 +162,8 @@ RULE_CASES = {
                                 "train.num_gpus": 2}, megatron=True)),
     "precision": (Case({"model.fp16": True}), Case({"model.fp16": True, "model.bf16": False})),
     "torch_compile": (Case({"torch_compile": "max"}), Case({"torch_compile": "reduce-overhead"})),
+    "profile_window": (Case({**FULL_ITERATION, "perf.profile": True, "train.train_iters": 8}),
+                       Case({**FULL_ITERATION, "perf.profile": True, "train.train_iters": 10})),
 }
 
 # Extra rejects for rules with more than one way to fail.
@@ -173,6 +175,7 @@ EXTRA_REJECTS = {
                            Case({"model.recompute_granularity": "block"})],
     "module_names": [Case(te("")), Case(te("full")), Case(te("attn", "attn"))],
     "warmup_steps": [Case({**te("attn"), "model.cuda_graph_warmup_steps": 50})],
+    "profile_window": [Case({"perf.profile": True, "perf.profile_steps": 0})],
     "nccl_graph_register": [Case({**te("attn"), "env_vars.PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
                                   "workload.gpu": "b200"})],
     "ep_overlap": [Case({**EP_OVERLAP, **te("attn", "mlp")})],

@@ -93,6 +93,24 @@ def test_markdown_has_the_title_the_table_and_flags_short_measurements(scope_swe
     assert "warmup and graph-capture steps" in markdown
 
 
+def test_a_profiled_sweep_shows_the_gpu_busy_fraction(tmp_path):
+    sweep = tmp_path / "sweep"
+    for num, (choice, median, busy) in enumerate([("none", 40.0, 0.09), ("full_iteration", 4.0, 0.91)]):
+        job_dir = add_job(sweep, num, choice, median=median, peak_gb=1.0)
+        result = json.loads((job_dir / "result.json").read_text())
+        result["profile"] = {"trace": "trace.json", "steps": [40], "gpu_ms_per_step": busy * median, "gpu_busy": busy}
+        (job_dir / "result.json").write_text(json.dumps(result))
+    write_summary(build_summary(sweep))
+    assert [row["gpu_busy"] for row in read_rows(sweep)] == ["0.09", "0.91"]
+    markdown = (sweep / "summary.md").read_text()
+    assert "| GPU busy |" in markdown and "| 91% |" in markdown
+
+
+def test_an_unprofiled_sweep_has_no_gpu_busy_column(scope_sweep):
+    write_summary(build_summary(scope_sweep))
+    assert "GPU busy" not in (scope_sweep / "summary.md").read_text()
+
+
 def test_with_another_swept_key_each_job_is_compared_with_the_eager_job_of_its_own_settings(tmp_path):
     sweep = tmp_path / "sweep"
     for num, (choice, hidden, median, impl) in enumerate([

@@ -6,9 +6,11 @@ interrupts still leave a result; the write is atomic; ``python -m bridge.run`` w
 import hashlib
 import json
 import math
+import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -171,3 +173,27 @@ def test_python_m_bridge_run_trains_a_job(tmp_path):
     warnings = [line for line in process.stderr.splitlines() if line.startswith("WARNING")]
     assert len(warnings) == 1 and "not applied" in warnings[0]
     assert "result.json" in process.stdout
+
+
+def _slowest_rank_worker(rank: int, world_size: int, port: int, records: dict) -> None:
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                         world_size=world_size)
+    try:
+        holder = SimpleNamespace(record=records[rank], engine=SimpleNamespace(device=torch.device("cpu")))
+        Trainer._take_slowest_rank(holder)
+        assert holder.record.step_times_s == [0.3, 0.2, 0.5]
+        assert (holder.record.peak_allocated_gb, holder.record.peak_reserved_gb) == (4.0, 6.0)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_each_step_takes_the_slowest_ranks_time_and_memory_the_largest_peak():
+    records = {0: RunRecord(step_times_s=[0.1, 0.2, 0.5], peak_allocated_gb=4.0, peak_reserved_gb=5.0),
+               1: RunRecord(step_times_s=[0.3, 0.1, 0.4], peak_allocated_gb=3.0, peak_reserved_gb=6.0)}
+    torch.multiprocessing.spawn(_slowest_rank_worker, args=(2, unused_port(), records), nprocs=2)
+
+
+def unused_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

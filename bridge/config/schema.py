@@ -289,6 +289,11 @@ class PerfConfig:
     runs inside full-iteration graphs, where the loss and grad NaN checks must be off."""
     inject_nan_at_step: Optional[int] = None
     """Testing aid: multiply the loss by NaN from this step on, inside the (graphed) step."""
+    profile: bool = False
+    """Trace the last ``profile_steps`` steps with torch.profiler (trace.json in the job
+    directory) and report GPU kernel time per step and the GPU-busy fraction in result.json.
+    Those steps are left out of the step-time statistics: the profiler slows the host."""
+    profile_steps: int = 5
 
 
 @dataclass

@@ -9,6 +9,7 @@ from typing import List
 from bridge.validation import (  # noqa: F401  (importing registers the rules)
     cuda_graph_rules,
     environment_rules,
+    measurement_rules,
     megatron_rules,
     moe_graph_rules,
     training_rules,

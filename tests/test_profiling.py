@@ -1,0 +1,63 @@
+"""perf.profile: the last perf.profile_steps steps run under torch.profiler; their trace is
+written to trace.json and they are left out of the step-time statistics. GPU time and the
+GPU-busy fraction are measured on the GPU (tests/gpu); here they are null."""
+
+import json
+
+import pytest
+
+from bridge.profiling import busy_time_us
+from bridge.trainer import Trainer
+from tests.test_cli import graphbridge
+from tests.test_torch_engine_cpu import small_config
+from tests.test_trainer_cpu import read_result, write_job
+
+
+@pytest.mark.parametrize("intervals, expected", [
+    ([], 0.0),
+    ([(0, 2), (5, 6)], 3.0),  # apart
+    ([(0, 4), (1, 2), (3, 6)], 6.0),  # nested and overlapping: counted once
+    ([(3, 6), (0, 4)], 6.0),  # any order
+])
+def test_gpu_busy_time_is_the_union_of_device_intervals(intervals, expected):
+    assert busy_time_us(intervals) == expected
+
+
+def test_profiled_steps_are_traced_and_left_out_of_step_times(tmp_path):
+    cfg = small_config("llama/tiny", "perf.profile=true", "perf.profile_steps=3", "train.train_iters=10",
+                       "perf.warmup_steps=2")
+    trainer = Trainer(cfg, write_job(tmp_path, cfg))
+    trainer.run()
+    trainer.close()
+    result = read_result(tmp_path)
+    assert result["profile"] == {"trace": "trace.json", "steps": [7, 8, 9], "gpu_ms_per_step": None,
+                                 "gpu_busy": None}
+    assert result["step_time_ms"]["count"] == 10 - 2 - 3
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    assert any(event.get("name", "").startswith("aten::") for event in events)
+    assert not list(tmp_path.glob(".*partial"))
+
+
+def test_without_profile_there_is_no_trace(tmp_path):
+    cfg = small_config("llama/tiny", "train.train_iters=4")
+    trainer = Trainer(cfg, write_job(tmp_path, cfg))
+    trainer.run()
+    trainer.close()
+    assert "profile" not in read_result(tmp_path)
+    assert not (tmp_path / "trace.json").exists()
+
+
+def test_profile_through_the_cli(tmp_path):
+    run = graphbridge("engine=torch", "device=cpu", "train.train_iters=6", "perf.warmup_steps=1",
+                      "perf.profile=true", "perf.profile_steps=2", "hydra.run.dir=job", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    result = json.loads((tmp_path / "job" / "result.json").read_text())
+    assert result["status"] == "completed" and result["profile"]["steps"] == [4, 5]
+    assert (tmp_path / "job" / "trace.json").stat().st_size > 0
+
+
+def test_a_profile_window_without_timed_steps_is_rejected_by_the_cli(tmp_path):
+    run = graphbridge("engine=torch", "device=cpu", "train.train_iters=6", "perf.profile=true", cwd=tmp_path)
+    assert run.returncode == 2
+    assert "[profile_window]" in run.stderr and "train.train_iters=" in run.stderr
+    assert "Traceback" not in run.stderr
