@@ -10,7 +10,8 @@ Effects, on the *effective* impl after the arguments are applied:
 - any graph impl turns on ``rng.te_rng_tracker`` and ``model.use_te_rng_tracker``;
 - impl none turns both off and parks ``model.cuda_graph_modules`` (kept, not passed on);
 - full_iteration turns the loss and grad NaN checks off unless the user set them (a NaN
-  check left on explicitly is then rejected by validation, never silently changed).
+  check left on explicitly is then rejected by validation, never silently changed), and for
+  the same reason the device sync after pipeline sends and receives (model.batch_p2p_sync).
 """
 
 from typing import List, Optional, Sequence, Union
@@ -44,6 +45,8 @@ def set_cuda_graph_overrides(
         cfg.rerun_state_machine.check_for_nan_in_loss = nan_checks_default
     if cfg.ddp.check_for_nan_in_grad is None:
         cfg.ddp.check_for_nan_in_grad = nan_checks_default
+    if model.batch_p2p_sync is None:
+        model.batch_p2p_sync = nan_checks_default  # the same condition: no host sync in a full graph
     return cfg
 
 

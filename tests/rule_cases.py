@@ -16,6 +16,7 @@ MOE = {"model.num_moe_experts": 8, "model.moe_router_topk": 2, "model.moe_ffn_hi
 DROP_AND_PAD = {"model.moe_expert_capacity_factor": 1.0, "model.moe_pad_expert_input_to_capacity": True}
 EP_OVERLAP = {**MOE, "model.expert_model_parallel_size": 2, "train.num_gpus": 2,
               "model.moe_token_dispatcher_type": "alltoall", "model.overlap_moe_expert_parallel_comm": True}
+PP2 = {"model.pipeline_model_parallel_size": 2, "train.num_gpus": 2}
 FULL_RECOMPUTE = {"model.recompute_granularity": "full", "model.recompute_method": "uniform",
                   "model.recompute_num_layers": 1}
 
@@ -162,6 +163,9 @@ RULE_CASES = {
                                 "train.num_gpus": 2}, megatron=True)),
     "precision": (Case({"model.fp16": True}), Case({"model.fp16": True, "model.bf16": False})),
     "torch_compile": (Case({"torch_compile": "max"}), Case({"torch_compile": "reduce-overhead"})),
+    "full_iteration_p2p_sync": (
+        Case({**FULL_ITERATION, **PP2, "model.batch_p2p_sync": True}),
+        Case({**FULL_ITERATION, **PP2})),  # the helper turns the sync off
     "profile_window": (Case({**FULL_ITERATION, "perf.profile": True, "train.train_iters": 8}),
                        Case({**FULL_ITERATION, "perf.profile": True, "train.train_iters": 10})),
 }

@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 
 import bridge
 from bridge.config.load import compose_config
+from bridge.config.migration import migrate
 from bridge.config.paths import config_dir
 from bridge.overrides import set_cuda_graph_overrides
 from bridge.planning import describe_graphs
@@ -305,8 +306,13 @@ def expected_violations(row: Row, impl: str, modules: Tuple[str, ...]) -> set:
 def _with_choice(cfg, choice: str):
     """``cuda_graph=<choice>`` applied to a prepared preset, as the override helper does."""
     values = CHOICES[choice]
-    return set_cuda_graph_overrides(copy.deepcopy(cfg), impl=values["cuda_graph_impl"],
-                                    modules=values["cuda_graph_modules"])
+    cfg = copy.deepcopy(cfg)
+    cfg.model.cuda_graph_impl, cfg.model.cuda_graph_modules = values["cuda_graph_impl"], values["cuda_graph_modules"]
+    # As bridge.config.load.prepare orders it: migration (a preset's legacy cuda_graph_scope
+    # can still change the impl), then the helper, which derives batch_p2p_sync from the result.
+    migrate(cfg.model)
+    cfg.model.batch_p2p_sync = None
+    return set_cuda_graph_overrides(cfg)
 
 
 def _megatron_buildable(cfg):
@@ -333,6 +339,12 @@ def test_every_cuda_graph_choice_gets_the_expected_verdict(prepared, key):
         if not found:
             tc = build_megatron_configs(_megatron_buildable(cfg))["transformer_config"]
             assert tc.num_layers == cfg.model.num_layers
+
+
+def test_full_iteration_under_pipeline_parallelism_drops_the_p2p_sync_on_the_cli():
+    plan = bridge.plan(["recipe=deepseek/deepseek_v3", "gpu=b200", "cuda_graph=full_iteration"])
+    assert plan.config.model.pipeline_model_parallel_size > 1 and plan.config.model.batch_p2p_sync is False
+    assert "full_iteration_p2p_sync" not in {v.rule for v in plan.violations}
 
 
 @pytest.mark.parametrize("overrides, rule", [

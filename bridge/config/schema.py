@@ -157,6 +157,9 @@ class ModelConfig:
     """Count the embedding as a layer when splitting layers over pipeline stages."""
     account_for_loss_in_pipeline_split: bool = False
     """Count the LM head and loss as a layer when splitting layers over pipeline stages."""
+    batch_p2p_sync: Optional[bool] = None
+    """megatron-core synchronises the device after each batched pipeline send/recv (a workaround
+    for old PyTorch). None means on, except under full-iteration graphs, which cannot capture it."""
     overlap_moe_expert_parallel_comm: bool = False
     delay_wgrad_compute: bool = False
     tp_comm_overlap: bool = False

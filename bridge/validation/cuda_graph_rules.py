@@ -100,6 +100,19 @@ def full_iteration_nan_checks(cfg):
     )
 
 
+@rule("full_iteration_p2p_sync")
+def full_iteration_p2p_sync(cfg):
+    if impl_of(cfg) != FULL_ITERATION or cfg.model.pipeline_model_parallel_size < 2 or not cfg.model.batch_p2p_sync:
+        return None
+    # Measured on two H200s: torch.cuda.synchronize() in megatron-core's p2p _communicate
+    # invalidates the capture (cudaErrorStreamCaptureUnsupported).
+    return violation(
+        "full_iteration_p2p_sync", [IMPL, "model.batch_p2p_sync", "model.pipeline_model_parallel_size"],
+        "with pipeline parallelism megatron-core synchronises the device after each batched send/recv, "
+        "which the full_iteration CUDA graph cannot capture; set model.batch_p2p_sync=false",
+    )
+
+
 @rule("local_scoped_modules")
 def local_scoped_modules(cfg):
     scoped = sorted({"attn", "mlp"} & set(modules_of(cfg)))

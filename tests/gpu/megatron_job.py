@@ -1,6 +1,9 @@
 """One MegatronEngine run in a fresh process, recorded as JSON for the GPU tests.
 
     python -m tests.gpu.megatron_job OUT.json STEPS [override ...]
+    torchrun --standalone --nproc-per-node N -m tests.gpu.megatron_job OUT.json STEPS [override ...]
+
+Under torchrun each rank writes OUT.rank<R>.json.
 
 megatron-core keeps graph, RNG and static-buffer state at class level, so every training the
 tests compare runs in its own process. Per step it records the loss, allocated memory, graph
@@ -11,6 +14,7 @@ left no graph and megatron-core's class-level graph state clean.
 
 import hashlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -71,6 +75,8 @@ def run(steps: int, overrides) -> dict:
 
 def main() -> None:
     out, steps, overrides = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+    if "RANK" in os.environ:
+        out = out.with_suffix(f".rank{os.environ['RANK']}.json")
     out.write_text(json.dumps(run(steps, overrides), indent=1))
 
 

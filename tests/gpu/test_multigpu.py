@@ -1,0 +1,150 @@
+"""Graphs under data, tensor, pipeline and expert parallelism, on two GPUs under torchrun.
+
+Each layout trains with every graph impl valid there and without graphs; per rank,
+tests/gpu/megatron_job.py records losses, graph counts and replays. A graphed run must capture
+once and replay every later step on every rank, the ranks must report the same loss each step
+(the engine averages it over data-parallel ranks and broadcasts it from the last pipeline
+stage), and the losses must follow the same layout without graphs within the tolerances of
+tests/gpu/test_megatron_engine.py: graphs replay eager's kernels and collectives in eager's
+order, so full_iteration and TE scopes stay within EXACT_TOLERANCE; local per-layer graphs
+round differently (LOCAL_LAYER_TOLERANCE).
+
+The runs also go through the real CLI once (graphbridge under torchrun): rank 0 alone writes
+result.json, with step times and memory taken over both ranks.
+"""
+
+import json
+import math
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.gpu.test_megatron_engine import (
+    DROP_AND_PAD, HAVE_TE, ROOT, STEPS, Case, assert_captured_and_replayed, assert_matches_eager, job_environment,
+    skip_reason,
+)
+
+GPUS = 2
+pytestmark = [pytest.mark.gpu, pytest.mark.multigpu,
+              pytest.mark.skipif(torch.cuda.device_count() < GPUS, reason=f"needs {GPUS} GPUs")]
+CONCURRENT_JOBS = 4
+FIRST_PORT = 29617
+# Two ranks of data parallel with the distributed optimizer overlapping grad reduce and param
+# gather: exercises the forward pre-hook toggling around TE capture.
+DP2 = ("train.num_gpus=2", "train.global_batch_size=4", "ddp.use_distributed_optimizer=true",
+       "ddp.overlap_grad_reduce=true", "ddp.overlap_param_gather=true")
+TP2_SP = ("train.num_gpus=2", "model.tensor_model_parallel_size=2", "model.sequence_parallel=true")
+# Four microbatches, so the 1F1B schedule has a warmup, a steady state and a cooldown.
+PP2 = ("train.num_gpus=2", "model.pipeline_model_parallel_size=2", "train.global_batch_size=8")
+EP2 = ("train.num_gpus=2", "model.expert_model_parallel_size=2", "train.global_batch_size=4")
+
+LAYOUTS = {
+    "dp2": ("llama/tiny", DP2, ("full_iteration", "te_layer", "te_attn_mlp", "local_layer")),
+    "tp2_sp": ("llama/tiny", TP2_SP, ("full_iteration", "te_attn_mlp", "local_layer")),
+    # full_iteration relies on the override helper turning model.batch_p2p_sync off.
+    "pp2": ("llama/tiny", PP2, ("full_iteration", "te_layer")),
+    "ep2": ("qwen/tiny", EP2, ("te_attn_moe_router", "te_moe_router")),
+    "ep2_drop_and_pad": ("qwen/tiny", EP2 + DROP_AND_PAD, ("full_iteration",)),
+}
+
+
+def layout_cases(name: str):
+    recipe, layout, choices = LAYOUTS[name]
+    return [Case(recipe, choice, layout) for choice in choices]
+
+
+CASES = [case for name in LAYOUTS for case in layout_cases(name)]
+CASE_IDS = {case: f"{name}-{case.cuda_graph}" for name in LAYOUTS for case in layout_cases(name)}
+
+
+def multigpu_skip_reason(case: Case):
+    if torch.cuda.device_count() < GPUS:
+        return f"needs {GPUS} GPUs"
+    if not HAVE_TE:
+        return "needs Transformer Engine"
+    return skip_reason(case)
+
+
+def eager_of(case: Case) -> Case:
+    """The same layout and model without graphs (Case.eager keeps only model.* overrides)."""
+    return Case(case.recipe, "none", case.extra)
+
+
+def expected_graphs(case: Case):
+    """Graphs per rank on llama/tiny (8 layers): one for the whole iteration; else one per layer
+    of this rank, and under pipeline parallelism one per layer and microbatch."""
+    if case.recipe != "llama/tiny":
+        return None
+    if case.cuda_graph == "full_iteration":
+        return 1
+    if PP2[1] in case.extra:
+        return 8 // 2 * (8 // 2)  # 4 layers per stage, global batch 8 / micro-batch 2
+    return 8
+
+
+def run_torchrun_job(case: Case, directory: Path, port: int) -> dict:
+    out = directory / f"{CASE_IDS.get(case, 'eager-' + str(abs(hash(case))))}.json"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={GPUS}",
+               "--master-addr=127.0.0.1", f"--master-port={port}",
+               "-m", "tests.gpu.megatron_job", str(out), str(STEPS), *case.overrides]
+    done = subprocess.run(command, cwd=ROOT, env=job_environment(port), capture_output=True, text=True,
+                          timeout=600)
+    if done.returncode != 0:
+        return {"error": f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-8000:]}"}
+    return {"ranks": [json.loads(out.with_suffix(f".rank{rank}.json").read_text()) for rank in range(GPUS)]}
+
+
+@pytest.fixture(scope="session")
+def multigpu_jobs(request, tmp_path_factory):
+    wanted = set()
+    for item in request.session.items:
+        case = getattr(item, "callspec", None) and item.callspec.params.get("case")
+        if isinstance(case, Case) and case in CASE_IDS and multigpu_skip_reason(case) is None:
+            wanted |= {case, eager_of(case)}
+    directory = tmp_path_factory.mktemp("multigpu_jobs")
+    wanted = sorted(wanted, key=str)
+    with ThreadPoolExecutor(CONCURRENT_JOBS) as pool:
+        results = pool.map(lambda index: run_torchrun_job(wanted[index], directory, FIRST_PORT + index),
+                           range(len(wanted)))
+        return dict(zip(wanted, results))
+
+
+def ranks_of(jobs, case: Case) -> list:
+    result = jobs[case]
+    assert "error" not in result, result.get("error")
+    return result["ranks"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: CASE_IDS[case])
+def test_graphs_under_parallelism_train_like_eager(case, multigpu_jobs):
+    reason = multigpu_skip_reason(case)
+    if reason:
+        pytest.skip(reason)
+    ranks, eager_ranks = ranks_of(multigpu_jobs, case), ranks_of(multigpu_jobs, eager_of(case))
+    losses = [rank["losses"] for rank in ranks]
+    assert all(len(series) == STEPS and all(map(math.isfinite, series)) for series in losses)
+    assert losses[0] == losses[1], "the ranks disagree on the loss"
+    for rank, eager in zip(ranks, eager_ranks):
+        assert_captured_and_replayed(case, rank, expected_graphs(case))
+        assert_matches_eager(case, rank, eager)
+        assert rank["graph_count_after_close"] == 0 and rank["megatron_state_clean"]
+
+
+def test_the_cli_trains_on_two_gpus_and_rank_zero_reports(tmp_path):
+    if torch.cuda.device_count() < GPUS or not HAVE_TE:
+        pytest.skip(f"needs {GPUS} GPUs and Transformer Engine")
+    job_dir = tmp_path / "job"
+    done = subprocess.run(
+        [sys.executable, "-m", "perf.main", "recipe=llama/tiny", "cuda_graph=full_iteration", *DP2,
+         f"train.train_iters={STEPS}", f"hydra.run.dir={job_dir}"],
+        cwd=ROOT, env=job_environment(FIRST_PORT + 40), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-6000:]
+    result = json.loads((job_dir / "result.json").read_text())
+    assert result["status"] == "completed" and result["graph_count"] == 1
+    assert result["step_time_ms"]["count"] > 0 and result["memory"]["peak_allocated_gb"] > 0
+    assert "graphbridge run: completed" in done.stdout  # the summary, printed once
+    assert done.stdout.count("graphbridge run: completed") == 1
