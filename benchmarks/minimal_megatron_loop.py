@@ -1,6 +1,7 @@
 """The yardstick for the trainer's overhead: a minimal hand-written megatron-core training loop.
 
     python benchmarks/minimal_megatron_loop.py [--cuda-graph full_iteration] [--local-spec] [--rounds 2]
+                                               [--cpus 2-5] [--profile-dir DIR]
 
 The same model and graph impl as graphbridge's megatron engine (the megatron-core config
 objects come from ``bridge.translate.build_megatron_configs``), written out as straight
@@ -9,6 +10,13 @@ batch reused every step. In alternating fresh processes it times this loop, the 
 engine under a bare loop, and the trainer (graphbridge's own path: a job directory and
 ``python -m bridge.run``), and prints the medians and the ratios to the minimal loop, so an
 overhead shows where it comes from. Target: the trainer within 3 % of the minimal loop.
+
+Every process is pinned to the same CPUs (``--cpus``): with the optimizer outside the graph a
+step waits for host launches after the grad-norm sync, so where a process runs (core, NUMA
+node) is part of its step time; unpinned runs landed on two levels up to ~15 % apart from one
+process to the next. ``--profile-dir`` adds 10 steps under torch.profiler to each minimal and
+engine run (after the timed ones) and writes, per run, the host ops by total CPU time and the
+GPU time per step, to see where a difference comes from.
 """
 
 import argparse
@@ -26,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COMMON = ("recipe=llama/tiny", "rerun_state_machine.check_for_nan_in_loss=false", "ddp.check_for_nan_in_grad=false")
 
 
-def minimal_loop(overrides, total_steps: int, skipped: int) -> float:
+def minimal_loop(overrides, total_steps: int, skipped: int, profile_to=None) -> float:
     """Median step time (ms) of a plain megatron-core loop over steps[skipped:]."""
     import torch
     from megatron.core import parallel_state
@@ -97,11 +105,9 @@ def minimal_loop(overrides, total_steps: int, skipped: int) -> float:
         b = next(data)
         return model(b["tokens"], b["position_ids"], None, labels=b["labels"]), loss_func
 
-    seconds = []
-    for step in range(total_steps):
+    def train_step(step: int) -> None:
         if te_graphs is not None and step == config.cuda_graph_warmup_steps:
             te_graphs.create_cudagraphs()
-        start = time.perf_counter()
         model.zero_grad_buffer()
         optimizer.zero_grad()
         forward_backward(forward_step_func=forward_step, data_iterator=repeat(batch), model=[model],
@@ -109,25 +115,62 @@ def minimal_loop(overrides, total_steps: int, skipped: int) -> float:
         optimizer.step()
         scheduler.step(1)
         torch.cuda.synchronize()
+
+    median = timed_median(train_step, total_steps, skipped)
+    if profile_to is not None:
+        profile_steps(train_step, total_steps, profile_to)
+    return median
+
+
+def timed_median(train_step, total_steps: int, skipped: int) -> float:
+    """Median wall time (ms) of train_step(step) over steps[skipped:]; train_step synchronises."""
+    seconds = []
+    for step in range(total_steps):
+        start = time.perf_counter()
+        train_step(step)
         seconds.append(time.perf_counter() - start)
     return 1000 * statistics.median(seconds[skipped:])
 
 
-def engine_loop(overrides, total_steps: int, skipped: int) -> float:
+def profile_steps(train_step, first_step: int, path: Path, steps: int = 10) -> None:
+    """Host ops by total CPU time and GPU time per step over ``steps`` more steps, into ``path``."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from bridge.profiling import busy_time_us
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for step in range(first_step, first_step + steps):
+            train_step(step)
+        wall_ms = 1000 * (time.perf_counter() - start) / steps
+    kernels = [(e.time_range.start, e.time_range.end) for e in prof.events()
+               if e.device_type == torch.autograd.DeviceType.CUDA]
+    gpu_ms = busy_time_us(kernels) / 1e3 / steps
+    table = prof.key_averages().table(sort_by="cpu_time_total", row_limit=40, max_name_column_width=70)
+    path.write_text(f"profiled step {wall_ms:.3f} ms (profiler on), GPU busy {gpu_ms:.3f} ms per step\n\n{table}")
+
+
+def engine_loop(overrides, total_steps: int, skipped: int, profile_to=None) -> float:
     """Median step time (ms) of the megatron engine driven by a bare loop (no trainer)."""
     import bridge
     from bridge.engines.megatron_engine import MegatronEngine
 
+    import torch
+
     engine = MegatronEngine(bridge.load(overrides))
-    seconds = []
+
+    def train_step(step: int) -> None:
+        float(engine.train_step(step))
+        torch.cuda.synchronize()  # as the trainer does
+
     try:
-        for step in range(total_steps):
-            start = time.perf_counter()
-            float(engine.train_step(step))
-            seconds.append(time.perf_counter() - start)
+        median = timed_median(train_step, total_steps, skipped)
+        if profile_to is not None:
+            profile_steps(train_step, total_steps, profile_to)
     finally:
         engine.close()
-    return 1000 * statistics.median(seconds[skipped:])
+    return median
 
 
 def trainer_median(overrides, job_dir: Path) -> float:
@@ -137,11 +180,20 @@ def trainer_median(overrides, job_dir: Path) -> float:
 
     config = bridge.load(overrides)
     write_job(config, job_dir, job_record({}, overrides))
-    done = subprocess.run(training_command(config, job_dir), cwd=ROOT, env=child_env(), capture_output=True,
+    done = subprocess.run(training_command(config, job_dir, child_env()), cwd=ROOT, env=child_env(), capture_output=True,
                           text=True)
     if done.returncode != 0:
         raise RuntimeError(f"trainer failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
     return json.loads((job_dir / RESULT).read_text())["step_time_ms"]["median"]
+
+
+def cpu_list(text: str) -> set:
+    """'2-5,8' -> {2, 3, 4, 5, 8}"""
+    cpus = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
 
 
 def child_env() -> dict:
@@ -155,8 +207,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30, help="timed steps per run")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--jobs-dir", type=Path, default=Path("/tmp/graphbridge-minimal-loop"))
+    parser.add_argument("--cpus", default="2-5", help="CPU list every process is pinned to (Linux), '' for none")
+    parser.add_argument("--profile-dir", type=Path, help="write a torch.profiler summary per minimal/engine run")
     parser.add_argument("--child", nargs=3, metavar=("LOOP", "CUDA_GRAPH", "LOCAL_SPEC"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.cpus and not args.child:
+        os.sched_setaffinity(0, cpu_list(args.cpus))  # the children inherit it
     # The first replay follows capture at step cuda_graph_warmup_steps (3); both sides skip it.
     skipped = 5
 
@@ -168,14 +224,21 @@ def main() -> None:
     loops = {"minimal": minimal_loop, "engine": engine_loop}
     if args.child:
         loop, choice, local_spec = args.child[0], args.child[1], args.child[2] == "local"
-        print(json.dumps(loops[loop](overrides_for(choice, local_spec), skipped + args.steps, skipped)))
+        profile_to = None
+        if args.profile_dir is not None:
+            args.profile_dir.mkdir(parents=True, exist_ok=True)
+            profile_to = args.profile_dir / f"{loop}_{args.child[2]}_{choice}.txt"
+        print(json.dumps(loops[loop](overrides_for(choice, local_spec), skipped + args.steps, skipped, profile_to)))
         return
     spec = "local" if args.local_spec else "te"
     times = {"minimal": {}, "engine": {}, "trainer": {}}
 
     def run_child(loop: str, choice: str, round_index: int) -> float:
-        done = subprocess.run([sys.executable, __file__, "--child", loop, choice, spec, "--steps", str(args.steps)],
-                              cwd=ROOT, env=child_env(), capture_output=True, text=True)
+        command = [sys.executable, __file__, "--child", loop, choice, spec, "--steps", str(args.steps)]
+        # Profile the first round only: its runs are timed before the profiler starts.
+        if args.profile_dir is not None and round_index == 0:
+            command += ["--profile-dir", str(args.profile_dir)]
+        done = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"{loop} loop {choice} failed:\n{done.stderr[-4000:]}")
         return json.loads(done.stdout.strip().splitlines()[-1])

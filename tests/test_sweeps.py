@@ -1,7 +1,6 @@
 """Sweep presets and multiruns through the real `graphbridge` command."""
 
 import csv
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -14,13 +13,13 @@ from hydra.types import RunMode
 from bridge.config.paths import config_dir
 from bridge.config.store import register
 
-GRAPHBRIDGE = str(Path(sys.executable).with_name("graphbridge"))
+CONSOLE_SCRIPT = Path(sys.executable).with_name("graphbridge")
+# The GPU machine runs the checkout without installing it: there, the same entry point by module.
+GRAPHBRIDGE = [str(CONSOLE_SCRIPT)] if CONSOLE_SCRIPT.exists() else [sys.executable, "-m", "perf.main"]
 SWEEPS = {
     "dense_scopes": ["none", "full_iteration", "local_layer", "te_layer", "te_attn", "te_attn_mlp"],
     "moe_scopes": ["none", "full_iteration", "te_attn_moe_router", "te_moe_router", "local_layer"],
 }
-TRAINER_MISSING = importlib.util.find_spec("bridge.run") is None
-TRAINER_REASON = "needs bridge.run (the training process perf.launch starts), not written yet"
 TINY = ["recipe=llama/tiny", "model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64"]
 
 
@@ -46,7 +45,7 @@ def test_preset_turns_on_multirun_over_existing_cuda_graph_choices(preset):
 
 
 def graphbridge(*args, cwd):
-    return subprocess.run([GRAPHBRIDGE, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    return subprocess.run([*GRAPHBRIDGE, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
 def test_plan_sweep_plans_every_choice_and_writes_no_summary(tmp_path):
@@ -65,7 +64,6 @@ def read_summary(sweep_dir: Path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(TRAINER_MISSING, reason=TRAINER_REASON)
 def test_cpu_multirun_ends_with_a_summary_of_every_job(tmp_path):
     sweep_dir = tmp_path / "sweep"
     # One warmup step leaves two timed steps of the three: enough for a median, flagged as noisy.
@@ -81,15 +79,22 @@ def test_cpu_multirun_ends_with_a_summary_of_every_job(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.slow
-@pytest.mark.skipif(TRAINER_MISSING, reason=TRAINER_REASON)
 def test_gpu_sweep_measures_a_full_iteration_speedup(tmp_path):
+    """The speedups the benchmark measures (docs/benchmarks.md: full_iteration 9-10x, local
+    layer 3x on this shape), checked against the issue's floors, and the GPU-busy fraction:
+    a full-iteration graph keeps the GPU far busier than eager launches do."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     sweep_dir = tmp_path / "sweep"
-    result = graphbridge("-m", *TINY, "cuda_graph=none,full_iteration,local_layer", "train.train_iters=50",
-                         f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+    # The benchmark's shape: llama/tiny as it is (8 layers, hidden 512, seq 256, micro-batch 2).
+    result = graphbridge("-m", "recipe=llama/tiny", "cuda_graph=none,full_iteration,local_layer",
+                         "train.train_iters=50", "perf.profile=true", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     rows = {row["cuda_graph"]: row for row in read_summary(sweep_dir)}
     assert [row["status"] for row in rows.values()] == ["completed"] * 3
-    assert float(rows["full_iteration"]["speedup"]) > 1.0
+    assert float(rows["full_iteration"]["speedup"]) >= 5.0
+    assert float(rows["local_layer"]["speedup"]) >= 2.0
+    busy = {choice: float(row["gpu_busy"]) for choice, row in rows.items()}
+    assert all(0.0 < value <= 1.05 for value in busy.values()), busy
+    assert busy["full_iteration"] > 2 * busy["none"], busy
