@@ -134,19 +134,16 @@ def timed_median(train_step, total_steps: int, skipped: int) -> float:
 
 def profile_steps(train_step, first_step: int, path: Path, steps: int = 10) -> None:
     """Host ops by total CPU time and GPU time per step over ``steps`` more steps, into ``path``."""
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from bridge.profiling import busy_time_us
+    from bridge.profiling import gpu_busy_us
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
         for step in range(first_step, first_step + steps):
             train_step(step)
         wall_ms = 1000 * (time.perf_counter() - start) / steps
-    kernels = [(e.time_range.start, e.time_range.end) for e in prof.events()
-               if e.device_type == torch.autograd.DeviceType.CUDA]
-    gpu_ms = busy_time_us(kernels) / 1e3 / steps
+    gpu_ms = gpu_busy_us(prof) / 1e3 / steps
     table = prof.key_averages().table(sort_by="cpu_time_total", row_limit=40, max_name_column_width=70)
     path.write_text(f"profiled step {wall_ms:.3f} ms (profiler on), GPU busy {gpu_ms:.3f} ms per step\n\n{table}")
 

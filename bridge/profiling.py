@@ -55,9 +55,7 @@ class StepProfiler:
         profile.export_chrome_trace(str(partial))
         os.replace(partial, self.trace_path)  # a reader never sees half a trace
         if self.device.type == "cuda":
-            intervals = [(event.time_range.start, event.time_range.end) for event in profile.events()
-                         if event.device_type == DeviceType.CUDA]
-            self.gpu_ms_per_step = busy_time_us(intervals) / 1e3 / len(self.traced_steps)
+            self.gpu_ms_per_step = gpu_busy_us(profile) / 1e3 / len(self.traced_steps)
 
     def summary(self, median_step_ms: Optional[float]) -> dict:
         """result.json's "profile" entry."""
@@ -66,6 +64,12 @@ class StepProfiler:
             busy = self.gpu_ms_per_step / median_step_ms
         return {"trace": TRACE_FILE if self.trace_path.exists() else None, "steps": list(self.traced_steps),
                 "gpu_ms_per_step": self.gpu_ms_per_step, "gpu_busy": busy}
+
+
+def gpu_busy_us(profile: torch.profiler.profile) -> float:
+    """Microseconds in which the GPU ran anything during a finished profile."""
+    return busy_time_us([(event.time_range.start, event.time_range.end) for event in profile.events()
+                         if event.device_type == DeviceType.CUDA])
 
 
 def busy_time_us(intervals: List[Tuple[float, float]]) -> float:

@@ -7,7 +7,6 @@ import json
 import math
 import os
 import shlex
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from bridge.config.schema import GraphBridgeConfig
+from bridge.engines.megatron_engine import free_port
 from perf import launch
 from perf.launch import LaunchError, first_host, training_command, training_env
 
@@ -164,12 +164,6 @@ def test_one_node_every_rank_gets_env_vars_and_its_own_log_only_rank_0_prints(tm
                                           "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
         assert f"probe rank {rank}" in rank_log(job_dir, 0, rank)
     assert "[default0]:probe rank 0" in console and "probe rank 1" not in console
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_two_nodes_meet_at_master_addr_and_log_per_node(tmp_path, no_rendezvous):

@@ -6,7 +6,6 @@ interrupts still leave a result; the write is atomic; ``python -m bridge.run`` w
 import hashlib
 import json
 import math
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from omegaconf import OmegaConf
 
 import bridge.atomic
 from bridge import run
+from bridge.engines.megatron_engine import free_port
 from bridge.result import build_result, percentile, write_result, RunRecord
 from bridge.trainer import Trainer
 from tests.test_torch_engine_cpu import small_config
@@ -190,10 +190,4 @@ def _slowest_rank_worker(rank: int, world_size: int, port: int, records: dict) -
 def test_each_step_takes_the_slowest_ranks_time_and_memory_the_largest_peak():
     records = {0: RunRecord(step_times_s=[0.1, 0.2, 0.5], peak_allocated_gb=4.0, peak_reserved_gb=5.0),
                1: RunRecord(step_times_s=[0.3, 0.1, 0.4], peak_allocated_gb=3.0, peak_reserved_gb=6.0)}
-    torch.multiprocessing.spawn(_slowest_rank_worker, args=(2, unused_port(), records), nprocs=2)
-
-
-def unused_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    torch.multiprocessing.spawn(_slowest_rank_worker, args=(2, free_port(), records), nprocs=2)

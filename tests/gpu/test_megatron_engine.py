@@ -106,7 +106,7 @@ def skip_reason(case: Case):
 
 
 def run_job(case: Case, directory: Path, master_port: int) -> dict:
-    out = directory / (str(case).replace("/", "_").replace(" ", "__").replace("=", "-") + ".json")
+    out = job_file(case, directory)
     command = [sys.executable, "-m", "tests.gpu.megatron_job", str(out), str(STEPS), *case.overrides]
     # One port each: concurrent jobs picking free ports themselves can pick the same one.
     done = subprocess.run(command, cwd=ROOT, env=job_environment(master_port), capture_output=True, text=True,
@@ -114,6 +114,11 @@ def run_job(case: Case, directory: Path, master_port: int) -> dict:
     if done.returncode != 0:
         return {"error": f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"}
     return json.loads(out.read_text())
+
+
+def job_file(case: Case, directory: Path) -> Path:
+    """Where the job of ``case`` writes its record: a file name made of the case."""
+    return directory / (str(case).replace("/", "_").replace(" ", "__").replace("=", "-") + ".json")
 
 
 def job_environment(master_port: int) -> dict:
