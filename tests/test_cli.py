@@ -53,6 +53,17 @@ def test_invalid_config_exits_2_with_every_violation_and_no_traceback(tmp_path, 
         assert all(set(v) == {"rule", "keys", "message"} for v in plan["violations"])
 
 
+def test_a_short_run_gets_a_warmup_that_fits_and_an_explicit_one_that_cannot_is_rejected(tmp_path):
+    short = graphbridge("mode=plan", "plan.format=json", "train.train_iters=5", cwd=tmp_path)
+    assert short.returncode == 0, short.stderr
+    assert json.loads(short.stdout)["config"]["optimizer"]["lr_warmup_iters"] == 0
+    # megatron-core's scheduler would assert warmup < train_iters, without a message, at engine build.
+    too_long = graphbridge("mode=plan", "train.train_iters=8", "optimizer.lr_warmup_iters=10", cwd=tmp_path)
+    assert too_long.returncode == 2
+    assert "[lr_schedule]" in too_long.stderr and "set optimizer.lr_warmup_iters=0" in too_long.stderr
+    assert "Traceback" not in too_long.stderr
+
+
 @pytest.mark.parametrize(
     "override,expected",
     [("model.bogus=1", "model.bogus: no key 'bogus' in model"), ("model.num_layers=abc", "full_key: model.num_layers"),

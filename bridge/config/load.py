@@ -30,7 +30,7 @@ class Prepared:
 
 
 def prepare(composed: DictConfig) -> Prepared:
-    """Typed config with migrations and the override helper applied."""
+    """Typed config with migrations, weak scaling, the learning-rate warmup and the override helper applied."""
     config = OmegaConf.to_object(composed)
     if not isinstance(config, GraphBridgeConfig):
         # A primary config without base_config composes to a plain dict. A compact Hydra error
@@ -40,8 +40,16 @@ def prepare(composed: DictConfig) -> Prepared:
             "list must name base_config first, as graphbridge's own conf/config.yaml does")
     report = migrate(config.model)
     report.notes.extend(apply_weak_scaling(config))
+    fill_lr_warmup(config)
     set_cuda_graph_overrides(config)
     return Prepared(config, report.notes, report.violations)
+
+
+def fill_lr_warmup(config: GraphBridgeConfig) -> None:
+    """An unset warmup scales with the run, so that a short run (train.train_iters=5) needs no
+    second override to stay below the decay length megatron-core's scheduler asserts on."""
+    if config.optimizer.lr_warmup_iters is None:
+        config.optimizer.lr_warmup_iters = max(0, config.train.train_iters // 10)
 
 
 def compose_config(overrides: Sequence[str] = (), config_root: Optional[Path] = None) -> DictConfig:

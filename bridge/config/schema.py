@@ -247,7 +247,9 @@ class OptimizerConfig:
     adam_beta2: float = 0.95
     adam_eps: float = 1e-8
     clip_grad: float = 1.0
-    lr_warmup_iters: int = 10
+    lr_warmup_iters: Optional[int] = None
+    """None: a tenth of train.train_iters, filled in when the config is prepared (resolved.yaml
+    shows the number); megatron-core's scheduler needs it below train_iters."""
     lr_decay_style: str = "cosine"
     overlap_param_gather_with_optimizer_step: bool = False
     optimizer_in_graph: bool = False

@@ -139,6 +139,40 @@ def global_batch(cfg):
     return None
 
 
+LR_DECAY_STYLES = ("constant", "linear", "cosine")
+"""The decay styles both engines implement (megatron-core's WSD needs decay keys this schema lacks)."""
+
+
+@rule("lr_schedule")
+def lr_schedule(cfg):
+    """What megatron-core's OptimizerParamScheduler asserts, without a message, when the engine builds it."""
+    opt, train_iters = cfg.optimizer, cfg.train.train_iters
+    if opt.lr_decay_style not in LR_DECAY_STYLES:
+        return violation(
+            "lr_schedule", ["optimizer.lr_decay_style"],
+            f"optimizer.lr_decay_style={opt.lr_decay_style!r} is not one of {', '.join(LR_DECAY_STYLES)}; "
+            "set optimizer.lr_decay_style=cosine",
+        )
+    if opt.lr < 0:
+        return violation("lr_schedule", ["optimizer.lr"],
+                         f"optimizer.lr={opt.lr} must be at least 0; set optimizer.lr=3e-4")
+    if not 0 <= opt.min_lr <= opt.lr:
+        return violation(
+            "lr_schedule", ["optimizer.min_lr", "optimizer.lr"],
+            f"the learning rate decays from optimizer.lr={opt.lr} to optimizer.min_lr={opt.min_lr}, which must be "
+            f"between 0 and lr; set optimizer.min_lr={opt.lr / 10:g}",
+        )
+    warmup = opt.lr_warmup_iters
+    if warmup is not None and train_iters >= 1 and not 0 <= warmup < train_iters:
+        return violation(
+            "lr_schedule", ["optimizer.lr_warmup_iters", "train.train_iters"],
+            f"optimizer.lr_warmup_iters={warmup} must be at least 0 and below train.train_iters={train_iters}, "
+            f"over which the learning rate decays; set optimizer.lr_warmup_iters={train_iters // 10}, "
+            "or raise train.train_iters",
+        )
+    return None
+
+
 @rule("virtual_pipeline")
 def virtual_pipeline(cfg):
     model = cfg.model
