@@ -8,6 +8,7 @@ that cause and fix; CUDA errors are asynchronous, so a replay failure may surfac
 synchronisation instead, and is still recognised by its text.
 """
 
+import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Tuple
@@ -123,7 +124,7 @@ def failure_reason(error: BaseException, step: Optional[int] = None) -> str:
     known = diagnose(error)
     in_graph = isinstance(error, GraphCaptureError)
     if not in_graph and known is None:
-        return f"{type(error).__name__}: {error}"
+        return f"{type(error).__name__}: {error}" if str(error).strip() else raised_at(error)
     if in_graph:
         where = f"CUDA graph {error.phase} of {error.region} failed" + ("" if step is None else f" at step {step}")
     else:  # a CUDA error reported outside any region: asynchronously, or in an eager step
@@ -159,3 +160,14 @@ def causes(error: BaseException) -> List[BaseException]:
 def first_line(error: BaseException) -> str:
     lines = str(error).strip().splitlines()
     return lines[0] if lines else type(error).__name__
+
+
+def raised_at(error: BaseException) -> str:
+    """An exception without a message (a bare ``assert`` inside a library) named by the line that
+    raised it, which is all there is to go on."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return type(error).__name__
+    frame = frames[-1]
+    path = frame.filename.split("site-packages/")[-1]
+    return f"{type(error).__name__} at {path}:{frame.lineno}: {frame.line}"

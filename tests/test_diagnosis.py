@@ -4,6 +4,7 @@ PyTorch formats CUDA errors, the trainer and the training process on a scripted 
 """
 
 import json
+import re
 import threading
 from pathlib import Path
 
@@ -110,6 +111,20 @@ def test_plain_errors_and_non_finite_values_keep_their_message():
     assert failure_reason(RuntimeError("boom"), 2) == "RuntimeError: boom"
     assert failure_reason(NonFiniteError("non-finite loss or grad norm at step 4 (detected at step 9)"), 9) == (
         "non-finite loss or grad norm at step 4 (detected at step 9)")
+
+
+def test_an_error_without_a_message_is_named_by_the_line_that_raised_it():
+    # megatron-core's scheduler asserts this way; "AssertionError: " alone would leave nothing to go on.
+    # (pytest rewrites asserts in test files to carry a message, hence the explicit raise.)
+    def scheduler(warmup, decay):
+        if warmup >= decay:
+            raise AssertionError
+
+    try:
+        scheduler(10, 8)
+    except AssertionError as error:
+        reason = failure_reason(error, None)
+    assert re.fullmatch(r"AssertionError at .*tests/test_diagnosis\.py:\d+: raise AssertionError", reason), reason
 
 
 def test_the_region_wrapper_wraps_once_and_lets_interrupts_through():
