@@ -12,13 +12,15 @@ order to cancel drift:
 A step is timed the way the trainer runs it: the engine's step, a device synchronise, the loss
 read, then the variant's read. The per-step cost is the wall time of all timed steps over their
 number, so a read every 10th step counts; each variant's figure is the median over rounds, and
-its ratio is against "off".
+its ratio is against "off". Wall time on a GPU-bound graph moves by about 5 % between processes,
+more than the check can cost, so each step's GPU time is also taken from CUDA events around it:
+the median of those shows the kernels the check adds to the graph with far less noise.
 """
 
 import argparse
 import statistics
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 import torch
 
@@ -64,49 +66,57 @@ VARIANTS: Dict[str, tuple] = {
 }
 
 
-def seconds_per_step(overrides: List[str], steps: int, read: Reader) -> float:
+def time_steps(overrides: List[str], steps: int, read: Reader) -> Tuple[float, float]:
+    """(wall seconds per step, median GPU seconds per step)."""
     cfg = bridge.load([*WORKLOAD, *overrides])
     engine = TorchEngine(cfg)
     untimed = cfg.model.cuda_graph_warmup_steps + 5  # eager warmup, capture, a few replays
     for step in range(untimed):
         float(engine.train_step(step))
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
     torch.cuda.synchronize()
     start = time.perf_counter()
-    for step in range(untimed, untimed + steps):
+    for step, (began, ended) in zip(range(untimed, untimed + steps), events):
+        began.record()
         loss = engine.train_step(step)
+        ended.record()
         torch.cuda.synchronize()
         float(loss)
         read(engine, step)
     elapsed = time.perf_counter() - start
     assert engine.graph_count() == 1
     engine.close()
-    return elapsed / steps
+    gpu_ms = statistics.median(began.elapsed_time(ended) for began, ended in events)
+    return elapsed / steps, gpu_ms / 1e3
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. model.num_layers=4")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA device")
     train_iters = [f"train.train_iters={args.steps + 100}"]
-    per_step: Dict[str, List[float]] = {name: [] for name in VARIANTS}
+    wall: Dict[str, List[float]] = {name: [] for name in VARIANTS}
+    gpu: Dict[str, List[float]] = {name: [] for name in VARIANTS}
     for round_index in range(args.rounds):
         order = list(VARIANTS) if round_index % 2 == 0 else list(reversed(VARIANTS))
         for name in order:
             override, make_reader = VARIANTS[name]
-            per_step[name].append(seconds_per_step([override, *train_iters, *args.overrides], args.steps,
-                                                   make_reader()))
-    off = statistics.median(per_step["off"])
+            seconds, gpu_seconds = time_steps([override, *train_iters, *args.overrides], args.steps, make_reader())
+            wall[name].append(seconds)
+            gpu[name].append(gpu_seconds)
+    wall_off, gpu_off = statistics.median(wall["off"]), statistics.median(gpu["off"])
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, llama/tiny full_iteration "
           f"{' '.join(args.overrides)}; {args.rounds} rounds x {args.steps} steps")
-    print(f"{'variant':<14}{'ms/step':>10}{'ratio':>9}   per-round ms/step")
-    for name, values in per_step.items():
-        median = statistics.median(values)
-        rounds = " ".join(f"{value * 1e3:.3f}" for value in values)
-        print(f"{name:<14}{median * 1e3:>10.3f}{median / off:>9.4f}   {rounds}")
+    print(f"{'variant':<14}{'wall ms':>9}{'ratio':>8}{'GPU ms':>9}{'ratio':>8}   per-round wall ms/step")
+    for name in VARIANTS:
+        wall_median, gpu_median = statistics.median(wall[name]), statistics.median(gpu[name])
+        rounds = " ".join(f"{value * 1e3:.3f}" for value in wall[name])
+        print(f"{name:<14}{wall_median * 1e3:>9.3f}{wall_median / wall_off:>8.4f}"
+              f"{gpu_median * 1e3:>9.3f}{gpu_median / gpu_off:>8.4f}   {rounds}")
 
 
 if __name__ == "__main__":
