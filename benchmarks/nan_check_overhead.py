@@ -12,9 +12,8 @@ order to cancel drift:
 A step is timed the way the trainer runs it: the engine's step, a device synchronise, the loss
 read, then the variant's read. The per-step cost is the wall time of all timed steps over their
 number, so a read every 10th step counts; each variant's figure is the median over rounds, and
-its ratio is against "off". Wall time on a GPU-bound graph moves by about 5 % between processes,
-more than the check can cost, so each step's GPU time is also taken from CUDA events around it:
-the median of those shows the kernels the check adds to the graph with far less noise.
+its ratio is against "off". Each step's GPU time is also taken from CUDA events around it
+(median over the steps): the device's side alone, without the host's reads.
 """
 
 import argparse
