@@ -5,7 +5,7 @@ A fresh process per job is what makes sweeps correct: megatron-core keeps graph,
 and static-buffer state at class level, so two jobs in one process are unsafe.
 
 A job of ``train.num_nodes`` > 1 runs this on every node (under Slurm: one task per node, see
-conf/hydra/launcher/slurm.yaml); each node starts one torchrun, and the nodes meet at node 0
+conf/hydra/launcher/submitit_slurm.yaml); each node starts one torchrun, and the nodes meet at node 0
 through torchrun's static rendezvous, found from Slurm's variables or MASTER_ADDR/NODE_RANK.
 Every rank gets this process's environment plus ``env_vars``; bridge.run applies ``env_vars``
 once more before its first CUDA call.
@@ -45,7 +45,7 @@ LAUNCH_FAILED = 1
 
 log = logging.getLogger(__name__)
 
-# conf/hydra/launcher/slurm.yaml asks Slurm for the GPUs of one node: num_gpus / num_nodes.
+# conf/hydra/launcher/submitit_slurm.yaml asks Slurm for the GPUs of one node: num_gpus / num_nodes.
 OmegaConf.register_new_resolver("graphbridge.gpus_per_node", lambda gpus, nodes: gpus // nodes)
 
 
@@ -111,7 +111,7 @@ def node_rank(config: GraphBridgeConfig, environ: Mapping[str, str]) -> int:
     if allocated != nodes:  # torchrun would wait for the missing nodes until its rendezvous times out
         raise LaunchError(
             f"train.num_nodes={nodes} but Slurm job {environ.get('SLURM_JOB_ID')} has {allocated} node(s) "
-            "(SLURM_JOB_NUM_NODES): allocate as many nodes as train.num_nodes; hydra/launcher=slurm asks for "
+            "(SLURM_JOB_NUM_NODES): allocate as many nodes as train.num_nodes; hydra/launcher=submitit_slurm asks for "
             "train.num_nodes once per sweep, so use one command per node count")
     return int(environ["SLURM_NODEID"])
 
@@ -139,7 +139,7 @@ def first_host(nodelist: str) -> str:
 def _unplaced(config: GraphBridgeConfig, unknown: str) -> str:
     nodes = config.train.num_nodes
     return (f"train.num_nodes={nodes} but {unknown} is not set: run under Slurm (graphbridge -m "
-            "hydra/launcher=slurm, or srun with one task per node), or set MASTER_ADDR=<node 0's host>, "
+            "hydra/launcher=submitit_slurm, or srun with one task per node), or set MASTER_ADDR=<node 0's host>, "
             f"MASTER_PORT=<port, default {MASTER_PORT}> and NODE_RANK=<0..{nodes - 1}> on every node")
 
 

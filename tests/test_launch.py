@@ -64,7 +64,7 @@ def test_training_command(gpus, nodes, environ, expected):
 
 
 @pytest.mark.parametrize("environ, names", [
-    ({}, ["NODE_RANK or SLURM_NODEID", "MASTER_ADDR=", "MASTER_PORT=", "NODE_RANK=<0..1>", "hydra/launcher=slurm"]),
+    ({}, ["NODE_RANK or SLURM_NODEID", "MASTER_ADDR=", "MASTER_PORT=", "NODE_RANK=<0..1>", "hydra/launcher=submitit_slurm"]),
     ({"NODE_RANK": "1"}, ["node 0's address (MASTER_ADDR or SLURM_JOB_NODELIST)", "MASTER_ADDR="]),
     ({**SLURM_NODE1, "SLURM_JOB_NUM_NODES": "1"}, ["Slurm job 4242 has 1 node(s)", "train.num_nodes"]),
 ], ids=["nothing", "no address", "allocation too small"])
@@ -195,10 +195,10 @@ def launcher_config(args, cwd: Path) -> dict:
 
 
 @pytest.mark.parametrize("preset, target, nodes, gpus_per_node", [
-    ("slurm", "SlurmLauncher", 2, 4), ("local", "LocalLauncher", 1, 1),
+    ("submitit_slurm", "SlurmLauncher", 2, 4), ("submitit_local", "LocalLauncher", 1, 1),
 ])
 def test_launcher_presets_compose_on_the_plugins_schema(tmp_path, preset, target, nodes, gpus_per_node):
-    size = ["train.num_gpus=8", "train.num_nodes=2", "train.global_batch_size=8"] if preset == "slurm" else []
+    size = ["train.num_gpus=8", "train.num_nodes=2", "train.global_batch_size=8"] if preset == "submitit_slurm" else []
     launcher = launcher_config([f"hydra/launcher={preset}", *size], tmp_path)
     assert launcher["_target_"] == f"hydra_plugins.hydra_submitit_launcher.submitit_launcher.{target}"
     assert (launcher["nodes"], launcher["gpus_per_node"], launcher["tasks_per_node"]) == (nodes, gpus_per_node, 1)
@@ -212,9 +212,9 @@ def readme_commands():
 
 
 def kind(args) -> str:
-    if "hydra/launcher=local" in args:
+    if "hydra/launcher=submitit_local" in args:
         return "local sweep"
-    if "hydra/launcher=slurm" in args and "-m" in args:
+    if "hydra/launcher=submitit_slurm" in args and "-m" in args:
         return "slurm submission"
     return "plan" if "mode=plan" in args else "launcher config" if "--cfg" in args else "untested"
 
