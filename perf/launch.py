@@ -13,6 +13,7 @@ once more before its first CUDA call.
 SIGINT and SIGTERM sent to this process while a job trains go on to the training process, which
 stops at a step boundary and writes a partial result.json; one that is still running
 ``GRACE_S`` seconds later is killed. The signal then ends the whole command, a sweep included.
+SIGUSR2, submitit's notice that the Slurm time limit is near, goes on as SIGTERM.
 """
 
 import logging
@@ -179,7 +180,10 @@ class SignalForwarding:
     """While a training process runs, SIGINT and SIGTERM sent here go on to it; if it has not
     exited GRACE_S seconds after the first, it is killed, so a stuck step cannot hang the launcher."""
 
-    HANDLED = (signal.SIGINT, signal.SIGTERM)
+    HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
+    # submitit sends SIGUSR2 signal_delay_s before the time limit; its own handler would fail the
+    # job with training still running. The trainer stops at a step boundary on SIGTERM.
+    PASSED_ON_AS = {signal.SIGUSR2: signal.SIGTERM}
 
     def __init__(self):
         self.received: Optional[int] = None
@@ -225,7 +229,7 @@ class SignalForwarding:
         self.received = self.received or signum
         if self._child is None:
             return
-        self._signal_child(signum)
+        self._signal_child(self.PASSED_ON_AS.get(signum, signum))
         if self._deadline is None:
             self._deadline = threading.Timer(GRACE_S, self._kill)
             self._deadline.daemon = True

@@ -110,6 +110,14 @@ def test_the_launcher_forwards_a_signal_to_the_training_process():
     assert (code, forwarding.received, forwarding.killed) == (143, signal.SIGTERM, False)
 
 
+def test_the_launcher_passes_submitits_time_limit_notice_on_as_sigterm():
+    with launch.SignalForwarding() as forwarding:
+        signal_self_soon(signal.SIGUSR2)
+        code = forwarding.run(sleeper(ignore_sigterm=False), dict(os.environ))
+    # 143: the sleeper died of SIGTERM (SIGUSR2 would have ended it with 140).
+    assert (code, forwarding.received, forwarding.killed) == (143, signal.SIGUSR2, False)
+
+
 def test_the_launcher_kills_a_training_process_that_does_not_stop(monkeypatch):
     monkeypatch.setattr(launch, "GRACE_S", 1.0)
     start = time.monotonic()
