@@ -1,5 +1,7 @@
-"""Capture failures, a freed graph input and a NaN on a real GPU, through the real training
-process: the diagnosis in result.json, every graph released, and a bounded, non-zero exit.
+"""Capture failures (a sync inside the region, an unjoined side stream, a background thread
+synchronising, out of memory), a freed graph input and a NaN on a real GPU, through the real
+training process: the diagnosis in result.json, every graph released, and a bounded, non-zero
+exit.
 
 A failed capture can poison the CUDA context, so each case runs in its own process:
 
@@ -16,6 +18,7 @@ import math
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -86,6 +89,32 @@ def free_an_input_before_replay() -> None:
     TorchEngine._step, FullIterationGraph.replay = step_reading_a_big_tensor, replay_after_freeing_it
 
 
+def synchronise_from_a_background_thread() -> None:
+    step = TorchEngine._step
+
+    def keep_synchronising():  # a logging or checkpoint thread would do this
+        while True:
+            torch.cuda.synchronize()  # fails here once the main thread captures; the thread ends
+
+    def step_with_a_busy_thread(self, batch):
+        if not any(thread.name == "synchroniser" for thread in threading.enumerate()):
+            threading.Thread(target=keep_synchronising, name="synchroniser", daemon=True).start()
+        return step(self, batch)
+
+    TorchEngine._step = step_with_a_busy_thread
+
+
+def run_out_of_memory_while_capturing() -> None:
+    step = TorchEngine._step
+
+    def step_asking_for_a_terabyte(self, batch):
+        if torch.cuda.is_current_stream_capturing():
+            torch.empty(2**40, dtype=torch.uint8, device=self.device)  # more than any GPU has
+        return step(self, batch)
+
+    TorchEngine._step = step_asking_for_a_terabyte
+
+
 def synchronise_inside_the_megatron_loss() -> None:
     loss_function = megatron_engine.masked_mean_loss
 
@@ -98,7 +127,9 @@ def synchronise_inside_the_megatron_loss() -> None:
 
 
 INJECTIONS = {"sync": synchronise_inside_the_step, "unjoined": leave_a_side_stream_unjoined,
-              "freed": free_an_input_before_replay, "megatron_sync": synchronise_inside_the_megatron_loss}
+              "freed": free_an_input_before_replay, "oom": run_out_of_memory_while_capturing,
+              "thread": synchronise_from_a_background_thread,
+              "megatron_sync": synchronise_inside_the_megatron_loss}
 
 
 def main(case: str, job_dir: str) -> int:
@@ -136,6 +167,9 @@ FULL_GRAPH = r"CUDA graph capture of the full-iteration graph \(forward, backwar
 @pytest.mark.parametrize("case, reason", [
     ("sync", FULL_GRAPH + r": cudaErrorStreamCaptureUnsupported\. Likely cause: a synchronising operation"),
     ("unjoined", FULL_GRAPH + r": cudaErrorStreamCaptureUnjoined\. Likely cause: a side stream"),
+    ("thread", FULL_GRAPH + r": cudaErrorStreamCaptureInvalidated\. Likely cause: something else broke the capture "
+               r"first: another thread used CUDA meanwhile"),
+    ("oom", FULL_GRAPH + r": cudaErrorMemoryAllocation \(out of memory\)\. Likely cause: the step needs more device memory"),
     # CUDA reports the illegal access asynchronously, mostly at the step's synchronisation after the replay.
     ("freed", r"(step 3 failed|CUDA graph replay of the full-iteration graph .* at step 3): cudaErrorIllegalAddress\. "
               r"Likely cause: a kernel touched memory it does not own"),
