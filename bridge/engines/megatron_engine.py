@@ -8,11 +8,15 @@ from ``bridge.graphs`` (full_iteration, local, transformer_engine) behind one pr
 
 Same seed, same weights and same data for every graph impl: the model is built before any graph
 machinery runs, from RNG trackers seeded identically, and the data depends only on the seed, so
-loss curves compare across impls. Every step records into a device-side ``FiniteCheck`` whether
-its loss and gradient norm were finite (perf.nan_check_interval > 0); under full-iteration
-graphs both come out of the replay without a host sync. perf.inject_nan_at_step multiplies the
-loss by NaN from that step on, inside the (graphed) loss function, to test it. One engine per process: megatron-core keeps graph, RNG and
-static-buffer state at class level; ``close`` deletes every graph and resets that state.
+loss curves compare across impls.
+
+Every step records into a device-side ``FiniteCheck`` whether its loss and gradient norm were
+finite (perf.nan_check_interval > 0); under full-iteration graphs both come out of the replay
+without a host sync. perf.inject_nan_at_step multiplies the loss by NaN from that step on,
+inside the (graphed) loss function, to test it.
+
+One engine per process: megatron-core keeps graph, RNG and static-buffer state at class level;
+``close`` deletes every graph and resets that state.
 """
 
 import gc
