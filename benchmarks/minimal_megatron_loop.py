@@ -150,10 +150,10 @@ def profile_steps(train_step, first_step: int, path: Path, steps: int = 10) -> N
 
 def engine_loop(overrides, total_steps: int, skipped: int, profile_to=None) -> float:
     """Median step time (ms) of the megatron engine driven by a bare loop (no trainer)."""
+    import torch
+
     import bridge
     from bridge.engines.megatron_engine import MegatronEngine
-
-    import torch
 
     engine = MegatronEngine(bridge.load(overrides))
 
