@@ -12,23 +12,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def graphbridge(*args, cwd, env=None):
-    return subprocess.run(
-        [sys.executable, "-c", "from perf.main import main; main()", *args],
-        cwd=cwd, capture_output=True, text=True, env=env, timeout=120,
-    )
-
-
-def test_plan_prints_what_is_graphed_and_leaves_no_output_dir(tmp_path):
-    result = graphbridge("mode=plan", "cuda_graph=te_attn_mlp", cwd=tmp_path)
+def test_plan_prints_what_is_graphed_and_leaves_no_output_dir(cli, tmp_path):
+    result = cli("mode=plan", "cuda_graph=te_attn_mlp", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "graphbridge plan: VALID" in result.stdout
     assert "cuda_graph_scope = ['attn', 'mlp']" in result.stdout
     assert list(tmp_path.iterdir()) == []
 
 
-def test_plan_json_carries_verdict_config_and_megatron_arguments(tmp_path):
-    result = graphbridge("mode=plan", "plan.format=json", "cuda_graph=full_iteration", cwd=tmp_path)
+def test_plan_json_carries_verdict_config_and_megatron_arguments(cli, tmp_path):
+    result = cli("mode=plan", "plan.format=json", "cuda_graph=full_iteration", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["valid"] is True and plan["violations"] == []
@@ -38,8 +31,8 @@ def test_plan_json_carries_verdict_config_and_megatron_arguments(tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["plan", "train"])
-def test_invalid_config_exits_2_with_every_violation_and_no_traceback(tmp_path, mode):
-    result = graphbridge(
+def test_invalid_config_exits_2_with_every_violation_and_no_traceback(cli, tmp_path, mode):
+    result = cli(
         f"mode={mode}", "plan.format=json", "cuda_graph=full_iteration", "ddp.check_for_nan_in_grad=true",
         "model.cpu_offloading=true", cwd=tmp_path,
     )
@@ -53,12 +46,12 @@ def test_invalid_config_exits_2_with_every_violation_and_no_traceback(tmp_path, 
         assert all(set(v) == {"rule", "keys", "message"} for v in plan["violations"])
 
 
-def test_a_short_run_gets_a_warmup_that_fits_and_an_explicit_one_that_cannot_is_rejected(tmp_path):
-    short = graphbridge("mode=plan", "plan.format=json", "train.train_iters=5", cwd=tmp_path)
+def test_a_short_run_gets_a_warmup_that_fits_and_an_explicit_one_that_cannot_is_rejected(cli, tmp_path):
+    short = cli("mode=plan", "plan.format=json", "train.train_iters=5", cwd=tmp_path)
     assert short.returncode == 0, short.stderr
     assert json.loads(short.stdout)["config"]["optimizer"]["lr_warmup_iters"] == 0
     # megatron-core's scheduler would assert warmup < train_iters, without a message, at engine build.
-    too_long = graphbridge("mode=plan", "train.train_iters=8", "optimizer.lr_warmup_iters=10", cwd=tmp_path)
+    too_long = cli("mode=plan", "train.train_iters=8", "optimizer.lr_warmup_iters=10", cwd=tmp_path)
     assert too_long.returncode == 2
     assert "[lr_schedule]" in too_long.stderr and "set optimizer.lr_warmup_iters=0" in too_long.stderr
     assert "Traceback" not in too_long.stderr
@@ -69,8 +62,8 @@ def test_a_short_run_gets_a_warmup_that_fits_and_an_explicit_one_that_cannot_is_
     [("model.bogus=1", "model.bogus: no key 'bogus' in model"), ("model.num_layers=abc", "full_key: model.num_layers"),
      ("model.cuda_graph_impl=graph", "full_key: model.cuda_graph_impl")],
 )
-def test_bad_keys_and_types_fail_at_composition_with_the_full_path(tmp_path, override, expected):
-    result = graphbridge("mode=plan", override, cwd=tmp_path)
+def test_bad_keys_and_types_fail_at_composition_with_the_full_path(cli, tmp_path, override, expected):
+    result = cli("mode=plan", override, cwd=tmp_path)
     assert result.returncode == 1
     assert expected in result.stderr and "Traceback" not in result.stderr
 
@@ -80,13 +73,13 @@ def test_bad_keys_and_types_fail_at_composition_with_the_full_path(tmp_path, ove
     [(["--help"], "cuda_graph: full_iteration, local_layer, none"), (["--cfg", "job"], "cuda_graph_impl: none"),
      (["--info", "defaults"], "recipe/llama/tiny"), (["--info", "searchpath"], "conf")],
 )
-def test_hydra_introspection_works_from_any_directory(tmp_path, args, expected):
-    result = graphbridge(*args, cwd=tmp_path)
+def test_hydra_introspection_works_from_any_directory(cli, tmp_path, args, expected):
+    result = cli(*args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert expected in result.stdout
 
 
-def test_installed_wheel_ships_the_config_tree(tmp_path):
+def test_installed_wheel_ships_the_config_tree(cli, tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
                     str(tmp_path / "dist"), str(ROOT)], check=True, capture_output=True, timeout=300)
     wheel = next((tmp_path / "dist").glob("graphbridge-*.whl"))
@@ -94,8 +87,8 @@ def test_installed_wheel_ships_the_config_tree(tmp_path):
     assert "bridge/conf/config.yaml" in names and "bridge/conf/recipe/llama/tiny.yaml" in names
     zipfile.ZipFile(wheel).extractall(tmp_path / "site")
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
-    result = graphbridge("--info", "searchpath", cwd=tmp_path, env=env)
+    result = cli("--info", "searchpath", cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
     assert f"file://{tmp_path / 'site' / 'bridge' / 'conf'}" in result.stdout
-    plan = graphbridge("mode=plan", "cuda_graph=te_attn", cwd=tmp_path, env=env)
+    plan = cli("mode=plan", "cuda_graph=te_attn", cwd=tmp_path, env=env)
     assert plan.returncode == 0 and "VALID" in plan.stdout

@@ -14,8 +14,6 @@ import torch
 from bridge import run
 from bridge.diagnosis import (KNOWN_FAILURES, GraphCaptureError, NonFiniteError, diagnose, failure_reason,
                               graph_region)
-from tests.test_trainer_cpu import ScriptedEngine, read_result, write_job
-from tests.test_torch_engine_cpu import small_config
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -143,18 +141,23 @@ def test_every_known_failure_is_complete_and_in_the_readme():
         assert f"`{known.cuda_error}`" in readme, f"README's troubleshooting table lacks {known.cuda_error}"
 
 
-class FailingCapture(ScriptedEngine):
-    """Raises a diagnosed capture failure at its capture step."""
+@pytest.fixture
+def failing_capture(scripted_engine):
+    """An engine that raises a diagnosed capture failure at its capture step."""
 
-    def train_step(self, step):
-        if step == self.capture_step:
-            with graph_region("the full-iteration graph", "capture"):
-                raise cuda_error("capturing stream has unjoined work", "cudaErrorStreamCaptureUnjoined")
-        return super().train_step(step)
+    class FailingCapture(scripted_engine):
+        def train_step(self, step):
+            if step == self.capture_step:
+                with graph_region("the full-iteration graph", "capture"):
+                    raise cuda_error("capturing stream has unjoined work", "cudaErrorStreamCaptureUnjoined")
+            return super().train_step(step)
+
+    return FailingCapture
 
 
-def test_a_failed_capture_writes_the_diagnosis_and_releases_the_graphs(tmp_path, monkeypatch, caplog):
-    engine = FailingCapture([3.0, 2.5, 2.0, 1.5, 1.0], capture_step=2)
+def test_a_failed_capture_writes_the_diagnosis_and_releases_the_graphs(failing_capture, read_result, small_config,
+                                                                       write_job, tmp_path, monkeypatch, caplog):
+    engine = failing_capture([3.0, 2.5, 2.0, 1.5, 1.0], capture_step=2)
     monkeypatch.setattr("bridge.trainer.build_engine", lambda cfg: engine)
     job_dir = write_job(tmp_path, small_config("llama/tiny", "cuda_graph=full_iteration"))
     assert run.main([str(job_dir)]) == run.FAILED
@@ -183,8 +186,9 @@ def test_a_close_that_hangs_cannot_keep_the_process_alive(monkeypatch):
     assert exits == [1]
 
 
-def test_a_failure_at_the_first_step_leaves_a_whole_result_and_no_temporary_files(tmp_path, monkeypatch):
-    monkeypatch.setattr("bridge.trainer.build_engine", lambda cfg: FailingCapture([1.0] * 5, capture_step=0))
+def test_a_failure_at_the_first_step_leaves_a_whole_result_and_no_temporary_files(failing_capture, small_config,
+                                                                                    write_job, tmp_path, monkeypatch):
+    monkeypatch.setattr("bridge.trainer.build_engine", lambda cfg: failing_capture([1.0] * 5, capture_step=0))
     job_dir = write_job(tmp_path, small_config())
     run.main([str(job_dir)])
     assert json.loads((job_dir / "result.json").read_text())["steps_completed"] == 0

@@ -15,7 +15,6 @@ import dataclasses
 import json
 import re
 import shutil
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -34,6 +33,7 @@ from bridge.config.schema import GraphBridgeConfig
 from bridge.config.store import register
 from bridge.planning import build_plan
 from perf.preflight import check
+from tests.config_damage import FORMER_GAPS, replaced
 
 COMPOSITION_ERRORS = (HydraException, OmegaConfBaseException)
 FUZZ = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -59,24 +59,6 @@ def plan_outcome(overrides: Sequence[str], config_root: Optional[Path] = None) -
     return "violations"
 
 
-# --- damage the fuzz once found past preflight ---------------------------------------------
-
-# Each was a traceback until preflight learned to name it: (overrides, file of the config tree
-# to replace, its new text, what the one-line message says). "{file}" is the replaced file's path.
-FORMER_GAPS = {
-    "defaults_empty": ([], "recipe/llama/tiny.yaml", "# @package _global_\ndefaults:\n",
-                       "{file}: line 2: 'defaults' must be a list of config names"),
-    "defaults_item_list": ([], "recipe/llama/tiny.yaml", "defaults:\n  - [1, 2]\n",
-                           "{file}: line 2: '[1, 2]' is not a defaults entry"),
-    "header_cut": ([], "arch/llama3.yaml", "# @", "{file}: line 1: malformed header '# @'"),
-    "config_emptied": ([], "config.yaml", "", "{file}: the primary config no longer loads the schema"),
-    "group_null": (["gpu=null"], None, None, "gpu=null: a config group cannot be set to null; to use no gpu "
-                                               "option write ~gpu"),
-    "duplicate_key": ([], "arch/llama3.yaml", "model:\n  rotary_base: 1.0\nmodel:\n  vocab_size: 5\n",
-                      "{file}: line 3, column 1: duplicate key 'model', first at line 1"),
-}
-
-
 @pytest.mark.parametrize("case", sorted(FORMER_GAPS))
 def test_former_gap_is_one_line_from_preflight(config_tree, case):
     overrides, relative_path, text, expected = FORMER_GAPS[case]
@@ -92,21 +74,6 @@ def test_composition_without_the_schema_is_a_composition_error(config_tree):
     with replaced(config_tree.root, "config.yaml", ""):
         with pytest.raises(HydraException, match="must name base_config first"):
             prepare(compose_config([], config_root=config_tree.root))
-
-
-@contextmanager
-def replaced(root: Path, relative_path: Optional[str], text: Optional[str]):
-    """The config tree with one file's text replaced, restored afterwards."""
-    if relative_path is None:
-        yield
-        return
-    path = root / relative_path
-    original = path.read_text()
-    path.write_text(text)
-    try:
-        yield
-    finally:
-        path.write_text(original)
 
 
 # --- random override sets ------------------------------------------------------------------

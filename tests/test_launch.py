@@ -101,7 +101,7 @@ def no_rendezvous(monkeypatch):
     return monkeypatch
 
 
-def test_run_job_without_a_rendezvous_fails_before_starting_anything(tmp_path, no_rendezvous):
+def test_run_job_without_a_rendezvous_fails_before_starting_anything(read_result, tmp_path, no_rendezvous):
     job = {"choices": {}, "overrides": ["train.num_nodes=2"]}
     assert launch.run_job(config(16, 2), tmp_path, job) == launch.LAUNCH_FAILED
     result = read_result(tmp_path)
@@ -183,21 +183,23 @@ def test_two_nodes_meet_at_master_addr_and_log_per_node(tmp_path, no_rendezvous)
 
 
 # The launcher presets and the README's commands, through the real `graphbridge`.
-def graphbridge(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-c", "from perf.main import main; main()", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
+@pytest.fixture
+def launcher_config(cli):
+    """``launcher_config(args, cwd)``: the composed hydra.launcher node, resolved."""
 
+    def show(args, cwd: Path) -> dict:
+        result = cli(*args, "--cfg", "all", "-p", "hydra.launcher", "--resolve", cwd=cwd)
+        assert result.returncode == 0, result.stderr
+        return yaml.safe_load(result.stdout)
 
-def launcher_config(args, cwd: Path) -> dict:
-    result = graphbridge(*args, "--cfg", "all", "-p", "hydra.launcher", "--resolve", cwd=cwd)
-    assert result.returncode == 0, result.stderr
-    return yaml.safe_load(result.stdout)
+    return show
 
 
 @pytest.mark.parametrize("preset, target, nodes, gpus_per_node", [
     ("submitit_slurm", "SlurmLauncher", 2, 4), ("submitit_local", "LocalLauncher", 1, 1),
 ])
-def test_launcher_presets_compose_on_the_plugins_schema(tmp_path, preset, target, nodes, gpus_per_node):
+def test_launcher_presets_compose_on_the_plugins_schema(launcher_config, tmp_path, preset, target, nodes,
+                                                       gpus_per_node):
     size = ["train.num_gpus=8", "train.num_nodes=2", "train.global_batch_size=8"] if preset == "submitit_slurm" else []
     launcher = launcher_config([f"hydra/launcher={preset}", *size], tmp_path)
     assert launcher["_target_"] == f"hydra_plugins.hydra_submitit_launcher.submitit_launcher.{target}"
@@ -229,13 +231,14 @@ def submissions():
 
 
 @pytest.mark.parametrize("args", submissions(), ids=lambda args: " ".join(args[-3:]))
-def test_readme_slurm_submission_plans_valid_jobs_and_asks_slurm_for_their_nodes(tmp_path, args):
+def test_readme_slurm_submission_plans_valid_jobs_and_asks_slurm_for_their_nodes(cli, launcher_config, tmp_path,
+                                                                                  args):
     """What would be submitted: every job of the sweep plans valid, and the launcher asks for
     train.num_nodes nodes of 8 GPUs with the command's own launcher keys."""
     overrides = [arg for arg in args if arg != "-m"]
     parsed = OverridesParser.create().parse_overrides(overrides)
     jobs = math.prod(len(list(o.sweep_string_iterator())) for o in parsed if o.is_sweep_override())
-    plans = graphbridge("-m", "mode=plan", *[arg for arg in overrides if not arg.startswith("hydra")], cwd=tmp_path)
+    plans = cli("-m", "mode=plan", *[arg for arg in overrides if not arg.startswith("hydra")], cwd=tmp_path)
     assert plans.returncode == 0, plans.stderr
     assert plans.stdout.count("graphbridge plan: VALID") == jobs
     one_job = [f"{o.key_or_group}={next(o.sweep_string_iterator())}" if o.is_sweep_override() else o.input_line
@@ -248,21 +251,21 @@ def test_readme_slurm_submission_plans_valid_jobs_and_asks_slurm_for_their_nodes
             assert launcher[o.key_or_group.split(".")[-1]] == o.value()
 
 
-def test_readme_plan_and_launcher_config_commands_work(tmp_path):
+def test_readme_plan_and_launcher_config_commands_work(cli, tmp_path):
     [plan] = [args for args in readme_commands() if kind(args) == "plan"]
-    result = graphbridge(*plan, cwd=tmp_path)
+    result = cli(*plan, cwd=tmp_path)
     assert result.returncode == 0 and "graphbridge plan: VALID" in result.stdout, result.stderr
     [show] = [args for args in readme_commands() if kind(args) == "launcher config"]
-    result = graphbridge(*show, cwd=tmp_path)
+    result = cli(*show, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     launcher = yaml.safe_load(result.stdout)
     assert (launcher["nodes"], launcher["gpus_per_node"], launcher["tasks_per_node"]) == (8, 8, 1)
 
 
 @pytest.mark.slow
-def test_readme_local_sweep_runs_each_job_through_submitit_and_ends_with_a_summary(tmp_path):
+def test_readme_local_sweep_runs_each_job_through_submitit_and_ends_with_a_summary(cli, tmp_path):
     [args] = [args for args in readme_commands() if kind(args) == "local sweep"]
-    result = graphbridge(*args, cwd=tmp_path)
+    result = cli(*args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     [sweep_dir] = tmp_path.glob("multirun/*/*")
     assert len(list((sweep_dir / ".submitit").glob("*/*_0_log.out"))) == 2  # each job ran as a submitit task

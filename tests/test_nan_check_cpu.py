@@ -15,8 +15,6 @@ from bridge.diagnosis import NonFiniteError
 from bridge.engines.torch_engine import TorchEngine
 from bridge.graphs.finite_check import FiniteCheck
 from bridge.trainer import Trainer
-from tests.test_trainer_cpu import ScriptedEngine, read_result, write_job
-from tests.test_torch_engine_cpu import small_config
 
 NAN, INF = math.nan, math.inf
 
@@ -41,15 +39,21 @@ def test_finite_check_counts_the_steps_before_the_first_bad_one(values, expected
     assert finite_steps_after(values) == expected
 
 
-def full_iteration_trainer(tmp_path, *overrides):
-    # On the CPU full_iteration runs eagerly, but the config is the real one: both loss and grad
-    # NaN checks off, so only the interval check can catch the NaN.
-    cfg = small_config("llama/tiny", "cuda_graph=full_iteration", "train.train_iters=12", *overrides)
-    assert cfg.rerun_state_machine.check_for_nan_in_loss is False
-    return Trainer(cfg, write_job(tmp_path, cfg))
+@pytest.fixture
+def full_iteration_trainer(small_config, write_job):
+    """``full_iteration_trainer(job_dir, *overrides)``. On the CPU full_iteration runs eagerly, but
+    the config is the real one: both loss and grad NaN checks off, so only the interval check can
+    catch the NaN."""
+
+    def make(tmp_path, *overrides):
+        cfg = small_config("llama/tiny", "cuda_graph=full_iteration", "train.train_iters=12", *overrides)
+        assert cfg.rerun_state_machine.check_for_nan_in_loss is False
+        return Trainer(cfg, write_job(tmp_path, cfg))
+
+    return make
 
 
-def test_an_injected_nan_is_caught_at_the_next_check_with_its_step(tmp_path):
+def test_an_injected_nan_is_caught_at_the_next_check_with_its_step(full_iteration_trainer, read_result, tmp_path):
     trainer = full_iteration_trainer(tmp_path, "perf.inject_nan_at_step=5", "perf.nan_check_interval=4")
     with pytest.raises(NonFiniteError):
         trainer.run()
@@ -61,36 +65,37 @@ def test_an_injected_nan_is_caught_at_the_next_check_with_its_step(tmp_path):
     assert all(math.isfinite(loss) for loss in result["loss"][:5]) and math.isnan(result["loss"][5])
 
 
-def test_the_last_step_is_checked_whatever_the_interval(tmp_path):
+def test_the_last_step_is_checked_whatever_the_interval(full_iteration_trainer, tmp_path):
     trainer = full_iteration_trainer(tmp_path, "train.train_iters=7", "perf.inject_nan_at_step=5",
                                      "perf.nan_check_interval=4")
     with pytest.raises(NonFiniteError, match=r"at step 5 \(detected at step 6\)"):
         trainer.run()
 
 
-def test_interval_zero_turns_the_check_off(tmp_path):
+def test_interval_zero_turns_the_check_off(full_iteration_trainer, tmp_path):
     trainer = full_iteration_trainer(tmp_path, "perf.inject_nan_at_step=5", "perf.nan_check_interval=0")
     assert trainer.engine.finite_steps() is None
     result = trainer.run()
     assert result["status"] == "completed" and math.isnan(result["loss"][-1])
 
 
-def test_a_clean_run_counts_every_step_as_finite():
+def test_a_clean_run_counts_every_step_as_finite(small_config):
     engine = TorchEngine(small_config("llama/tiny", "cuda_graph=full_iteration"))
     for step in range(3):
         engine.train_step(step)
     assert int(engine.finite_steps()) == 3
 
 
-def test_eager_runs_keep_the_per_step_loss_check(tmp_path):
+def test_eager_runs_keep_the_per_step_loss_check(small_config, write_job, tmp_path):
     cfg = small_config("llama/tiny", "perf.inject_nan_at_step=2")
     trainer = Trainer(cfg, write_job(tmp_path, cfg))
     with pytest.raises(NonFiniteError, match="loss is nan at step 2"):
         trainer.run()
 
 
-def test_engines_without_the_device_check_fall_back_to_the_losses(tmp_path, monkeypatch):
-    engine = ScriptedEngine([3.0, 2.0, 1.5, NAN, 1.0, 1.0, 1.0])
+def test_engines_without_the_device_check_fall_back_to_the_losses(scripted_engine, small_config, write_job,
+                                                                  tmp_path, monkeypatch):
+    engine = scripted_engine([3.0, 2.0, 1.5, NAN, 1.0, 1.0, 1.0])
     assert not hasattr(engine, "finite_steps")
     monkeypatch.setattr("bridge.trainer.build_engine", lambda cfg: engine)
     cfg = small_config("llama/tiny", "cuda_graph=full_iteration", "train.train_iters=7", "perf.nan_check_interval=5")
@@ -98,7 +103,7 @@ def test_engines_without_the_device_check_fall_back_to_the_losses(tmp_path, monk
         Trainer(cfg, write_job(tmp_path, cfg)).run()
 
 
-def test_the_training_process_reports_a_nan_in_one_line(tmp_path, capsys):
+def test_the_training_process_reports_a_nan_in_one_line(read_result, small_config, write_job, tmp_path, capsys):
     cfg = small_config("llama/tiny", "cuda_graph=full_iteration", "train.train_iters=6", "perf.inject_nan_at_step=1",
                        "perf.nan_check_interval=3")
     assert run.main([str(write_job(tmp_path, cfg))]) == run.FAILED

@@ -3,14 +3,16 @@ name or the fix."""
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
 from bridge.config.load import compose_config
 from bridge.config.paths import config_dir
 from perf.preflight import check
-from tests.test_cli import ROOT, graphbridge
-from tests.test_fuzz import FORMER_GAPS, replaced
+from tests.config_damage import FORMER_GAPS, replaced
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize(
@@ -38,11 +40,11 @@ def test_valid_command_lines_pass(argv):
     assert check(argv) is None
 
 
-def test_broken_recipe_yaml_names_file_and_line(tmp_path):
+def test_broken_recipe_yaml_names_file_and_line(cli, tmp_path):
     broken = tmp_path / "recipe" / "llama" / "broken.yaml"
     broken.parent.mkdir(parents=True)
     broken.write_text("# @package _global_\nmodel:\n  num_layers: [1,\n  hidden_size: 3\n")
-    result = graphbridge("--config-dir", str(tmp_path), "recipe=llama/broken", "mode=plan", cwd=tmp_path)
+    result = cli("--config-dir", str(tmp_path), "recipe=llama/broken", "mode=plan", cwd=tmp_path)
     assert result.returncode == 1
     assert f"{broken}: line 3, column 15" in result.stderr
     assert "Traceback" not in result.stderr
@@ -179,11 +181,11 @@ def installed_copy(tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", sorted(FORMER_GAPS))
-def test_former_gaps_are_one_line_on_the_command_line(installed_copy, tmp_path, case):
+def test_former_gaps_are_one_line_on_the_command_line(cli, installed_copy, tmp_path, case):
     overrides, relative_path, text, expected = FORMER_GAPS[case]
     conf = installed_copy / "conf"
     with replaced(conf, relative_path, text):
-        result = graphbridge("mode=plan", *overrides, cwd=tmp_path,
+        result = cli("mode=plan", *overrides, cwd=tmp_path,
                              env={**os.environ, "PYTHONPATH": str(installed_copy)})
     assert result.returncode == 1
     assert result.stderr.startswith("graphbridge: " + expected.format(file=conf / (relative_path or "")))

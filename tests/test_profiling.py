@@ -8,9 +8,6 @@ import pytest
 
 from bridge.profiling import busy_time_us
 from bridge.trainer import Trainer
-from tests.test_cli import graphbridge
-from tests.test_torch_engine_cpu import small_config
-from tests.test_trainer_cpu import read_result, write_job
 
 
 @pytest.mark.parametrize("intervals, expected", [
@@ -23,7 +20,7 @@ def test_gpu_busy_time_is_the_union_of_device_intervals(intervals, expected):
     assert busy_time_us(intervals) == expected
 
 
-def test_profiled_steps_are_traced_and_left_out_of_step_times(tmp_path):
+def test_profiled_steps_are_traced_and_left_out_of_step_times(read_result, small_config, write_job, tmp_path):
     cfg = small_config("llama/tiny", "perf.profile=true", "perf.profile_steps=3", "train.train_iters=10",
                        "perf.warmup_steps=2")
     trainer = Trainer(cfg, write_job(tmp_path, cfg))
@@ -38,7 +35,7 @@ def test_profiled_steps_are_traced_and_left_out_of_step_times(tmp_path):
     assert not list(tmp_path.glob(".*partial"))
 
 
-def test_without_profile_there_is_no_trace(tmp_path):
+def test_without_profile_there_is_no_trace(read_result, small_config, write_job, tmp_path):
     cfg = small_config("llama/tiny", "train.train_iters=4")
     trainer = Trainer(cfg, write_job(tmp_path, cfg))
     trainer.run()
@@ -47,8 +44,8 @@ def test_without_profile_there_is_no_trace(tmp_path):
     assert not (tmp_path / "trace.json").exists()
 
 
-def test_profile_through_the_cli(tmp_path):
-    run = graphbridge("engine=torch", "device=cpu", "train.train_iters=6", "perf.warmup_steps=1",
+def test_profile_through_the_cli(cli, tmp_path):
+    run = cli("engine=torch", "device=cpu", "train.train_iters=6", "perf.warmup_steps=1",
                       "perf.profile=true", "perf.profile_steps=2", "hydra.run.dir=job", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     result = json.loads((tmp_path / "job" / "result.json").read_text())
@@ -56,8 +53,8 @@ def test_profile_through_the_cli(tmp_path):
     assert (tmp_path / "job" / "trace.json").stat().st_size > 0
 
 
-def test_a_profile_window_without_timed_steps_is_rejected_by_the_cli(tmp_path):
-    run = graphbridge("engine=torch", "device=cpu", "train.train_iters=6", "perf.profile=true", cwd=tmp_path)
+def test_a_profile_window_without_timed_steps_is_rejected_by_the_cli(cli, tmp_path):
+    run = cli("engine=torch", "device=cpu", "train.train_iters=6", "perf.profile=true", cwd=tmp_path)
     assert run.returncode == 2
     assert "[profile_window]" in run.stderr and "train.train_iters=" in run.stderr
     assert "Traceback" not in run.stderr

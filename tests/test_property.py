@@ -8,13 +8,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import bridge
+from bridge.config.paths import config_dir
 from bridge.translate import build_megatron_configs
-from tests.test_cuda_graph_group import EXPECTED
 
+CUDA_GRAPH_CHOICES = sorted(path.stem for path in (config_dir() / "cuda_graph").glob("*.yaml"))
 MODULE_NAMES = ["attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba", "", "full", "atn"]
 
 OVERRIDE_POOL = {
-    "cuda_graph": st.sampled_from(sorted(EXPECTED)),
+    "cuda_graph": st.sampled_from(CUDA_GRAPH_CHOICES),
     "model.cuda_graph_impl": st.sampled_from(["none", "local", "transformer_engine", "full_iteration"]),
     "model.cuda_graph_modules": st.lists(st.sampled_from(MODULE_NAMES), max_size=3).map(
         lambda names: "[" + ",".join(f"'{n}'" for n in names) + "]"),

@@ -16,25 +16,22 @@ import pytest
 from bridge import run
 from bridge.trainer import ExitSignals, Trainer
 from perf import launch
-from tests.test_trainer_cpu import ScriptedEngine, read_result, write_job
-from tests.test_torch_engine_cpu import small_config
-
-
-class SignalledEngine(ScriptedEngine):
-    """Sends ``signum`` to its own process in the middle of step ``at``, as a scheduler would."""
-
-    def __init__(self, losses, signum, at):
-        super().__init__(losses)
-        self.signum, self.at = signum, at
-
-    def train_step(self, step):
-        if step == self.at:
-            os.kill(os.getpid(), self.signum)
-        return super().train_step(step)  # the step still finishes: nothing was raised into it
 
 
 @pytest.fixture
-def signalled_job(tmp_path, monkeypatch):
+def signalled_job(scripted_engine, small_config, write_job, tmp_path, monkeypatch):
+    class SignalledEngine(scripted_engine):
+        """Sends ``signum`` to its own process in the middle of step ``at``, as a scheduler would."""
+
+        def __init__(self, losses, signum, at):
+            super().__init__(losses)
+            self.signum, self.at = signum, at
+
+        def train_step(self, step):
+            if step == self.at:
+                os.kill(os.getpid(), self.signum)
+            return super().train_step(step)  # the step still finishes: nothing was raised into it
+
     def make(signum, *overrides):
         engine = SignalledEngine([3.0, 2.5, 2.0, 1.5, 1.0, 0.5], signum, at=2)
         monkeypatch.setattr("bridge.trainer.build_engine", lambda cfg: engine)
@@ -58,7 +55,7 @@ def test_exit_signals_record_the_first_signal_and_restore_the_handlers():
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_a_signal_stops_training_at_the_next_step_boundary(tmp_path, signalled_job, signum, code):
+def test_a_signal_stops_training_at_the_next_step_boundary(read_result, tmp_path, signalled_job, signum, code):
     engine = signalled_job(signum)
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     assert run.main([str(tmp_path)]) == code
@@ -70,7 +67,7 @@ def test_a_signal_stops_training_at_the_next_step_boundary(tmp_path, signalled_j
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
 
 
-def test_without_the_handler_sigint_is_a_keyboard_interrupt(tmp_path, signalled_job):
+def test_without_the_handler_sigint_is_a_keyboard_interrupt(read_result, tmp_path, signalled_job):
     signalled_job(signal.SIGINT, "train.exit_signal_handler=false")
     # Python's own SIGINT handler, as under a terminal: a job started in the background by a
     # non-interactive shell (CI) inherits SIGINT ignored, and Python then installs none.
@@ -84,7 +81,7 @@ def test_without_the_handler_sigint_is_a_keyboard_interrupt(tmp_path, signalled_
         "interrupted", "interrupted (KeyboardInterrupt)", 2)
 
 
-def test_a_signal_before_the_first_step_still_writes_a_result(tmp_path):
+def test_a_signal_before_the_first_step_still_writes_a_result(small_config, write_job, tmp_path):
     cfg = small_config()
     exit_signals = ExitSignals()
     exit_signals.received = signal.SIGTERM  # came while the engine was being built
@@ -142,7 +139,8 @@ def test_a_signal_before_the_training_process_starts_keeps_it_from_starting():
     ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", 139,
      "training process ended by SIGSEGV before writing result.json"),
 ])
-def test_a_training_process_that_dies_still_leaves_a_result(tmp_path, monkeypatch, body, code, reason):
+def test_a_training_process_that_dies_still_leaves_a_result(read_result, small_config, tmp_path, monkeypatch, body,
+                                                             code, reason):
     monkeypatch.setattr(launch, "training_command", lambda config, job_dir, environ: [sys.executable, "-c", body])
     job = {"choices": {}, "overrides": []}
     assert launch.run_job(small_config(), tmp_path, job) == code
@@ -150,7 +148,7 @@ def test_a_training_process_that_dies_still_leaves_a_result(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("sweep", [False, True])
-def test_kill_of_the_graphbridge_process_ends_with_a_partial_result(tmp_path, sweep):
+def test_kill_of_the_graphbridge_process_ends_with_a_partial_result(read_result, tmp_path, sweep):
     """The real command: Hydra process, fresh training process, SIGTERM to the former. In a
     sweep the signal ends the sweep too: the second job never starts."""
     out = tmp_path / "out"

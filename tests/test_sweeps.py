@@ -1,8 +1,6 @@
 """Sweep presets and multiruns through the real `graphbridge` command."""
 
 import csv
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,9 +11,6 @@ from hydra.types import RunMode
 from bridge.config.paths import config_dir
 from bridge.config.store import register
 
-CONSOLE_SCRIPT = Path(sys.executable).with_name("graphbridge")
-# The GPU machine runs the checkout without installing it: there, the same entry point by module.
-GRAPHBRIDGE = [str(CONSOLE_SCRIPT)] if CONSOLE_SCRIPT.exists() else [sys.executable, "-m", "perf.main"]
 SWEEPS = {
     "dense_scopes": ["none", "full_iteration", "local_layer", "te_layer", "te_attn", "te_attn_mlp"],
     "moe_scopes": ["none", "full_iteration", "te_attn_moe_router", "te_moe_router", "local_layer"],
@@ -44,13 +39,9 @@ def test_preset_turns_on_multirun_over_existing_cuda_graph_choices(preset):
     assert all((config_dir() / "cuda_graph" / f"{choice}.yaml").is_file() for choice in choices)
 
 
-def graphbridge(*args, cwd):
-    return subprocess.run([*GRAPHBRIDGE, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
-
-
-def test_plan_sweep_plans_every_choice_and_writes_no_summary(tmp_path):
+def test_plan_sweep_plans_every_choice_and_writes_no_summary(cli, tmp_path):
     sweep_dir = tmp_path / "sweep"
-    result = graphbridge("sweep=dense_scopes", "recipe=llama/tiny", "mode=plan", f"hydra.sweep.dir={sweep_dir}",
+    result = cli("sweep=dense_scopes", "recipe=llama/tiny", "mode=plan", f"hydra.sweep.dir={sweep_dir}",
                          cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("graphbridge plan:") == len(SWEEPS["dense_scopes"])
@@ -64,10 +55,10 @@ def read_summary(sweep_dir: Path):
 
 
 @pytest.mark.slow
-def test_cpu_multirun_ends_with_a_summary_of_every_job(tmp_path):
+def test_cpu_multirun_ends_with_a_summary_of_every_job(cli, tmp_path):
     sweep_dir = tmp_path / "sweep"
     # One warmup step leaves two timed steps of the three: enough for a median, flagged as noisy.
-    result = graphbridge("-m", *TINY, "engine=torch", "cuda_graph=none,full_iteration", "train.train_iters=3",
+    result = cli("-m", *TINY, "engine=torch", "cuda_graph=none,full_iteration", "train.train_iters=3",
                          "perf.warmup_steps=1", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     rows = read_summary(sweep_dir)
@@ -79,7 +70,7 @@ def test_cpu_multirun_ends_with_a_summary_of_every_job(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.slow
-def test_gpu_sweep_measures_a_full_iteration_speedup(tmp_path):
+def test_gpu_sweep_measures_a_full_iteration_speedup(cli, tmp_path):
     """The speedups the benchmark measures (docs/benchmarks.md: full_iteration 9-10x, local
     layer 3x on this shape), checked against the issue's floors, and the GPU-busy fraction:
     a full-iteration graph keeps the GPU far busier than eager launches do."""
@@ -88,7 +79,7 @@ def test_gpu_sweep_measures_a_full_iteration_speedup(tmp_path):
         pytest.skip("needs CUDA")
     sweep_dir = tmp_path / "sweep"
     # The benchmark's shape: llama/tiny as it is (8 layers, hidden 512, seq 256, micro-batch 2).
-    result = graphbridge("-m", "recipe=llama/tiny", "cuda_graph=none,full_iteration,local_layer",
+    result = cli("-m", "recipe=llama/tiny", "cuda_graph=none,full_iteration,local_layer",
                          "train.train_iters=50", "perf.profile=true", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     rows = {row["cuda_graph"]: row for row in read_summary(sweep_dir)}

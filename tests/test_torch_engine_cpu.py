@@ -9,8 +9,6 @@ import math
 import pytest
 import torch
 
-import bridge
-from bridge.config.paths import recipes_dir
 from bridge.data import MockData
 from bridge.engines import ConfigError, resolve_device, resolve_engine
 from bridge.engines.native_model import Router, build_native_model
@@ -22,19 +20,12 @@ SMALL = ("model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64",
 SMALL_PER_RECIPE = {"deepseek/tiny": ("model.moe_layer_freq=[0,1]",)}
 
 
-def small_config(recipe: str = "llama/tiny", *overrides: str):
-    """A CPU-sized config of ``recipe``; skips when the recipe does not exist yet."""
-    if not (recipes_dir() / f"{recipe}.yaml").exists():
-        pytest.skip(f"recipe {recipe} is not written yet")
-    return bridge.load([f"recipe={recipe}", "engine=torch", *SMALL, *SMALL_PER_RECIPE.get(recipe, ()), *overrides])
-
-
 def train(engine: TorchEngine, steps: int):
     return [float(engine.train_step(step)) for step in range(steps)]
 
 
 @pytest.mark.parametrize("recipe", TINY_RECIPES)
-def test_every_tiny_recipe_trains_eagerly_on_cpu(recipe):
+def test_every_tiny_recipe_trains_eagerly_on_cpu(small_config, recipe):
     engine = TorchEngine(small_config(recipe))
     losses = train(engine, 3)
     assert all(math.isfinite(loss) for loss in losses)
@@ -47,14 +38,14 @@ def test_every_tiny_recipe_trains_eagerly_on_cpu(recipe):
     assert engine.model is None
 
 
-def test_loss_decreases_over_50_steps_on_llama_tiny():
+def test_loss_decreases_over_50_steps_on_llama_tiny(small_config):
     cfg = small_config("llama/tiny", "model.ffn_hidden_size=384", "train.train_iters=50")
     losses = train(TorchEngine(cfg), 50)
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5, losses
 
 
 @pytest.mark.parametrize("cuda_graph", ["full_iteration", "local_layer"])
-def test_same_seed_gives_same_initial_weights_for_every_impl(cuda_graph):
+def test_same_seed_gives_same_initial_weights_for_every_impl(small_config, cuda_graph):
     eager = build_native_model(small_config()).state_dict()
     graphed = build_native_model(small_config("llama/tiny", f"cuda_graph={cuda_graph}")).state_dict()
     assert eager.keys() == graphed.keys()
@@ -63,14 +54,14 @@ def test_same_seed_gives_same_initial_weights_for_every_impl(cuda_graph):
     assert not torch.equal(eager["embedding.weight"], other_seed["embedding.weight"])
 
 
-def test_initialisation_uses_init_method_std_and_zero_biases():
+def test_initialisation_uses_init_method_std_and_zero_biases(small_config):
     model = build_native_model(small_config("gpt_oss/tiny", "model.init_method_std=0.05"))
     assert model.embedding.weight.std().item() == pytest.approx(0.05, rel=0.05)
     biases = [p for name, p in model.named_parameters() if name.endswith("bias")]
     assert biases and all(torch.count_nonzero(bias) == 0 for bias in biases)
 
 
-def test_same_seed_gives_same_data_whatever_the_impl_or_micro_batch():
+def test_same_seed_gives_same_data_whatever_the_impl_or_micro_batch(small_config):
     one_microbatch = MockData(small_config("llama/tiny", "train.global_batch_size=4", "train.micro_batch_size=4"))
     two_microbatches = MockData(small_config("llama/tiny", "cuda_graph=full_iteration",
                                              "train.global_batch_size=4", "train.micro_batch_size=2"))
@@ -82,7 +73,7 @@ def test_same_seed_gives_same_data_whatever_the_impl_or_micro_batch():
     assert not torch.equal(whole[0]["tokens"], one_microbatch.microbatches(4)[0]["tokens"])
 
 
-def test_mock_batches_have_static_shapes_and_shifted_labels():
+def test_mock_batches_have_static_shapes_and_shifted_labels(small_config):
     cfg = small_config("llama/tiny", "train.global_batch_size=4", "train.micro_batch_size=2")
     microbatches = MockData(cfg).microbatches(0)
     assert len(microbatches) == 2
@@ -93,14 +84,14 @@ def test_mock_batches_have_static_shapes_and_shifted_labels():
         assert torch.equal(mb["labels"][:, :-1], mb["tokens"][:, 1:])
 
 
-def test_data_parallel_ranks_split_the_global_batch():
+def test_data_parallel_ranks_split_the_global_batch(small_config):
     cfg = small_config("llama/tiny", "train.global_batch_size=4", "train.micro_batch_size=1")
     whole = torch.cat([mb["tokens"] for mb in MockData(cfg).microbatches(2)])
     ranks = [torch.cat([mb["tokens"] for mb in MockData(cfg, rank, 2).microbatches(2)]) for rank in (0, 1)]
     assert torch.equal(whole, torch.cat(ranks))
 
 
-def test_gradient_accumulation_matches_one_big_microbatch():
+def test_gradient_accumulation_matches_one_big_microbatch(small_config):
     big = TorchEngine(small_config("llama/tiny", "train.global_batch_size=4", "train.micro_batch_size=4"))
     accumulated = TorchEngine(small_config("llama/tiny", "train.global_batch_size=4", "train.micro_batch_size=2"))
     assert train(big, 3) == pytest.approx(train(accumulated, 3), abs=1e-5)
@@ -109,7 +100,7 @@ def test_gradient_accumulation_matches_one_big_microbatch():
 @pytest.mark.parametrize("override, named", [("cuda_graph=full_iteration", "cuda_graph_impl=full_iteration"),
                                              ("cuda_graph=local_layer", "cuda_graph_impl=local"),
                                              ("torch_compile=reduce-overhead", "torch_compile=reduce-overhead")])
-def test_graph_request_on_cpu_is_one_warning_line_and_runs_eagerly(override, named, caplog):
+def test_graph_request_on_cpu_is_one_warning_line_and_runs_eagerly(small_config, override, named, caplog):
     with caplog.at_level(logging.WARNING):
         engine = TorchEngine(small_config("llama/tiny", override))
         train(engine, 2)
@@ -119,13 +110,13 @@ def test_graph_request_on_cpu_is_one_warning_line_and_runs_eagerly(override, nam
     assert engine.effective_impl == "none" and engine.graph_count() == 0
 
 
-def test_eager_request_on_cpu_warns_nothing(caplog):
+def test_eager_request_on_cpu_warns_nothing(small_config, caplog):
     with caplog.at_level(logging.WARNING):
         TorchEngine(small_config())
     assert not caplog.records
 
 
-def test_settings_the_torch_engine_cannot_run_are_all_named():
+def test_settings_the_torch_engine_cannot_run_are_all_named(small_config):
     cfg = small_config("llama/tiny", "train.num_gpus=2", "model.tensor_model_parallel_size=2",
                        "model.activation_func=relu6", "optimizer.lr_decay_style=WSD")
     with pytest.raises(ConfigError) as error:
@@ -136,7 +127,7 @@ def test_settings_the_torch_engine_cannot_run_are_all_named():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only fallbacks")
-def test_device_and_engine_resolution_without_cuda():
+def test_device_and_engine_resolution_without_cuda(small_config):
     assert resolve_device(small_config()).type == "cpu"
     assert resolve_engine(small_config()) == "torch"
     with pytest.raises(ConfigError, match="device=cuda but no CUDA device is visible; use device=auto or device=cpu"):
@@ -145,7 +136,7 @@ def test_device_and_engine_resolution_without_cuda():
         resolve_engine(small_config("llama/tiny", "engine=megatron"))
 
 
-def test_learning_rate_warms_up_then_decays_to_min_lr():
+def test_learning_rate_warms_up_then_decays_to_min_lr(small_config):
     optimizer = small_config("llama/tiny", "optimizer.lr=1e-3", "optimizer.min_lr=1e-4",
                              "optimizer.lr_warmup_iters=10").optimizer
     rates = [learning_rate(optimizer, 100, step) for step in range(100)]
@@ -156,7 +147,7 @@ def test_learning_rate_warms_up_then_decays_to_min_lr():
 
 @pytest.mark.parametrize("router", [(), ("model.moe_router_score_function=sigmoid", "model.moe_router_num_groups=4",
                                          "model.moe_router_group_topk=2")])
-def test_router_gives_topk_weights_per_token(router):
+def test_router_gives_topk_weights_per_token(small_config, router):
     cfg = small_config("qwen/tiny", *router)
     gates = Router(cfg.model)(torch.randn(2, 16, cfg.model.hidden_size))
     assert gates.shape == (32, cfg.model.num_moe_experts)

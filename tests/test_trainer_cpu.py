@@ -13,69 +13,19 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 import bridge.atomic
 from bridge import run
 from bridge.engines.megatron_engine import free_port
 from bridge.result import build_result, percentile, write_result, RunRecord
 from bridge.trainer import Trainer
-from tests.test_torch_engine_cpu import small_config
 
 RESULT_KEYS = {"status", "reason", "config_digest", "job", "engine", "device", "impl", "effective_impl", "modules",
                "train_iters", "steps_completed", "step_time_ms", "capture_step", "capture_time_s", "graph_count",
                "tokens_per_s", "tflops_per_gpu", "memory", "loss", "env", "created"}
-JOB = {"choices": {"recipe": "llama/tiny", "cuda_graph": "none"}, "overrides": ["train.train_iters=5"]}
 
 
-def write_job(job_dir: Path, cfg) -> Path:
-    job_dir.mkdir(parents=True, exist_ok=True)
-    (job_dir / "resolved.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-    (job_dir / "job.json").write_text(json.dumps(JOB))
-    return job_dir
-
-
-def read_result(job_dir: Path) -> dict:
-    return json.loads((job_dir / "result.json").read_text())
-
-
-class ScriptedEngine:
-    """An engine whose losses, capture steps and failures the test decides."""
-
-    name, device, effective_impl = "torch", torch.device("cpu"), "full_iteration"
-
-    def __init__(self, losses, capture_step=None, fail_at=None, error=RuntimeError("boom")):
-        self.losses, self.capture_step, self.fail_at, self.error = losses, capture_step, fail_at, error
-        self.closed = 0
-
-    def train_step(self, step):
-        if step == self.fail_at:
-            raise self.error
-        return torch.tensor(self.losses[step])
-
-    def capture_steps(self):
-        return {self.capture_step} if self.capture_step is not None else set()
-
-    def graph_count(self):
-        return 0 if self.closed else int(self.capture_step is not None)
-
-    def close(self):
-        self.closed += 1
-
-
-@pytest.fixture
-def scripted(monkeypatch):
-    """Trainer over a ScriptedEngine: ``scripted(tmp_path, engine, *overrides)``."""
-
-    def make(job_dir, engine, *overrides):
-        monkeypatch.setattr("bridge.trainer.build_engine", lambda cfg: engine)
-        cfg = small_config("llama/tiny", "perf.warmup_steps=1", *overrides)
-        return Trainer(cfg, write_job(job_dir, cfg))
-
-    return make
-
-
-def test_torch_run_writes_every_result_key(tmp_path):
+def test_torch_run_writes_every_result_key(read_result, small_config, write_job, tmp_path):
     cfg = small_config()
     trainer = Trainer(cfg, write_job(tmp_path, cfg))
     result = trainer.run()
@@ -83,7 +33,7 @@ def test_torch_run_writes_every_result_key(tmp_path):
     assert read_result(tmp_path) == result
     assert set(result) == RESULT_KEYS
     digest = hashlib.sha256((tmp_path / "resolved.yaml").read_text().encode()).hexdigest()[:16]
-    assert result["config_digest"] == digest and result["job"] == JOB
+    assert result["config_digest"] == digest and result["job"] == json.loads((tmp_path / "job.json").read_text())
     assert (result["status"], result["reason"], result["engine"], result["device"]) == ("completed", None, "torch", "cpu")
     assert (result["impl"], result["effective_impl"], result["modules"]) == ("none", "none", [])
     assert result["train_iters"] == result["steps_completed"] == len(result["loss"]) == 5
@@ -98,10 +48,10 @@ def test_torch_run_writes_every_result_key(tmp_path):
     assert all(math.isfinite(loss) for loss in result["loss"])
 
 
-def test_capture_and_warmup_steps_are_left_out_of_step_times(tmp_path, scripted, monkeypatch):
+def test_capture_and_warmup_steps_are_left_out_of_step_times(scripted_engine, tmp_path, scripted, monkeypatch):
     ticks = iter(range(100))
     monkeypatch.setattr("bridge.trainer.time.perf_counter", lambda: next(ticks) ** 2)  # step i lasts 4i+1 s
-    trainer = scripted(tmp_path, ScriptedEngine([3.0, 2.5, 2.0, 1.5, 1.0, 0.5], capture_step=2), "train.train_iters=6")
+    trainer = scripted(tmp_path, scripted_engine([3.0, 2.5, 2.0, 1.5, 1.0, 0.5], capture_step=2), "train.train_iters=6")
     result = trainer.run()
     assert result["capture_step"] == 2 and result["capture_time_s"] == 9
     assert result["graph_count"] == 1
@@ -111,8 +61,8 @@ def test_capture_and_warmup_steps_are_left_out_of_step_times(tmp_path, scripted,
 
 
 @pytest.mark.parametrize("error, status", [(RuntimeError("boom"), "failed"), (KeyboardInterrupt(), "interrupted")])
-def test_a_run_that_stops_early_still_writes_its_result(tmp_path, scripted, error, status):
-    engine = ScriptedEngine([3.0, 2.0, 1.0, 1.0, 1.0], fail_at=2, error=error)
+def test_a_run_that_stops_early_still_writes_its_result(read_result, scripted_engine, tmp_path, scripted, error, status):
+    engine = scripted_engine([3.0, 2.0, 1.0, 1.0, 1.0], fail_at=2, error=error)
     trainer = scripted(tmp_path, engine)
     with pytest.raises(type(error)):
         trainer.run()
@@ -124,14 +74,14 @@ def test_a_run_that_stops_early_still_writes_its_result(tmp_path, scripted, erro
     assert engine.closed == 1
 
 
-def test_non_finite_loss_fails_the_run(tmp_path, scripted):
-    trainer = scripted(tmp_path, ScriptedEngine([3.0, float("nan"), 1.0, 1.0, 1.0]))
+def test_non_finite_loss_fails_the_run(read_result, scripted_engine, tmp_path, scripted):
+    trainer = scripted(tmp_path, scripted_engine([3.0, float("nan"), 1.0, 1.0, 1.0]))
     with pytest.raises(FloatingPointError):
         trainer.run()
     assert "loss is nan at step 1" in read_result(tmp_path)["reason"]
 
 
-def test_result_write_is_atomic(tmp_path, monkeypatch):
+def test_result_write_is_atomic(read_result, tmp_path, monkeypatch):
     write_result(tmp_path, {"status": "completed"})
 
     def disk_full(fd):
@@ -155,7 +105,7 @@ def test_result_without_a_config_keeps_every_key(tmp_path):
     assert set(result) == RESULT_KEYS and result["job"] == {} and result["config_digest"] is None
 
 
-def test_run_entry_reports_a_config_it_cannot_run(tmp_path, capsys):
+def test_run_entry_reports_a_config_it_cannot_run(read_result, small_config, write_job, tmp_path, capsys):
     job_dir = write_job(tmp_path, small_config("llama/tiny", "optimizer.optimizer=sgd"))
     assert run.main([str(job_dir)]) == 2
     result = read_result(job_dir)
@@ -163,7 +113,7 @@ def test_run_entry_reports_a_config_it_cannot_run(tmp_path, capsys):
     assert "Traceback" not in capsys.readouterr().err
 
 
-def test_python_m_bridge_run_trains_a_job(tmp_path):
+def test_python_m_bridge_run_trains_a_job(read_result, small_config, write_job, tmp_path):
     job_dir = write_job(tmp_path, small_config("llama/tiny", "cuda_graph=full_iteration"))
     process = subprocess.run([sys.executable, "-m", "bridge.run", str(job_dir)], capture_output=True, text=True,
                              cwd=Path(__file__).resolve().parents[1], timeout=300)

@@ -2,7 +2,6 @@
 
 import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -171,12 +170,8 @@ def test_bad_flags_exit_2_naming_the_flag_and_the_fix(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def workload(*args, cwd):
-    return subprocess.run([WORKLOAD, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
-
-
-def test_dryrun_prints_the_plan_through_the_console_script_and_leaves_no_output(tmp_path):
-    result = workload("--dryrun", "-ms", "5", "--cuda_graph_scope", "full_iteration", "model.num_layers=3",
+def test_dryrun_prints_the_plan_through_the_console_script_and_leaves_no_output(workload_cli, tmp_path):
+    result = workload_cli("--dryrun", "-ms", "5", "--cuda_graph_scope", "full_iteration", "model.num_layers=3",
                       cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "graphbridge plan: VALID" in result.stdout
@@ -188,23 +183,23 @@ def test_dryrun_prints_the_plan_through_the_console_script_and_leaves_no_output(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_dryrun_json_plan_keeps_stdout_machine_readable(tmp_path):
-    result = workload("--dryrun", "-tp", "2", "-ng", "2", "plan.format=json", cwd=tmp_path)
+def test_dryrun_json_plan_keeps_stdout_machine_readable(workload_cli, tmp_path):
+    result = workload_cli("--dryrun", "-tp", "2", "-ng", "2", "plan.format=json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["config"]["model"]["tensor_model_parallel_size"] == 2
     assert plan["config"]["model"]["sequence_parallel"] is True
 
 
-def test_dryrun_of_an_invalid_config_exits_2_with_the_violation(tmp_path):
-    result = workload("--dryrun", "--cuda_graph_impl", "transformer_engine", "engine=torch", cwd=tmp_path)
+def test_dryrun_of_an_invalid_config_exits_2_with_the_violation(workload_cli, tmp_path):
+    result = workload_cli("--dryrun", "--cuda_graph_impl", "transformer_engine", "engine=torch", cwd=tmp_path)
     assert result.returncode == 2
     assert "graphbridge plan: INVALID" in result.stdout
     assert "[engine_impl]" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_a_bad_flag_through_the_console_script_is_one_message_not_a_traceback(tmp_path):
-    result = workload("--cuda_graph_scope", "layer", cwd=tmp_path)
+def test_a_bad_flag_through_the_console_script_is_one_message_not_a_traceback(workload_cli, tmp_path):
+    result = workload_cli("--cuda_graph_scope", "layer", cwd=tmp_path)
     assert result.returncode == 2
     assert "Invalid value for cuda_graph_scope: layer." in result.stderr
     assert "Traceback" not in result.stderr
@@ -213,9 +208,9 @@ def test_a_bad_flag_through_the_console_script_is_one_message_not_a_traceback(tm
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("bridge.run") is None,
                     reason="needs bridge.run (the training process perf.launch starts), not written yet")
-def test_a_run_trains_through_graphbridge_and_leaves_a_result(tmp_path):
+def test_a_run_trains_through_graphbridge_and_leaves_a_result(workload_cli, tmp_path):
     run_dir = tmp_path / "run"
-    result = workload("-ms", "3", "-sl", "64", "-mb", "1", "-gb", "1", "engine=torch", "model.num_layers=2",
+    result = workload_cli("-ms", "3", "-sl", "64", "-mb", "1", "-gb", "1", "engine=torch", "model.num_layers=2",
                       "model.hidden_size=128", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     record = json.loads((run_dir / "result.json").read_text())

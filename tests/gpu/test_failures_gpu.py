@@ -31,12 +31,12 @@ from bridge import run
 from bridge.engines.torch_engine import TorchEngine
 from bridge.graphs.torch_graphs import FullIterationGraph
 from bridge.trainer import Trainer
+from perf.launch import write_job
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
-from tests.test_trainer_cpu import write_job  # noqa: E402  (after the skip: it imports the CPU suite)
 
 ROOT = Path(__file__).resolve().parents[2]
 CAPTURE_STEP = 3  # model.cuda_graph_warmup_steps
@@ -149,7 +149,8 @@ def main(case: str, job_dir: str) -> int:
 
 
 def run_case(tmp_path, case, *overrides, engine_overrides=FULL_ITERATION):
-    job_dir = write_job(tmp_path, bridge.load([*engine_overrides, *overrides]))
+    job_dir = tmp_path
+    write_job(bridge.load([*engine_overrides, *overrides]), job_dir, {"choices": {}, "overrides": list(overrides)})
     command = ([sys.executable, "-m", "tests.gpu.test_failures_gpu", case, str(job_dir)] if case else
                [sys.executable, "-m", "bridge.run", str(job_dir)])
     start = time.monotonic()

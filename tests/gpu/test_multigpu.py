@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.gpu.test_megatron_engine import (
+from tests.gpu.megatron_cases import (
     DROP_AND_PAD, HAVE_TE, ROOT, STEPS, Case, assert_captured_and_replayed, assert_matches_eager, job_environment,
     job_file, skip_reason,
 )

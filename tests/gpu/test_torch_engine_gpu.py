@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import bridge
+from perf.launch import write_job
 from bridge.config.paths import recipes_dir
 from bridge.trainer import Trainer
 
@@ -20,7 +21,6 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
-from tests.test_trainer_cpu import write_job  # noqa: E402  (after the skip: it imports the CPU suite)
 
 STEPS = 30
 RECIPES = ("llama/tiny", "qwen/tiny")
@@ -72,7 +72,8 @@ def train(tmp_path, recipe: str, *overrides: str) -> Run:
     allocated_before = settled_allocation()
     torch.cuda.CUDAGraph.replay = counting_replay
     try:
-        trainer = Trainer(cfg, write_job(tmp_path, cfg))
+        write_job(cfg, tmp_path, {"choices": {"recipe": recipe}, "overrides": list(overrides)})
+        trainer = Trainer(cfg, tmp_path)
         result = trainer.run()
         trainer.close()
     finally:

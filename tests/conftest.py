@@ -1,0 +1,125 @@
+"""What the test modules share: the real command-line tools in a subprocess, CPU-sized configs,
+job directories as the launcher writes them, and a trainer over a scripted engine.
+
+Tests use these fixtures; no test module imports another one.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY_RECIPES = ("llama/tiny", "qwen/tiny", "deepseek/tiny", "gpt_oss/tiny")
+# Small enough for two CPU cores; deepseek's per-layer MoE pattern must match num_layers.
+SMALL = ("model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64", "train.train_iters=5")
+SMALL_PER_RECIPE = {"deepseek/tiny": ("model.moe_layer_freq=[0,1]",)}
+JOB = {"choices": {"recipe": "llama/tiny", "cuda_graph": "none"}, "overrides": ["train.train_iters=5"]}
+# The console scripts by module, so that a checkout that is not installed (the GPU machine) runs them too.
+ENTRY_POINTS = {
+    "graphbridge": "from perf.main import main; main()",
+    "graphbridge-workload": "from perf.workload import main; main()",
+    "graphbridge-report": "from perf.report import main; main()",
+}
+
+
+def run_tool(tool: str, *args: str, cwd: Path, env: Optional[dict] = None, timeout: float = 300,
+             input: Optional[str] = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", ENTRY_POINTS[tool], *args], cwd=cwd, capture_output=True,
+                          text=True, env=env, timeout=timeout, input=input)
+
+
+@pytest.fixture
+def cli() -> Callable[..., subprocess.CompletedProcess]:
+    """``cli(*args, cwd=..., env=None, timeout=300)``: the `graphbridge` command as a user types it."""
+    return lambda *args, **kwargs: run_tool("graphbridge", *args, **kwargs)
+
+
+@pytest.fixture
+def workload_cli() -> Callable[..., subprocess.CompletedProcess]:
+    """``workload_cli(*args, cwd=...)``: the Bridge-style `graphbridge-workload` command."""
+    return lambda *args, **kwargs: run_tool("graphbridge-workload", *args, **kwargs)
+
+
+@pytest.fixture
+def report_cli() -> Callable[..., subprocess.CompletedProcess]:
+    """``report_cli(sweep_dir, cwd=...)``: the `graphbridge-report` command."""
+    return lambda *args, **kwargs: run_tool("graphbridge-report", *args, **kwargs)
+
+
+def load_small_config(recipe: str = "llama/tiny", *overrides: str):
+    import bridge
+
+    return bridge.load([f"recipe={recipe}", "engine=torch", *SMALL, *SMALL_PER_RECIPE.get(recipe, ()), *overrides])
+
+
+@pytest.fixture
+def small_config() -> Callable:
+    """``small_config(recipe="llama/tiny", *overrides)``: a CPU-sized, prepared config of a recipe."""
+    return load_small_config
+
+
+def write_job_files(job_dir: Path, cfg) -> Path:
+    from perf.launch import write_job
+
+    write_job(cfg, Path(job_dir), JOB)
+    return Path(job_dir)
+
+
+@pytest.fixture
+def write_job() -> Callable[[Path, object], Path]:
+    """``write_job(job_dir, cfg)``: resolved.yaml and job.json as the launcher leaves them."""
+    return write_job_files
+
+
+@pytest.fixture
+def read_result() -> Callable[[Path], dict]:
+    """``read_result(job_dir)``: the job's result.json."""
+    return lambda job_dir: json.loads((Path(job_dir) / "result.json").read_text())
+
+
+class ScriptedEngine:
+    """An engine whose losses, capture steps and failures the test decides."""
+
+    name, device, effective_impl = "torch", torch.device("cpu"), "full_iteration"
+
+    def __init__(self, losses, capture_step=None, fail_at=None, error=RuntimeError("boom")):
+        self.losses, self.capture_step, self.fail_at, self.error = losses, capture_step, fail_at, error
+        self.closed = 0
+
+    def train_step(self, step):
+        if step == self.fail_at:
+            raise self.error
+        return torch.tensor(self.losses[step])
+
+    def capture_steps(self):
+        return {self.capture_step} if self.capture_step is not None else set()
+
+    def graph_count(self):
+        return 0 if self.closed else int(self.capture_step is not None)
+
+    def close(self):
+        self.closed += 1
+
+
+@pytest.fixture
+def scripted_engine():
+    """The ScriptedEngine class: ``scripted_engine(losses, capture_step=None, fail_at=None, error=...)``."""
+    return ScriptedEngine
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """A Trainer over a given engine: ``scripted(job_dir, engine, *overrides)``."""
+    from bridge.trainer import Trainer
+
+    def make(job_dir, engine, *overrides):
+        monkeypatch.setattr("bridge.trainer.build_engine", lambda cfg: engine)
+        cfg = load_small_config("llama/tiny", "perf.warmup_steps=1", *overrides)
+        return Trainer(cfg, write_job_files(job_dir, cfg))
+
+    return make
