@@ -1,0 +1,90 @@
+"""The one vocabulary of CUDA-graph implementations: for each ``model.cuda_graph_impl``, what is
+captured, when, and by which mechanism in each engine.
+
+The planner describes a job with it, the translation picks megatron-core's spelling from it, the
+engines pick their graph lifecycle from it, the rules and the report ask it whether a job is
+graphed: every layer asks this table instead of branching on the impl itself.
+"""
+
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence, Union
+
+from bridge.config.schema import CudaGraphImpl
+
+
+WARMUP = -1
+"""A capture offset: the step after model.cuda_graph_warmup_steps eager steps."""
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """How one engine captures and replays an impl's graphs."""
+
+    what: str
+    capture_offset: Optional[int]
+    """The capturing step counted from the first step: WARMUP, or 0 for a mechanism that captures
+    during the first step itself; None when nothing is captured."""
+
+
+@dataclass(frozen=True)
+class GraphImpl:
+    impl: CudaGraphImpl
+    captures: str
+    """What one graph holds, in words (the plan's and the report's)."""
+    unit: Optional[str]
+    """"iteration", "layer" or None (eager)."""
+    host_syncs_allowed: bool
+    """Whether code that reads device values on the host (loss/grad NaN checks, the device sync
+    after pipeline send/recv) may run inside the step: not when the whole step is one graph."""
+    mechanisms: Dict[str, Mechanism]
+    """Engine name -> its mechanism; an engine not listed cannot run this impl."""
+
+    @property
+    def graphed(self) -> bool:
+        return self.unit is not None
+
+    def capture_step(self, warmup_steps: int, engine: str = "megatron") -> Optional[int]:
+        """Index (from the first step) of the step that captures; None when nothing is captured."""
+        mechanism = self.mechanisms.get(engine)
+        if mechanism is None or mechanism.capture_offset is None:
+            return None
+        return warmup_steps if mechanism.capture_offset == WARMUP else mechanism.capture_offset
+
+    def describe(self, modules: Sequence[str], warmup_steps: int, engine: str = "megatron") -> str:
+        """One line: what is graphed, when, by what."""
+        if not self.graphed:
+            return "nothing (eager)"
+        what = self.captures
+        if self.unit == "layer" and modules:
+            what = f"{', '.join(modules)} of each layer"
+        if engine not in self.mechanisms:
+            return f"{what}; the {engine} engine has no mechanism for it"
+        step = self.capture_step(warmup_steps, engine)
+        when = "during the first step" if step == 0 else f"at step {step}, after {step} eager steps"
+        return f"{what}; captured {when} by {self.mechanisms[engine].what}"
+
+
+EAGER = Mechanism("eager", None)
+GRAPH_IMPLS: Dict[CudaGraphImpl, GraphImpl] = {
+    graph.impl: graph for graph in (
+        GraphImpl(CudaGraphImpl.none, "nothing", None, True, {"megatron": EAGER, "torch": EAGER}),
+        GraphImpl(CudaGraphImpl.full_iteration, "forward and backward of the whole iteration", "iteration", False, {
+            "megatron": Mechanism("megatron-core FullCudaGraphWrapper", WARMUP),
+            "torch": Mechanism("one torch.cuda.graph of forward, backward and the optimizer step", WARMUP)}),
+        GraphImpl(CudaGraphImpl.local, "each whole layer", "layer", True, {
+            "megatron": Mechanism("megatron-core CudaGraphManager, one per layer", 0),
+            "torch": Mechanism("torch.cuda.make_graphed_callables per layer or named module", WARMUP)}),
+        GraphImpl(CudaGraphImpl.transformer_engine, "each whole layer", "layer", True, {
+            "megatron": Mechanism("Transformer Engine make_graphed_callables (megatron-core TECudaGraphHelper)",
+                                  WARMUP)}),
+    )
+}
+
+
+def graph_impl(impl: Union[str, CudaGraphImpl]) -> GraphImpl:
+    """The vocabulary entry of an impl (its name or the enum member)."""
+    return GRAPH_IMPLS[CudaGraphImpl(impl)]
+
+
+def is_graphed(impl: Union[str, CudaGraphImpl]) -> bool:
+    return graph_impl(impl).graphed

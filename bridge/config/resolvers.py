@@ -1,0 +1,60 @@
+"""The OmegaConf resolvers behind the schema's derived defaults.
+
+A field that graphbridge derives from others (the TE RNG tracker from the graph impl, the NaN
+checks, the warmup length, the weak-scaled global batch) has an interpolation as its default,
+``${graphbridge.<name>:...}``. So ``graphbridge --cfg job`` shows where a value comes from,
+``--resolve`` shows the value, and a value the user sets anywhere (command line, recipe, preset,
+Python) replaces the interpolation: it is never flipped by a derivation.
+"""
+
+from omegaconf import OmegaConf
+
+from bridge.config.graphs import graph_impl
+
+
+def graphed(impl) -> bool:
+    """Any graph impl needs the TE RNG tracker (Megatron-Bridge asserts it for every impl)."""
+    return graph_impl(impl).graphed
+
+
+def host_checks(impl) -> bool:
+    """Host-side checks (NaN checks, the device sync after pipeline sends) stay on unless the
+    whole step is one graph, which cannot contain a host read."""
+    return graph_impl(impl).host_syncs_allowed
+
+
+def lr_warmup(train_iters: int) -> int:
+    """A tenth of the run, so that a short run stays below the decay length megatron-core's
+    scheduler asserts on without a second override."""
+    return max(0, int(train_iters) // 10)
+
+
+def global_batch(*, _root_) -> int:
+    """Bridge's weak scaling of a preset's global batch to another GPU count (the global batch per
+    GPU stays), or one micro-batch per data-parallel rank when no preset names a global batch."""
+    train, workload, model = _root_.train, _root_.workload, _root_.model
+    if workload.preset_global_batch_size is not None:
+        preset_gpus = workload.preset_num_gpus or train.num_gpus
+        return workload.preset_global_batch_size * train.num_gpus // max(1, preset_gpus)
+    model_parallel = model.tensor_model_parallel_size * model.pipeline_model_parallel_size * model.context_parallel_size
+    return train.micro_batch_size * max(1, train.num_gpus // max(1, model_parallel))
+
+
+def gpus_per_node(gpus: int, nodes: int) -> int:
+    """conf/hydra/launcher/submitit_slurm.yaml asks Slurm for the GPUs of one node."""
+    return gpus // max(1, nodes)
+
+
+RESOLVERS = {
+    "graphbridge.graphed": graphed,
+    "graphbridge.host_checks": host_checks,
+    "graphbridge.lr_warmup": lr_warmup,
+    "graphbridge.global_batch": global_batch,
+    "graphbridge.gpus_per_node": gpus_per_node,
+}
+
+
+def register_resolvers() -> None:
+    for name, resolver in RESOLVERS.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, resolver)

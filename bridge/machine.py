@@ -1,0 +1,113 @@
+"""What this machine offers a job: its CUDA GPUs and the installed versions of the packages an
+engine needs, found without importing torch or megatron-core (the planning process stays light).
+
+GPUs come from the CUDA driver API through ctypes (it honours CUDA_VISIBLE_DEVICES, as torch
+does); versions from the installed distributions' metadata. The environment rules of the
+catalogue judge a job against these facts, in ``mode=plan`` and again before a run starts.
+"""
+
+import ctypes
+import importlib.metadata
+import importlib.util
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Dict, Optional, Tuple
+
+# The packages whose versions the rules read: name -> (distribution, module it provides). For
+# Transformer Engine that is its PyTorch extension: without it TE does not import in torch.
+PACKAGES = {
+    "torch": ("torch", "torch"),
+    "megatron-core": ("megatron-core", "megatron.core"),
+    "transformer-engine": ("transformer-engine-torch", "transformer_engine_torch"),
+}
+# CUdevice_attribute values of the compute capability.
+COMPUTE_CAPABILITY_MAJOR, COMPUTE_CAPABILITY_MINOR = 75, 76
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    capability: Tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Machine:
+    gpus: Tuple[GPU, ...] = ()
+    packages: Dict[str, Optional[str]] = field(default_factory=dict)
+    """Package name (see PACKAGES) -> installed version, or None when it is not installed."""
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus)
+
+    def version(self, package: str) -> Optional[str]:
+        return self.packages.get(package)
+
+    def has(self, package: str) -> bool:
+        return self.packages.get(package) is not None
+
+    def describe(self) -> str:
+        gpus = f"{self.gpu_count} x {self.gpus[0].name}" if self.gpus else "no CUDA GPU"
+        installed = ", ".join(f"{name} {version}" for name, version in self.packages.items() if version)
+        return f"{gpus}; {installed or 'none of torch, megatron-core, transformer-engine'}"
+
+
+@lru_cache(maxsize=1)
+def probe() -> Machine:
+    """This machine's facts, looked up once per process."""
+    return Machine(gpus=cuda_gpus(), packages={name: installed_version(name) for name in PACKAGES})
+
+
+def installed_version(package: str) -> Optional[str]:
+    distribution, module = PACKAGES[package]
+    try:
+        return release(importlib.metadata.version(distribution))
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    # Importable without distribution metadata (a source checkout on PYTHONPATH): version unknown.
+    try:
+        return "unknown" if importlib.util.find_spec(module) is not None else None
+    except (ImportError, ValueError):  # find_spec of a submodule whose parent package is missing
+        return None
+
+
+def release(version: str) -> str:
+    """``2.10.0+cu130`` -> ``2.10.0``; what version rules compare."""
+    return version.split("+")[0]
+
+
+def cuda_gpus() -> Tuple[GPU, ...]:
+    driver = _load_driver()
+    if driver is None or driver.cuInit(0) != 0:
+        return ()
+    count = ctypes.c_int()
+    if driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return ()
+    return tuple(_gpu(driver, index) for index in range(count.value))
+
+
+def _load_driver():
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
+def _gpu(driver, index: int) -> GPU:
+    device, name = ctypes.c_int(), ctypes.create_string_buffer(256)
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    driver.cuDeviceGet(ctypes.byref(device), index)
+    driver.cuDeviceGetName(name, len(name), device)
+    driver.cuDeviceGetAttribute(ctypes.byref(major), COMPUTE_CAPABILITY_MAJOR, device)
+    driver.cuDeviceGetAttribute(ctypes.byref(minor), COMPUTE_CAPABILITY_MINOR, device)
+    return GPU(name.value.decode(errors="replace"), (major.value, minor.value))
+
+
+def version_tuple(version: Optional[str]) -> Tuple[int, ...]:
+    """``0.19.2`` -> (0, 19, 2); unknown or missing versions compare as ()."""
+    if not version or version == "unknown":
+        return ()
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
