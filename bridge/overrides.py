@@ -1,17 +1,17 @@
-"""The CUDA-graph override helper (Bridge's ``_set_cuda_graph_overrides``, made total).
+"""The CUDA-graph override helper: Megatron-Bridge's ``_set_cuda_graph_overrides`` for Python users.
 
-It runs after every composition (Hydra CLI, compose API, ``bridge.load``, the workload
-flags) and is importable for Python users:
+    cfg = bridge.compose(["recipe=llama/tiny"])
+    set_cuda_graph_overrides(cfg, impl="local", modules="full_iteration")   # Bridge's spelling
+    bridge.plan(cfg)
 
-    from bridge.overrides import set_cuda_graph_overrides
-    set_cuda_graph_overrides(cfg, impl="transformer_engine", modules=["attn"])
-
-Effects, on the *effective* impl after the arguments are applied:
-- any graph impl turns on ``rng.te_rng_tracker`` and ``model.use_te_rng_tracker``;
-- impl none turns both off and parks ``model.cuda_graph_modules`` (kept, not passed on);
-- full_iteration turns the loss and grad NaN checks off unless the user set them (a NaN
-  check left on explicitly is then rejected by validation, never silently changed), and for
-  the same reason the device sync after pipeline sends and receives (model.batch_p2p_sync).
+It sets what it is given, in Bridge's spellings: ``modules`` as a list or a comma string,
+"full" for the whole layer, "full_iteration" (alone) for the whole iteration. Everything coupled
+to the impl is derived, not set: the TE RNG tracker, both NaN checks and the pipeline device sync
+are interpolations in the schema (bridge.config.resolvers), so on a composed config
+(``bridge.compose``) or a fresh ``GraphBridgeConfig()`` they follow the new impl, while a value
+the user set stays as set; a conflict is then a rule violation that names the fix. A finished
+config (``bridge.load``) holds its derived values as plain values, so build a new one from
+overrides instead.
 """
 
 from typing import List, Optional, Sequence, Union
@@ -22,10 +22,10 @@ from bridge.config.schema import CudaGraphImpl
 def set_cuda_graph_overrides(
     cfg, impl: Optional[Union[str, CudaGraphImpl]] = None, modules: Optional[Union[str, Sequence[str]]] = None
 ):
-    """Apply an impl and/or module list to ``cfg`` and derive the coupled settings."""
+    """Set the impl and/or the module list of ``cfg`` (Bridge's spellings accepted); returns ``cfg``."""
     model = cfg.model
     if modules is not None:
-        names = _module_list(modules)
+        names = module_list(modules)
         if "full_iteration" in names:
             if names != ["full_iteration"]:
                 raise ValueError(f"full_iteration cannot be combined with other scopes: {names}")
@@ -35,22 +35,11 @@ def set_cuda_graph_overrides(
         model.cuda_graph_modules = names
     if impl is not None:
         model.cuda_graph_impl = CudaGraphImpl(impl)
-
-    graphed = CudaGraphImpl(model.cuda_graph_impl) != CudaGraphImpl.none
-    cfg.rng.te_rng_tracker = graphed
-    model.use_te_rng_tracker = graphed
-
-    nan_checks_default = CudaGraphImpl(model.cuda_graph_impl) != CudaGraphImpl.full_iteration
-    if cfg.rerun_state_machine.check_for_nan_in_loss is None:
-        cfg.rerun_state_machine.check_for_nan_in_loss = nan_checks_default
-    if cfg.ddp.check_for_nan_in_grad is None:
-        cfg.ddp.check_for_nan_in_grad = nan_checks_default
-    if model.batch_p2p_sync is None:
-        model.batch_p2p_sync = nan_checks_default  # the same condition: no host sync in a full graph
     return cfg
 
 
-def _module_list(modules: Union[str, Sequence[str]]) -> List[str]:
+def module_list(modules: Union[str, Sequence[str]]) -> List[str]:
+    """Bridge's scope argument as a list of names: a comma string or a list; "full" is the whole layer."""
     if isinstance(modules, str):
         modules = modules.split(",")
     names = [str(name).strip() for name in modules]

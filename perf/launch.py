@@ -7,8 +7,9 @@ and static-buffer state at class level, so two jobs in one process are unsafe.
 A job of ``train.num_nodes`` > 1 runs this on every node (under Slurm: one task per node, see
 conf/hydra/launcher/submitit_slurm.yaml); each node starts one torchrun, and the nodes meet at node 0
 through torchrun's static rendezvous, found from Slurm's variables or MASTER_ADDR/NODE_RANK.
-Every rank gets this process's environment plus ``env_vars``; bridge.run applies ``env_vars``
-once more before its first CUDA call.
+Every rank gets this process's environment; the config's ``env_vars`` are applied by the
+training process itself (bridge.run), before its first CUDA call, so a job started by hand gets
+them too.
 
 SIGINT and SIGTERM sent to this process while a job trains go on to the training process, which
 stops at a step boundary and writes a partial result.json; one that is still running
@@ -30,11 +31,10 @@ from omegaconf import OmegaConf
 
 from bridge.atomic import write_json_atomic, write_text_atomic
 from bridge.config.schema import GraphBridgeConfig
-from bridge.validation.violation import Violation
+from bridge.result import RESULT_FILE, write_missing_result
 
 RESOLVED = "resolved.yaml"
 JOB = "job.json"
-RESULT = "result.json"
 RANKS = "ranks"
 """Per-rank logs: <job_dir>/ranks/node<N>/<run id>/attempt_0/<local rank>/{stdout,stderr}.log."""
 GRACE_S = 60.0
@@ -45,10 +45,6 @@ a first node do not share a port."""
 LAUNCH_FAILED = 1
 
 log = logging.getLogger(__name__)
-
-# conf/hydra/launcher/submitit_slurm.yaml asks Slurm for the GPUs of one node: num_gpus / num_nodes.
-OmegaConf.register_new_resolver("graphbridge.gpus_per_node", lambda gpus, nodes: gpus // nodes)
-
 
 class LaunchError(Exception):
     """The environment does not say where a multi-node job's node 0 is, or which node this is."""
@@ -62,21 +58,6 @@ def write_job(config: GraphBridgeConfig, job_dir: Path, job: dict) -> None:
     job_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(job_dir / RESOLVED, OmegaConf.to_yaml(OmegaConf.structured(config)))
     write_json_atomic(job_dir / JOB, job)
-
-
-def write_invalid_result(job_dir: Path, violations: List[Violation], job: dict) -> None:
-    write_json_atomic(job_dir / RESULT, {
-        "status": "invalid",
-        "reason": "; ".join(str(v) for v in violations),
-        "violations": [v.as_dict() for v in violations],
-        "job": job,
-    })
-
-
-def training_env(config: GraphBridgeConfig, environ: Mapping[str, str]) -> Dict[str, str]:
-    """The training process's environment: ``environ`` with the config's ``env_vars`` on top.
-    torchrun hands it on to every rank it starts."""
-    return {**environ, **{key: str(value) for key, value in config.env_vars.items()}}
 
 
 def training_command(config: GraphBridgeConfig, job_dir: Path, environ: Mapping[str, str]) -> List[str]:
@@ -144,17 +125,11 @@ def _unplaced(config: GraphBridgeConfig, unknown: str) -> str:
             f"MASTER_PORT=<port, default {MASTER_PORT}> and NODE_RANK=<0..{nodes - 1}> on every node")
 
 
-def write_missing_result(job_dir: Path, job: dict, reason: str, interrupted: bool) -> None:
-    """A result for a job whose training process wrote none: it ended early or never started."""
-    write_json_atomic(job_dir / RESULT, {"status": "interrupted" if interrupted else "failed", "reason": reason,
-                                         "job": job})
-
-
 def run_job(config: GraphBridgeConfig, job_dir: Path, job: dict) -> int:
     """Write the job's files, train in a fresh process, return its exit code (128 + N for
     signal N). A signal forwarded to the job raises SystemExit with that code instead, which
     ends a sweep too."""
-    env = training_env(config, os.environ)
+    env = dict(os.environ)
     try:
         node = node_rank(config, env)
         command = training_command(config, job_dir, env)
@@ -169,7 +144,7 @@ def run_job(config: GraphBridgeConfig, job_dir: Path, job: dict) -> int:
         code = forwarding.run(command, env)
         # Node 0 alone stands in for a missing result.json: another node's torchrun may end before
         # rank 0 has written it, or before the shared filesystem shows it there.
-        if node == 0 and not (job_dir / RESULT).exists():
+        if node == 0 and not (job_dir / RESULT_FILE).exists():
             write_missing_result(job_dir, job, forwarding.why_no_result(code), interrupted=bool(forwarding.received))
     if forwarding.received:
         raise SystemExit(128 + forwarding.received)

@@ -1,27 +1,43 @@
 """Migration of the older CUDA-graph spellings onto the canonical impl + modules API.
 
-Accepted inputs (megatron-core <= 0.16 and Megatron-Bridge v0.3.x):
-  model.enable_cuda_graph=true      -> cuda_graph_impl=local
-  model.external_cuda_graph=true    -> cuda_graph_impl=transformer_engine
-  model.cuda_graph_scope=<scope>    -> cuda_graph_modules (full -> []), or
-                                       cuda_graph_impl=full_iteration for full_iteration
-Each migration is one info line; a conflicting mix of old and new inputs is a violation.
-With impl none a legacy scope is a parked setting (inert, as in 0.16.1) and is left alone.
+What each older input is, and what it becomes:
+  model.enable_cuda_graph=true      deprecated in megatron-core 0.16.1 -> cuda_graph_impl=local
+  model.external_cuda_graph=true    deprecated in megatron-core 0.16.1 -> cuda_graph_impl=transformer_engine
+  model.cuda_graph_scope=<scope>    megatron-core 0.16.1's own field (Megatron-Bridge v0.3.x sets it);
+                                    megatron-core 0.19 renamed it cuda_graph_modules: full -> [],
+                                    full_iteration -> cuda_graph_impl=full_iteration
+  model.cuda_graph_modules=[full_iteration]
+                                    megatron-core 0.19's deprecated scope value -> cuda_graph_impl=full_iteration
+Each migration is one info line. With impl none a 0.16.1 scope is a parked setting (inert, as in
+megatron-core 0.16.1) and stays. An input that cannot be migrated unambiguously (old and new
+spellings that disagree, unknown names) is left as it is: ``legacy_conflict`` says what is wrong,
+and the catalogue's legacy rule reports it with the fix.
+
+Works on the composed DictConfig (before the derived values resolve, so they follow the migrated
+impl) and on a GraphBridgeConfig object alike.
 """
 
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Optional
 
-from bridge.config.schema import CUDA_GRAPH_MODULES, CudaGraphImpl, ModelConfig
-from bridge.validation.violation import Violation
+from omegaconf import OmegaConf
+
+from bridge.config.schema import CUDA_GRAPH_MODULES, CudaGraphImpl
 
 LEGACY_SCOPE_NAMES = ("full", "full_iteration") + CUDA_GRAPH_MODULES
+SCOPE_FIELD = "model.cuda_graph_scope (megatron-core 0.16.1's name of model.cuda_graph_modules)"
+
+
+@dataclass
+class Conflict:
+    rule: str
+    keys: List[str]
+    message: str
 
 
 @dataclass
 class MigrationReport:
     notes: List[str] = field(default_factory=list)
-    violations: List[Violation] = field(default_factory=list)
 
 
 def scope_names(scope) -> List[str]:
@@ -33,124 +49,103 @@ def scope_names(scope) -> List[str]:
     return [str(getattr(item, "name", item)).strip() for item in scope]
 
 
-def migrate(model: ModelConfig) -> MigrationReport:
-    report = MigrationReport()
-    _migrate_flags(model, report)
-    _migrate_scope(model, report)
-    return report
+def _plain(value):
+    """A list or scalar as plain Python (a DictConfig hands out ListConfig nodes)."""
+    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
 
-def _migrate_flags(model: ModelConfig, report: MigrationReport) -> None:
+def _impl(model) -> CudaGraphImpl:
+    return CudaGraphImpl(model.cuda_graph_impl)
+
+
+def legacy_conflict(model) -> Optional[Conflict]:
+    """Why the older spellings in ``model`` cannot be migrated, or None when they can (or are absent)."""
     if model.enable_cuda_graph and model.external_cuda_graph:
-        report.violations.append(
-            Violation(
-                "legacy_flags_conflict",
-                ["model.enable_cuda_graph", "model.external_cuda_graph"],
-                "enable_cuda_graph and external_cuda_graph cannot both be on; "
-                "keep one, or use model.cuda_graph_impl=local|transformer_engine instead",
-            )
-        )
-        return
-    for flag, impl in (("enable_cuda_graph", "local"), ("external_cuda_graph", "transformer_engine")):
-        if not getattr(model, flag):
-            continue
-        if model.cuda_graph_impl != CudaGraphImpl.none:
-            report.violations.append(
-                Violation(
-                    "legacy_flags_conflict",
-                    [f"model.{flag}", "model.cuda_graph_impl"],
-                    f"the deprecated model.{flag} cannot be combined with "
-                    f"model.cuda_graph_impl={model.cuda_graph_impl.value}; drop model.{flag}",
-                )
-            )
-            return
-        model.cuda_graph_impl = CudaGraphImpl(impl)
-        setattr(model, flag, False)
-        report.notes.append(f"model.{flag}=true is deprecated: migrated to model.cuda_graph_impl={impl}")
+        return Conflict("legacy_flags", ["model.enable_cuda_graph", "model.external_cuda_graph"],
+                        "enable_cuda_graph and external_cuda_graph cannot both be on; keep one, or use "
+                        "model.cuda_graph_impl=local|transformer_engine instead")
+    for flag in ("enable_cuda_graph", "external_cuda_graph"):
+        if getattr(model, flag) and _impl(model) != CudaGraphImpl.none:
+            return Conflict("legacy_flags", [f"model.{flag}", "model.cuda_graph_impl"],
+                            f"the deprecated model.{flag} cannot be combined with model.cuda_graph_impl="
+                            f"{_impl(model).value}; drop model.{flag}")
+    return _modules_conflict(model) or _scope_conflict(model)
 
 
-def _migrate_scope(model: ModelConfig, report: MigrationReport) -> None:
-    if model.cuda_graph_scope is None:
-        return
-    if not isinstance(model.cuda_graph_scope, (str, list, tuple)):
-        report.violations.append(
-            Violation(
-                "legacy_scope_names",
-                ["model.cuda_graph_scope"],
-                f"model.cuda_graph_scope={model.cuda_graph_scope!r} must be a name, a comma list or a "
-                "list of names; better: model.cuda_graph_modules=[...]",
-            )
-        )
-        return
-    names = scope_names(model.cuda_graph_scope)
-    bad = [name for name in names if name not in LEGACY_SCOPE_NAMES]
-    if bad:
-        report.violations.append(
-            Violation(
-                "legacy_scope_names",
-                ["model.cuda_graph_scope"],
-                f"model.cuda_graph_scope has unknown name(s) {bad}; valid names are "
-                f"{list(LEGACY_SCOPE_NAMES)} (better: model.cuda_graph_modules=[...])",
-            )
-        )
-        return
+def _modules_conflict(model) -> Optional[Conflict]:
+    modules = _plain(model.cuda_graph_modules)
+    if not isinstance(modules, list) or "full_iteration" not in modules:
+        return None
+    if modules != ["full_iteration"]:
+        return Conflict("legacy_scope", ["model.cuda_graph_modules"],
+                        f"full_iteration is the whole iteration and cannot be combined with modules {modules}; "
+                        "use cuda_graph=full_iteration alone")
+    if _impl(model) == CudaGraphImpl.transformer_engine:
+        return Conflict("legacy_scope", ["model.cuda_graph_modules", "model.cuda_graph_impl"],
+                        "cuda_graph_modules=[full_iteration] cannot be combined with "
+                        "cuda_graph_impl=transformer_engine; use cuda_graph=full_iteration")
+    return None
+
+
+def _scope_conflict(model) -> Optional[Conflict]:
+    scope = _plain(model.cuda_graph_scope)
+    if scope is None:
+        return None
+    if not isinstance(scope, (str, list)):
+        return Conflict("legacy_scope", ["model.cuda_graph_scope"],
+                        f"{SCOPE_FIELD} is {scope!r}; it must be a name, a comma list or a list of names "
+                        "(better: model.cuda_graph_modules=[...])")
+    names = scope_names(scope)
+    unknown = [name for name in names if name not in LEGACY_SCOPE_NAMES]
+    if unknown:
+        return Conflict("legacy_scope", ["model.cuda_graph_scope"],
+                        f"{SCOPE_FIELD} has unknown name(s) {unknown}; use names from {list(LEGACY_SCOPE_NAMES)} "
+                        "(better: model.cuda_graph_modules=[...])")
     if "full" in names and len(names) > 1:
-        report.violations.append(
-            Violation(
-                "legacy_scope_names",
-                ["model.cuda_graph_scope"],
-                f"'full' (the whole layer) cannot be mixed with other scopes in {names}; "
-                "use model.cuda_graph_modules=[] for whole layers",
-            )
-        )
-        return
-    if model.cuda_graph_impl == CudaGraphImpl.none:
-        return  # parked, exactly as megatron-core 0.16.1 treats it
-    if model.cuda_graph_modules:
-        report.violations.append(
-            Violation(
-                "legacy_scope_conflict",
-                ["model.cuda_graph_scope", "model.cuda_graph_modules"],
-                "model.cuda_graph_scope and model.cuda_graph_modules cannot be set together; "
-                "drop model.cuda_graph_scope",
-            )
-        )
-        return
-    if "full_iteration" in names:
-        _migrate_full_iteration_scope(model, names, report)
-        return
-    modules = [] if names == ["full"] else names
-    model.cuda_graph_modules = modules
-    model.cuda_graph_scope = None
-    report.notes.append(
-        f"model.cuda_graph_scope is deprecated: migrated to model.cuda_graph_modules={modules}"
-    )
+        return Conflict("legacy_scope", ["model.cuda_graph_scope"],
+                        f"'full' (the whole layer) cannot be mixed with other scopes in {names}; "
+                        "use model.cuda_graph_modules=[] for whole layers")
+    if "full_iteration" in names and names != ["full_iteration"]:
+        return Conflict("legacy_scope", ["model.cuda_graph_scope"],
+                        f"full_iteration cannot be combined with other scopes in {names}; use "
+                        "cuda_graph=full_iteration alone")
+    if _impl(model) == CudaGraphImpl.none:
+        return None  # parked, exactly as megatron-core 0.16.1 treats it
+    if _plain(model.cuda_graph_modules):
+        return Conflict("legacy_scope", ["model.cuda_graph_scope", "model.cuda_graph_modules"],
+                        "model.cuda_graph_scope and model.cuda_graph_modules cannot be set together (the first is "
+                        "megatron-core 0.16.1's name of the second); drop model.cuda_graph_scope")
+    if names == ["full_iteration"] and _impl(model) == CudaGraphImpl.transformer_engine:
+        return Conflict("legacy_scope", ["model.cuda_graph_scope", "model.cuda_graph_impl"],
+                        "To use full iteration cuda graph, please use cuda_graph_impl=local instead of "
+                        "cuda_graph_impl=transformer_engine. Fix: cuda_graph=full_iteration")
+    return None
 
 
-def _migrate_full_iteration_scope(model: ModelConfig, names: List[str], report: MigrationReport) -> None:
-    if names != ["full_iteration"]:
-        report.violations.append(
-            Violation(
-                "legacy_scope_names",
-                ["model.cuda_graph_scope"],
-                f"full_iteration cannot be combined with other scopes in {names}; "
-                "use cuda_graph=full_iteration alone",
-            )
-        )
-        return
-    if model.cuda_graph_impl == CudaGraphImpl.transformer_engine:
-        report.violations.append(
-            Violation(
-                "legacy_scope_conflict",
-                ["model.cuda_graph_scope", "model.cuda_graph_impl"],
-                "To use full iteration cuda graph, please use cuda_graph_impl=local instead of "
-                "cuda_graph_impl=transformer_engine. Fix: cuda_graph=full_iteration",
-            )
-        )
-        return
-    model.cuda_graph_impl = CudaGraphImpl.full_iteration
+def migrate(model) -> MigrationReport:
+    """Rewrite the older spellings in ``model`` (a model section) in place; the info lines."""
+    report = MigrationReport()
+    if legacy_conflict(model) is not None:
+        return report  # left as it is for the catalogue to report
+    for flag, impl in (("enable_cuda_graph", "local"), ("external_cuda_graph", "transformer_engine")):
+        if getattr(model, flag):
+            model.cuda_graph_impl = CudaGraphImpl(impl)
+            setattr(model, flag, False)
+            report.notes.append(f"model.{flag}=true is deprecated: migrated to model.cuda_graph_impl={impl}")
+    if _plain(model.cuda_graph_modules) == ["full_iteration"]:
+        model.cuda_graph_impl, model.cuda_graph_modules = CudaGraphImpl.full_iteration, []
+        report.notes.append("model.cuda_graph_modules=[full_iteration] is megatron-core 0.19's deprecated spelling: "
+                            "migrated to model.cuda_graph_impl=full_iteration")
+    names = scope_names(_plain(model.cuda_graph_scope))
+    if not names or _impl(model) == CudaGraphImpl.none:
+        return report
+    if names == ["full_iteration"]:
+        model.cuda_graph_impl = CudaGraphImpl.full_iteration
+        report.notes.append("model.cuda_graph_scope=full_iteration (megatron-core 0.16.1's spelling) is "
+                            "model.cuda_graph_impl=full_iteration here: migrated")
+    else:
+        model.cuda_graph_modules = [] if names == ["full"] else names
+        report.notes.append(f"model.cuda_graph_scope={names} (megatron-core 0.16.1's field) is "
+                            f"model.cuda_graph_modules={list(model.cuda_graph_modules)} here: migrated")
     model.cuda_graph_scope = None
-    report.notes.append(
-        "model.cuda_graph_scope=full_iteration is deprecated: migrated to "
-        "model.cuda_graph_impl=full_iteration"
-    )
+    return report

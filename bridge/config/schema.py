@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Dict, List, Optional
 
+from omegaconf import II
 
-class Engine(str, Enum):
+
+class EngineChoice(str, Enum):
     auto = "auto"
     megatron = "megatron"
     torch = "torch"
@@ -157,9 +159,9 @@ class ModelConfig:
     """Count the embedding as a layer when splitting layers over pipeline stages."""
     account_for_loss_in_pipeline_split: bool = False
     """Count the LM head and loss as a layer when splitting layers over pipeline stages."""
-    batch_p2p_sync: Optional[bool] = None
+    batch_p2p_sync: bool = II("graphbridge.host_checks:${model.cuda_graph_impl}")
     """megatron-core synchronises the device after each batched pipeline send/recv (a workaround
-    for old PyTorch). None means on, except under full-iteration graphs, which cannot capture it."""
+    for old PyTorch). Derived: on, except under full-iteration graphs, which cannot capture it."""
     overlap_moe_expert_parallel_comm: bool = False
     delay_wgrad_compute: bool = False
     tp_comm_overlap: bool = False
@@ -191,7 +193,8 @@ class ModelConfig:
     cuda_graph_warmup_steps: int = 3
     cuda_graph_use_single_mempool: bool = False
     cuda_graph_retain_backward_graph: bool = False
-    use_te_rng_tracker: bool = False
+    use_te_rng_tracker: bool = II("rng.te_rng_tracker")
+    """megatron-core's own switch for the TE RNG tracker; derived: follows rng.te_rng_tracker."""
     # --- older CUDA-graph spellings, migrated by bridge.config.migration ---
     cuda_graph_scope: Any = None
     """Deprecated: a name, a comma list or a list (full, full_iteration, attn, ...)."""
@@ -204,20 +207,22 @@ class ModelConfig:
 @dataclass
 class RNGConfig:
     seed: int = 1234
-    te_rng_tracker: bool = False
+    te_rng_tracker: bool = II("graphbridge.graphed:${model.cuda_graph_impl}")
+    """Transformer Engine's RNG tracker, which CUDA graphs need; derived: on exactly when a graph
+    impl is set."""
     inference_rng_tracker: bool = False
 
 
 @dataclass
 class RerunStateMachineConfig:
-    check_for_nan_in_loss: Optional[bool] = None
-    """None means on, except under full-iteration graphs where it must be off."""
+    check_for_nan_in_loss: bool = II("graphbridge.host_checks:${model.cuda_graph_impl}")
+    """Derived: on, except under full-iteration graphs, where a host read cannot be captured."""
 
 
 @dataclass
 class DDPConfig:
-    check_for_nan_in_grad: Optional[bool] = None
-    """None means on, except under full-iteration graphs where it must be off."""
+    check_for_nan_in_grad: bool = II("graphbridge.host_checks:${model.cuda_graph_impl}")
+    """Derived: on, except under full-iteration graphs, where a host read cannot be captured."""
     use_distributed_optimizer: bool = False
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
@@ -228,7 +233,9 @@ class DDPConfig:
 @dataclass
 class TrainConfig:
     micro_batch_size: int = 1
-    global_batch_size: int = 1
+    global_batch_size: int = II("graphbridge.global_batch:")
+    """Derived: the preset's global batch weak-scaled to train.num_gpus (the batch per GPU stays), or
+    one micro-batch per data-parallel rank when no preset names one."""
     train_iters: int = 50
     num_gpus: int = 1
     """GPUs the job runs on; data parallel size = num_gpus / (TP * PP * CP)."""
@@ -247,9 +254,8 @@ class OptimizerConfig:
     adam_beta2: float = 0.95
     adam_eps: float = 1e-8
     clip_grad: float = 1.0
-    lr_warmup_iters: Optional[int] = None
-    """None: a tenth of train.train_iters, filled in when the config is prepared (resolved.yaml
-    shows the number); megatron-core's scheduler needs it below train_iters."""
+    lr_warmup_iters: int = II("graphbridge.lr_warmup:${train.train_iters}")
+    """Derived: a tenth of train.train_iters; megatron-core's scheduler needs it below train_iters."""
     lr_decay_style: str = "cosine"
     overlap_param_gather_with_optimizer_step: bool = False
     optimizer_in_graph: bool = False
@@ -278,11 +284,15 @@ class WorkloadConfig:
     precision: Optional[str] = None
     preset_num_gpus: Optional[int] = None
     """GPU count the preset was tuned for (global batch is weak-scaled from it)."""
+    preset_global_batch_size: Optional[int] = None
+    """The preset's global batch at preset_num_gpus; train.global_batch_size derives from it."""
 
 
 @dataclass
 class PlanConfig:
     format: PlanFormat = PlanFormat.text
+    megatron_core: Optional[str] = None
+    """The megatron-core version to plan for; None: the installed one."""
 
 
 @dataclass
@@ -312,7 +322,7 @@ class GraphBridgeConfig:
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     env_vars: Dict[str, str] = field(default_factory=dict)
-    engine: Engine = Engine.auto
+    engine: EngineChoice = EngineChoice.auto
     """auto: megatron when CUDA and megatron-core are present, else torch."""
     device: Device = Device.auto
     torch_compile: str = "none"
