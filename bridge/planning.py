@@ -1,35 +1,59 @@
 """The plan: what would run, decided without touching CUDA.
 
-It holds the verdict (violations), the migration notes, what is graphed and when, the
-arguments megatron-core would be given, and the environment of the job.
+It holds the catalogue's verdict in two parts: violations in the configuration (it can run
+nowhere) and violations on this machine (it can run elsewhere: planning for a cluster from a
+laptop still says VALID), the migration notes, the derived values, what is graphed and when, the
+engine and device it would train on here, and the arguments megatron-core would be given. A run
+refuses exactly what the plan reports.
 """
 
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
-
-from bridge.config.load import Prepared
+from bridge.config.graphs import graph_impl
 from bridge.config.migration import scope_names
-from bridge.config.schema import CudaGraphImpl, GraphBridgeConfig
+from bridge.config.schema import GraphBridgeConfig
+from bridge.machine import Machine
+from bridge.prepare import Prepared
 from bridge.translate import megatron_arguments
-from bridge.validation import validate
+from bridge.validation import Target, resolve_target, validate
 from bridge.validation.violation import Violation
+
+TC_GRAPH_FIELDS = ("cuda_graph_impl", "cuda_graph_scope", "cuda_graph_warmup_steps", "use_te_rng_tracker")
 
 
 @dataclass
 class Plan:
     config: GraphBridgeConfig
+    target: Target
     violations: List[Violation]
     notes: List[str] = field(default_factory=list)
+    """What migration and derivation did to the config."""
+    derived: Dict[str, Any] = field(default_factory=dict)
+    machine_notes: List[str] = field(default_factory=list)
+    """How this machine changes the way the job runs, short of refusing it."""
+
+    @property
+    def config_violations(self) -> List[Violation]:
+        return [v for v in self.violations if v.in_config]
+
+    @property
+    def machine_violations(self) -> List[Violation]:
+        return [v for v in self.violations if not v.in_config]
 
     @property
     def valid(self) -> bool:
+        """The configuration can run somewhere."""
+        return not self.config_violations
+
+    @property
+    def runnable_here(self) -> bool:
         return not self.violations
 
     def graphs(self) -> Dict[str, Any]:
-        return describe_graphs(self.config)
+        return describe_graphs(self.config, "megatron" if self.target.written_for_megatron else "torch")
 
     def megatron(self) -> Dict[str, Any]:
         return megatron_arguments(self.config)
@@ -37,8 +61,14 @@ class Plan:
     def as_dict(self) -> Dict[str, Any]:
         return {
             "valid": self.valid,
-            "violations": [v.as_dict() for v in self.violations],
+            "violations": [v.as_dict() for v in self.config_violations],
+            "runnable_here": self.runnable_here,
+            "machine_violations": [v.as_dict() for v in self.machine_violations],
+            "target": {"engine": self.target.engine, "device": self.target.device,
+                       "megatron_core": self.target.megatron_core, "machine": self.target.machine.describe()},
             "notes": self.notes,
+            "machine_notes": self.machine_notes,
+            "derived": _jsonable(self.derived),
             "graphs": self.graphs(),
             # asdict, not OmegaConf: an invalid config may hold values its schema would refuse.
             "config": _jsonable(dataclasses.asdict(self.config)),
@@ -51,62 +81,89 @@ class Plan:
         return json.dumps(self.as_dict(), indent=2, sort_keys=False)
 
     def to_text(self) -> str:
-        graphs = self.graphs()
-        cfg = self.config
-        lines = [
-            "graphbridge plan: " + ("VALID" if self.valid else f"INVALID ({len(self.violations)} violations, on stderr)"),
-            f"  graphed:   {graphs['summary']}",
-        ]
+        graphs, cfg, model = self.graphs(), self.config, self.config.model
+        verdict = "VALID" if self.valid else f"INVALID ({len(self.config_violations)} violations, on stderr)"
+        lines = [f"graphbridge plan: {verdict}", f"  graphed:   {graphs['summary']}"]
         if graphs["parked"]:
             lines.append(f"  parked:    {graphs['parked']} (inert while cuda_graph_impl=none)")
         lines += [
             f"  workload:  task={cfg.workload.task} gpu={cfg.workload.gpu} precision={cfg.workload.precision} "
-            f"num_gpus={cfg.train.num_gpus}",
-            f"  model:     layers={cfg.model.num_layers} hidden={cfg.model.hidden_size} "
-            f"heads={cfg.model.num_attention_heads} experts={cfg.model.num_moe_experts} "
-            f"seq={cfg.dataset.seq_length}",
-            f"  parallel:  TP={cfg.model.tensor_model_parallel_size} PP={cfg.model.pipeline_model_parallel_size} "
-            f"CP={cfg.model.context_parallel_size} VP={cfg.model.virtual_pipeline_model_parallel_size} "
-            f"EP={cfg.model.expert_model_parallel_size}",
+            f"num_gpus={cfg.train.num_gpus} num_nodes={cfg.train.num_nodes}",
+            f"  model:     layers={model.num_layers} hidden={model.hidden_size} heads={model.num_attention_heads} "
+            f"experts={model.num_moe_experts} seq={cfg.dataset.seq_length}",
+            f"  parallel:  TP={model.tensor_model_parallel_size} PP={model.pipeline_model_parallel_size} "
+            f"CP={model.context_parallel_size} VP={model.virtual_pipeline_model_parallel_size} "
+            f"EP={model.expert_model_parallel_size}",
             f"  batches:   micro={cfg.train.micro_batch_size} global={cfg.train.global_batch_size} "
             f"iters={cfg.train.train_iters}",
         ]
+        if self.derived:
+            lines += wrapped("  derived:   ", [f"{key}={value}" for key, value in self.derived.items()])
         if self.valid:
             tc = self.megatron()["transformer_config"]
-            lines.append("  megatron-core TransformerConfig (CUDA-graph fields):")
-            lines += [f"    {key} = {tc[key]!r}" for key in
-                      ("cuda_graph_impl", "cuda_graph_scope", "cuda_graph_warmup_steps", "use_te_rng_tracker")]
+            lines.append(f"  megatron-core {self.target.megatron_core} TransformerConfig (CUDA-graph fields):")
+            lines += [f"    {key} = {tc[key]!r}" for key in TC_GRAPH_FIELDS]
         lines.append(f"  env:       {dict(cfg.env_vars) or '{}'}")
-        lines += [f"  note: {note}" for note in self.notes]
+        lines.append(f"  here:      {self.target.engine} engine on {self.target.device} "
+                     f"({self.target.machine.describe()})")
+        if self.machine_violations:
+            lines.append("  cannot run on this machine (it can elsewhere):")
+            lines += [f"    {v}" for v in self.machine_violations]
+        lines += [f"  note: {note}" for note in self.notes + self.machine_notes]
         return "\n".join(lines)
 
 
-def build_plan(prepared: Prepared) -> Plan:
-    return Plan(prepared.config, prepared.violations + validate(prepared.config), prepared.notes)
+def wrapped(head: str, items: List[str], width: int = 100) -> List[str]:
+    """``items`` joined by ", " after ``head``, continued on indented lines at ``width`` columns."""
+    lines, line = [], head
+    for item in items:
+        if line.strip() and len(line) + len(item) + 2 > width:
+            lines.append(line.rstrip(", ") + ",")
+            line = " " * len(head)
+        line += item + ", "
+    return lines + [line.rstrip(", ")]
 
 
-def describe_graphs(cfg: GraphBridgeConfig) -> Dict[str, Any]:
+def build_plan(prepared: Prepared, machine: Optional[Machine] = None) -> Plan:
+    cfg = prepared.config
+    target = resolve_target(cfg, machine)
+    violations = validate(cfg, target)
+    here = [] if violations else machine_notes(cfg, target)  # how it would run here, when it can
+    return Plan(cfg, target, violations, prepared.notes, prepared.derived, here)
+
+
+def machine_notes(cfg: GraphBridgeConfig, target: Target) -> List[str]:
+    """What this machine changes about how the job runs, short of refusing it."""
+    notes = []
+    if target.device == "cpu" and graph_impl(cfg.model.cuda_graph_impl).graphed:
+        notes.append(f"no CUDA device here: cuda_graph_impl={cfg.model.cuda_graph_impl.value} is not captured, "
+                     "the job trains eagerly (result.json records effective_impl: none)")
+    if target.device == "cpu" and cfg.model.bf16:
+        notes.append("no CUDA device here: model.bf16 trains in fp32 on the CPU")
+    if (target.engine == "megatron" and cfg.model.transformer_impl == "transformer_engine"
+            and not target.machine.has("transformer-engine")):
+        notes.append("Transformer Engine is not installed here: the megatron engine builds megatron-core's local "
+                     "layer spec (model.transformer_impl=local)")
+    return notes
+
+
+def describe_graphs(cfg: GraphBridgeConfig, engine: str = "megatron") -> Dict[str, Any]:
+    """What ``engine`` would graph for ``cfg``, and when (the megatron engine's view by default)."""
     model = cfg.model
-    impl = CudaGraphImpl(model.cuda_graph_impl)
+    graph = graph_impl(model.cuda_graph_impl)
     modules = list(model.cuda_graph_modules) if isinstance(model.cuda_graph_modules, (list, tuple)) else []
     warmup = model.cuda_graph_warmup_steps
     parked = None
-    if impl == CudaGraphImpl.none:
+    if not graph.graphed:
         legacy = scope_names(model.cuda_graph_scope) if isinstance(model.cuda_graph_scope, (str, list, tuple)) else []
         parked = modules or legacy or None
-        summary = "nothing (eager)"
-    elif impl == CudaGraphImpl.full_iteration:
-        where = "inside" if cfg.optimizer.optimizer_in_graph else "outside"
-        summary = (f"the whole forward+backward iteration, one graph captured at step {warmup} "
-                   f"(optimizer step {where} the graph)")
-    elif impl == CudaGraphImpl.local:
-        what = "MoE router/preprocess parts" if modules else "every whole layer"
-        summary = f"{what}, megatron-core CudaGraphManager graphs built after the first step"
-    else:
-        what = ", ".join(modules) if modules else "whole layers"
-        summary = f"{what} per layer, Transformer Engine graphs captured before step {warmup}"
-    return {"impl": impl.value, "modules": modules, "warmup_steps": warmup,
-            "summary": summary, "parked": parked}
+    summary = graph.describe(modules, warmup, engine)
+    if graph.unit == "iteration":
+        # The torch engine's full-iteration graph always holds its optimizer step.
+        where = "inside" if cfg.optimizer.optimizer_in_graph or engine == "torch" else "outside"
+        summary += f" (optimizer step {where} the graph)"
+    return {"impl": graph.impl.value, "modules": modules, "warmup_steps": warmup,
+            "capture_step": graph.capture_step(warmup), "summary": summary, "parked": parked}
 
 
 def _jsonable(value):

@@ -1,6 +1,10 @@
 """``<job_dir>/result.json``: what one training job measured, written atomically.
 
-Keys (perf/report.py reads exactly these):
+This module is the one writer of result.json: a trained (or stopped) job's full record, and the
+short records of a job refused before it started (status "invalid", with its violations) or of a
+job whose training process left none ("failed" / "interrupted", with the reason).
+
+Keys of a full record (perf/report.py reads exactly these):
     status "completed" | "failed" | "interrupted", reason (null or why it did not complete),
     config_digest (sha256 of resolved.yaml, first 16 hex digits), job (job.json or {}),
     engine, device, impl (requested model.cuda_graph_impl), effective_impl, modules,
@@ -23,13 +27,13 @@ import json
 import platform
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import List, Optional, Tuple
 
 from bridge.atomic import write_json_atomic
 from bridge.config.schema import GraphBridgeConfig
 from bridge.diagnosis import failure_reason
+from bridge.machine import probe
 
 RESULT_FILE = "result.json"
 
@@ -99,6 +103,17 @@ def write_result(job_dir: Path, result: dict) -> Path:
     return path
 
 
+def write_invalid_result(job_dir: Path, violations: List, job: dict) -> Path:
+    """The record of a job the catalogue refused (its violations, each as rule/keys/message/where)."""
+    return write_result(job_dir, {"status": "invalid", "reason": "; ".join(str(v) for v in violations),
+                                  "violations": [v.as_dict() for v in violations], "job": job})
+
+
+def write_missing_result(job_dir: Path, job: dict, reason: str, interrupted: bool) -> Path:
+    """The record of a job whose training process wrote none: it ended early or never started."""
+    return write_result(job_dir, {"status": "interrupted" if interrupted else "failed", "reason": reason, "job": job})
+
+
 def step_time_stats_ms(step_times_s: List[float]) -> dict:
     if not step_times_s:
         return {"median": None, "p10": None, "p90": None, "mean": None, "count": 0}
@@ -125,11 +140,12 @@ def config_digest(job_dir: Path) -> Optional[str]:
 def environment(on_cuda: bool) -> dict:
     import torch
 
+    machine = probe()
     return {
         "gpu": _gpu_name() if on_cuda else None,
         "torch": torch.__version__,
-        "megatron_core": _version("megatron-core"),
-        "transformer_engine": _version("transformer-engine") or _version("transformer-engine-torch"),
+        "megatron_core": machine.version("megatron-core"),
+        "transformer_engine": machine.version("transformer-engine"),
         "python": platform.python_version(),
     }
 
@@ -149,13 +165,6 @@ def _tflops_per_gpu(cfg: GraphBridgeConfig, median_s: float) -> Optional[float]:
     except ImportError:  # bridge/flops.py is optional for the trainer
         return None
     return model_flops_per_step(cfg) / median_s / cfg.train.num_gpus / 1e12
-
-
-def _version(distribution: str) -> Optional[str]:
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def _read_json(path: Path) -> dict:

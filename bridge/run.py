@@ -1,11 +1,15 @@
 """The training process: ``python -m bridge.run <job_dir>`` (or under torchrun).
 
 The Hydra process has already written ``<job_dir>/resolved.yaml`` (finished and validated)
-and ``job.json``. This process trains one job and always leaves a result.json behind.
-Exit status: 0 completed, 1 failed, 2 configuration the engine cannot run, 128 + N stopped by
+and ``job.json``. This process applies the config's ``env_vars`` (their one owner), asks the rule
+catalogue again, for this machine and the processes started, and only then builds the engine:
+a job started by hand is refused exactly as ``graphbridge`` refuses it. It always leaves a
+result.json behind.
+Exit status: 0 completed, 1 failed, 2 refused by the catalogue (status invalid), 128 + N stopped by
 signal N at a step boundary (130 SIGINT, 143 SIGTERM; train.exit_signal_handler=true).
 """
 
+import json
 import logging
 import os
 import sys
@@ -17,9 +21,9 @@ from omegaconf import OmegaConf
 
 from bridge.config.schema import GraphBridgeConfig
 from bridge.diagnosis import GraphCaptureError, NonFiniteError, diagnose
-from bridge.engines import ConfigError
-from bridge.result import RunRecord, build_result, failure, write_result
+from bridge.result import RunRecord, build_result, failure, write_invalid_result, write_result
 from bridge.trainer import ExitSignals, Trainer
+from bridge.validation import Refused, resolve_target, validate
 
 log = logging.getLogger("bridge.run")
 
@@ -46,10 +50,14 @@ def main(argv=None) -> int:
     code = FAILED
     try:
         cfg = load_resolved(job_dir)
-        os.environ.update(cfg.env_vars)  # before the first CUDA call reads them
+        os.environ.update({key: str(value) for key, value in cfg.env_vars.items()})  # before any CUDA call
+        target = resolve_target(cfg, processes=int(os.environ.get("WORLD_SIZE", "1")))
+        violations = validate(cfg, target)
+        if violations:
+            raise Refused(violations)
         if cfg.train.exit_signal_handler:
             exit_signals.install()
-        trainer = Trainer(cfg, job_dir, exit_signals if cfg.train.exit_signal_handler else None)
+        trainer = Trainer(cfg, job_dir, target, exit_signals if cfg.train.exit_signal_handler else None)
         trainer.run()  # writes result.json itself, whatever happens
         code = 128 + trainer.stopped_by if trainer.stopped_by else COMPLETED
     except (Exception, KeyboardInterrupt) as error:
@@ -63,18 +71,27 @@ def main(argv=None) -> int:
 
 def report_failure(error: BaseException, cfg, job_dir: Path, trainer) -> int:
     """Log why the run ended (result.json is written unless the trainer never started); its exit code."""
+    if isinstance(error, Refused):
+        write_invalid_result(job_dir, error.violations, _read_job(job_dir))
+        log.error("refused:\n%s", "\n".join(f"  {v}" for v in error.violations))  # every problem, no traceback
+        return CANNOT_RUN
     status, reason = failure(error, trainer.steps_completed if trainer is not None else None)
     if trainer is None:
         write_result(job_dir, build_result(cfg, job_dir, status, reason, RunRecord()))
     if status == "interrupted":
         return KEYBOARD_INTERRUPT
-    if isinstance(error, (ConfigError, NonFiniteError)):
+    if isinstance(error, NonFiniteError):
         log.error("%s", reason)  # the message says it all: no traceback
-        return CANNOT_RUN if isinstance(error, ConfigError) else FAILED
+        return FAILED
     traceback.print_exc()
     if isinstance(error, GraphCaptureError) or diagnose(error) is not None:
         log.error("%s", reason)  # the diagnosis, below the traceback that shows the offending line
     return FAILED
+
+
+def _read_job(job_dir: Path) -> dict:
+    path = job_dir / "job.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def close_within(trainer: Trainer, seconds: float, code: int) -> None:

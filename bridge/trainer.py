@@ -27,6 +27,7 @@ from bridge.diagnosis import NonFiniteError
 from bridge.engines import build_engine
 from bridge.profiling import StepProfiler
 from bridge.result import RunRecord, build_result, failure, write_result
+from bridge.validation import Target, resolve_target
 
 
 class ExitSignals:
@@ -58,7 +59,9 @@ class ExitSignals:
 
 
 class Trainer:
-    def __init__(self, cfg: GraphBridgeConfig, job_dir: Path, exit_signals: Optional[ExitSignals] = None):
+    def __init__(self, cfg: GraphBridgeConfig, job_dir: Path, target: Optional[Target] = None,
+                 exit_signals: Optional[ExitSignals] = None):
+        """``target``: the engine and device the catalogue judged the config for (default: this machine)."""
         self.cfg = cfg
         self.job_dir = Path(job_dir)
         self.exit_signals = exit_signals
@@ -66,7 +69,7 @@ class Trainer:
         # Under torchrun only rank 0 reports.
         self.is_reporting_rank = int(os.environ.get("RANK", "0")) == 0
         self.result_path: Optional[Path] = None
-        self.engine = build_engine(cfg)
+        self.engine = build_engine(cfg, target or resolve_target(cfg))
         # After the engine picked this rank's GPU: before it, torchrun ranks would all open GPU 0.
         if self.engine.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.engine.device)

@@ -1,12 +1,12 @@
-"""CUDA-graph rules: megatron-core 0.16.1's TransformerConfig checks (R4-R13 in the
-reference) plus the training-level ones Bridge and Megatron-LM keep outside megatron-core.
-The MoE-specific ones are in moe_graph_rules.py. Messages keep the upstream wording where
-there is one and add the override that fixes it.
+"""CUDA-graph rules: megatron-core 0.16.1's TransformerConfig checks (R4-R7 in the reference)
+plus the training-level ones Bridge and Megatron-LM keep outside megatron-core. The MoE rules
+(with EP overlap) are in moe_graph_rules.py, the recompute ones in recompute_rules.py. Messages
+keep the upstream wording where there is one and add the override that fixes it.
 """
 
 import difflib
 
-from bridge.config.schema import CUDA_GRAPH_MODULES, Engine
+from bridge.config.schema import CUDA_GRAPH_MODULES
 from bridge.validation.graph_facts import (
     FULL_ITERATION,
     IMPL,
@@ -18,12 +18,13 @@ from bridge.validation.graph_facts import (
     is_graphed,
     modules_of,
 )
-from bridge.validation.model_facts import recompute_modules
 from bridge.validation.registry import rule, violation
 
 
-@rule("module_names")
-def module_names(cfg):
+@rule("module_names",
+      rejects='unknown, empty or repeated module names; `full` or `full_iteration` as a module',
+      fix='names from attn, mlp, moe, moe_router, moe_preprocess, mamba; `[]` is the whole layer')
+def module_names(cfg, target):
     if not isinstance(cfg.model.cuda_graph_modules, (list, tuple)):
         return violation(
             "module_names", [MODULES],
@@ -59,8 +60,10 @@ def module_names(cfg):
     return None
 
 
-@rule("full_iteration_modules")
-def full_iteration_modules(cfg):
+@rule("full_iteration_modules",
+      rejects='full_iteration with modules',
+      fix='`model.cuda_graph_modules=[]`')
+def full_iteration_modules(cfg, target):
     if impl_of(cfg) == FULL_ITERATION and modules_of(cfg):
         return violation(
             "full_iteration_modules", [IMPL, MODULES],
@@ -70,8 +73,10 @@ def full_iteration_modules(cfg):
     return None
 
 
-@rule("te_rng_tracker")
-def te_rng_tracker(cfg):
+@rule("te_rng_tracker",
+      rejects='a graph without the TE RNG tracker',
+      fix='`rng.te_rng_tracker=true` (derived when unset)')
+def te_rng_tracker(cfg, target):
     if is_graphed(cfg) and not (cfg.rng.te_rng_tracker or cfg.model.use_te_rng_tracker):
         return violation(
             "te_rng_tracker", ["rng.te_rng_tracker", "model.use_te_rng_tracker"],
@@ -81,8 +86,10 @@ def te_rng_tracker(cfg):
     return None
 
 
-@rule("full_iteration_nan_checks")
-def full_iteration_nan_checks(cfg):
+@rule("full_iteration_nan_checks",
+      rejects='full_iteration with the loss or grad NaN check on',
+      fix='`rerun_state_machine.check_for_nan_in_loss=false ddp.check_for_nan_in_grad=false` (derived when unset)')
+def full_iteration_nan_checks(cfg, target):
     if impl_of(cfg) != FULL_ITERATION:
         return None
     keys = []
@@ -100,8 +107,10 @@ def full_iteration_nan_checks(cfg):
     )
 
 
-@rule("full_iteration_p2p_sync")
-def full_iteration_p2p_sync(cfg):
+@rule("full_iteration_p2p_sync",
+      rejects="full_iteration under pipeline parallelism with megatron-core's device sync after batched send/recv",
+      fix='`model.batch_p2p_sync=false` (derived when unset)')
+def full_iteration_p2p_sync(cfg, target):
     if impl_of(cfg) != FULL_ITERATION or cfg.model.pipeline_model_parallel_size < 2 or not cfg.model.batch_p2p_sync:
         return None
     # Measured on two H200s: torch.cuda.synchronize() in megatron-core's p2p _communicate
@@ -113,11 +122,13 @@ def full_iteration_p2p_sync(cfg):
     )
 
 
-@rule("local_scoped_modules")
-def local_scoped_modules(cfg):
+@rule("local_scoped_modules",
+      rejects='local with attn or mlp (megatron-core 0.16.1 graphs the whole layer)',
+      fix='`cuda_graph=local_layer` or a TE scope', engine="megatron")
+def local_scoped_modules(cfg, target):
     scoped = sorted({"attn", "mlp"} & set(modules_of(cfg)))
     # The torch engine's local impl is make_graphed_callables, which does graph sub-modules.
-    if impl_of(cfg) == LOCAL and scoped and Engine(cfg.engine) != Engine.torch:
+    if impl_of(cfg) == LOCAL and scoped:
         return violation(
             "local_scoped_modules", [IMPL, MODULES],
             f"cuda_graph_impl=local graphs the whole layer in megatron-core 0.16.1, not {scoped}; "
@@ -127,8 +138,10 @@ def local_scoped_modules(cfg):
     return None
 
 
-@rule("cpu_offloading")
-def cpu_offloading(cfg):
+@rule("cpu_offloading",
+      rejects='any graph with CPU offloading',
+      fix='`model.cpu_offloading=false`')
+def cpu_offloading(cfg, target):
     if is_graphed(cfg) and cfg.model.cpu_offloading:
         return violation(
             "cpu_offloading", [IMPL, "model.cpu_offloading"],
@@ -138,120 +151,10 @@ def cpu_offloading(cfg):
     return None
 
 
-@rule("full_recompute")
-def full_recompute(cfg):
-    if is_graphed(cfg) and cfg.model.recompute_granularity == "full" and impl_of(cfg) != FULL_ITERATION:
-        return violation(
-            "full_recompute", [IMPL, "model.recompute_granularity"],
-            "full recompute is only supported with full iteration CUDA graph; use "
-            "cuda_graph=full_iteration or model.recompute_granularity=selective",
-        )
-    return None
-
-
-def _whole_layer_or_iteration(cfg) -> bool:
-    return impl_of(cfg) == FULL_ITERATION or not modules_of(cfg)
-
-
-def _graphs_module(cfg, name: str) -> bool:
-    return is_graphed(cfg) and (_whole_layer_or_iteration(cfg) or name in modules_of(cfg))
-
-
-@rule("recompute_attention_dropout")
-def recompute_attention_dropout(cfg):
-    model = cfg.model
-    if (
-        model.recompute_granularity == "selective"
-        and model.attention_dropout != 0
-        and "core_attn" in recompute_modules(model)
-        and _graphs_module(cfg, "attn")
-    ):
-        return violation(
-            "recompute_attention_dropout",
-            ["model.attention_dropout", "model.recompute_modules", MODULES],
-            "attention dropout is not supported with graphed attention recomputation; set "
-            "model.attention_dropout=0.0 or remove core_attn from model.recompute_modules",
-        )
-    return None
-
-
-@rule("recompute_hidden_dropout")
-def recompute_hidden_dropout(cfg):
-    model = cfg.model
-    mods = recompute_modules(model)
-    graphed_recompute = ("mlp" in mods and _graphs_module(cfg, "mlp")) or (
-        "moe" in mods and _graphs_module(cfg, "moe")
-    )
-    if model.recompute_granularity == "selective" and model.hidden_dropout != 0 and graphed_recompute:
-        return violation(
-            "recompute_hidden_dropout",
-            ["model.hidden_dropout", "model.recompute_modules", MODULES],
-            "hidden dropout is not supported with graphed MLP/MoE recomputation; set "
-            "model.hidden_dropout=0.0 or remove mlp/moe from model.recompute_modules",
-        )
-    return None
-
-
-@rule("recompute_moe_jitter")
-def recompute_moe_jitter(cfg):
-    model = cfg.model
-    if (
-        model.recompute_granularity == "selective"
-        and model.moe_input_jitter_eps is not None
-        and "moe" in recompute_modules(model)
-        and _graphs_module(cfg, "moe")
-    ):
-        return violation(
-            "recompute_moe_jitter",
-            ["model.moe_input_jitter_eps", "model.recompute_modules", MODULES],
-            "moe_input_jitter_eps is not supported with graphed moe recomputation; set "
-            "model.moe_input_jitter_eps=null or remove moe from model.recompute_modules",
-        )
-    return None
-
-
-@rule("ep_overlap")
-def ep_overlap(cfg):
-    if not (cfg.model.overlap_moe_expert_parallel_comm and is_graphed(cfg)):
-        return None
-    if impl_of(cfg) != TE:
-        return violation(
-            "ep_overlap", [IMPL, "model.overlap_moe_expert_parallel_comm"],
-            f"megatron-core 0.16.1 cannot combine cuda_graph_impl={impl_of(cfg).value} with EP "
-            "A2A overlap; use a TE scope such as cuda_graph=te_attn_moe_router or set "
-            "model.overlap_moe_expert_parallel_comm=false",
-        )
-    if {"moe", "mlp"} & set(modules_of(cfg)) or not modules_of(cfg):
-        return violation(
-            "ep_overlap", [MODULES, "model.overlap_moe_expert_parallel_comm"],
-            "CUDA graph scope on moe and mlp is not supported with overlap_moe_expert_parallel_comm; "
-            "use cuda_graph=te_attn_moe_router",
-        )
-    return None
-
-
-@rule("delay_wgrad")
-def delay_wgrad(cfg):
-    model = cfg.model
-    if not model.delay_wgrad_compute:
-        return None
-    if not model.overlap_moe_expert_parallel_comm:
-        return violation(
-            "delay_wgrad", ["model.delay_wgrad_compute", "model.overlap_moe_expert_parallel_comm"],
-            "overlap_moe_expert_parallel_comm must be enabled when enabling delay_wgrad_compute; "
-            "set model.overlap_moe_expert_parallel_comm=true or model.delay_wgrad_compute=false",
-        )
-    if model.moe_use_legacy_grouped_gemm:
-        return violation(
-            "delay_wgrad", ["model.delay_wgrad_compute", "model.moe_use_legacy_grouped_gemm"],
-            "delay_wgrad_compute is not supported with legacy groupedgemm implementation; set "
-            "model.moe_use_legacy_grouped_gemm=false",
-        )
-    return None
-
-
-@rule("warmup_steps")
-def warmup_steps(cfg):
+@rule("warmup_steps",
+      rejects='graph warmup below 1 step, or not below train_iters',
+      fix='`model.cuda_graph_warmup_steps=3`; raise `train.train_iters`')
+def warmup_steps(cfg, target):
     warmup = cfg.model.cuda_graph_warmup_steps
     if not is_graphed(cfg):
         return None
@@ -270,8 +173,10 @@ def warmup_steps(cfg):
     return None
 
 
-@rule("static_shapes")
-def static_shapes(cfg):
+@rule("static_shapes",
+      rejects='model and data sequence lengths that differ; unpadded packed sequences',
+      fix='set only `dataset.seq_length`; `dataset.pad_to_max_length=true`')
+def static_shapes(cfg, target):
     if not is_graphed(cfg):
         return None
     if cfg.model.seq_length != cfg.dataset.seq_length:
@@ -289,8 +194,10 @@ def static_shapes(cfg):
     return None
 
 
-@rule("packed_sequence_scope")
-def packed_sequence_scope(cfg):
+@rule("packed_sequence_scope",
+      rejects='packed sequences with attention, whole-layer or full-iteration graphs',
+      fix='`cuda_graph=te_mlp`')
+def packed_sequence_scope(cfg, target):
     if not (is_graphed(cfg) and cfg.dataset.packed_sequence):
         return None
     if impl_of(cfg) != TE or not modules_of(cfg) or "attn" in modules_of(cfg):
@@ -302,19 +209,10 @@ def packed_sequence_scope(cfg):
     return None
 
 
-@rule("engine_impl")
-def engine_impl(cfg):
-    if Engine(cfg.engine) == Engine.torch and impl_of(cfg) == TE:
-        return violation(
-            "engine_impl", ["engine", IMPL],
-            "the torch engine has no Transformer Engine graphs; use engine=megatron, or "
-            "cuda_graph=local_layer / cuda_graph=full_iteration (PyTorch's own graph APIs)",
-        )
-    return None
-
-
-@rule("full_iteration_param_gather")
-def full_iteration_param_gather(cfg):
+@rule("full_iteration_param_gather",
+      rejects='full_iteration with the param gather overlapped with the optimizer step',
+      fix='`optimizer.overlap_param_gather_with_optimizer_step=false`')
+def full_iteration_param_gather(cfg, target):
     if impl_of(cfg) == FULL_ITERATION and cfg.optimizer.overlap_param_gather_with_optimizer_step:
         return violation(
             "full_iteration_param_gather",
@@ -325,8 +223,10 @@ def full_iteration_param_gather(cfg):
     return None
 
 
-@rule("optimizer_in_graph")
-def optimizer_in_graph(cfg):
+@rule("optimizer_in_graph",
+      rejects='the optimizer step in a graph other than full_iteration',
+      fix='`cuda_graph=full_iteration`, or `optimizer.optimizer_in_graph=false`')
+def optimizer_in_graph(cfg, target):
     if not cfg.optimizer.optimizer_in_graph:
         return None
     if impl_of(cfg) != FULL_ITERATION:
@@ -335,30 +235,53 @@ def optimizer_in_graph(cfg):
             "the optimizer step can only be captured inside the full-iteration graph; use "
             "cuda_graph=full_iteration or optimizer.optimizer_in_graph=false",
         )
-    if Engine(cfg.engine) == Engine.torch:
-        return None
-    # The megatron engine's in-graph step is a capturable AdamW over fp32 master weights.
-    unmet = [key for key, ok in (
-        ("optimizer.optimizer=adam", cfg.optimizer.optimizer == "adam"),
-        ("model.bf16=true", cfg.model.bf16),
-        ("ddp.use_distributed_optimizer=false", not cfg.ddp.use_distributed_optimizer),
-        ("model.expert_model_parallel_size=1", cfg.model.expert_model_parallel_size == 1),
-    ) if not ok]
-    if unmet:
-        return violation(
-            "optimizer_in_graph", ["optimizer.optimizer_in_graph"] + [key.split("=")[0] for key in unmet],
-            f"the in-graph optimizer step needs {' '.join(unmet)}; set those or "
-            "optimizer.optimizer_in_graph=false",
-        )
     return None
 
 
-@rule("mamba_layers")
-def mamba_layers(cfg):
+@rule("mamba_layers",
+      rejects="the mamba module (graphbridge's GPT models have no Mamba layers)",
+      fix='drop mamba')
+def mamba_layers(cfg, target):
     if "mamba" in active_modules(cfg):
         return violation(
             "mamba_layers", [MODULES],
             "the mamba module graphs MambaLayer only, and graphbridge's GPT models have none, so "
             "nothing would be captured; drop mamba (e.g. cuda_graph=te_attn)",
+        )
+    return None
+
+
+# Compute-capability major per preset GPU; the local graph manager's check stops at sm_100.
+GPU_SM_MAJOR = {"h100": 9, "h200": 9, "b200": 10, "b300": 10, "gb200": 10, "gb300": 10}
+
+
+def sm_major(cfg, target) -> int:
+    """The GPU generation a job runs on: its preset's, else this machine's; unknown counts as the
+    stricter pre-Blackwell case."""
+    if cfg.workload.gpu in GPU_SM_MAJOR:
+        return GPU_SM_MAJOR[cfg.workload.gpu]
+    return target.machine.gpus[0].capability[0] if target.machine.gpus else 9
+
+
+@rule("nccl_graph_register",
+      rejects="`expandable_segments:True` without `NCCL_GRAPH_REGISTER=0` (TE graphs on every GPU, local "
+              "graphs before sm_100)",
+      fix="`+env_vars.NCCL_GRAPH_REGISTER=0`")
+def nccl_graph_register(cfg, target):
+    impl = impl_of(cfg)
+    if not is_graphed(cfg):
+        return None
+    alloc_conf = cfg.env_vars.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "")
+    if "expandable_segments:True" not in alloc_conf or cfg.env_vars.get("NCCL_GRAPH_REGISTER") == "0":
+        return None
+    if impl == TE or sm_major(cfg, target) < 10:
+        where = "with TE graphs on every GPU" if impl == TE else (
+            f"with {impl.value} graphs before sm_100 (gpu={cfg.workload.gpu or 'this machine'})"
+        )
+        return violation(
+            "nccl_graph_register",
+            ["env_vars.PYTORCH_CUDA_ALLOC_CONF", "env_vars.NCCL_GRAPH_REGISTER"],
+            f"expandable_segments:True needs NCCL_GRAPH_REGISTER=0 {where} to avoid illegal "
+            "memory access; set +env_vars.NCCL_GRAPH_REGISTER=0",
         )
     return None

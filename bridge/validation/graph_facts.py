@@ -1,5 +1,6 @@
-"""What a config graphs, as the CUDA-graph rules read it."""
+"""What a config graphs, as the CUDA-graph rules read it (the vocabulary is bridge.config.graphs)."""
 
+from bridge.config import graphs
 from bridge.config.schema import CudaGraphImpl
 
 IMPL = "model.cuda_graph_impl"
@@ -14,7 +15,7 @@ def impl_of(cfg) -> CudaGraphImpl:
 
 
 def is_graphed(cfg) -> bool:
-    return impl_of(cfg) != CudaGraphImpl.none
+    return graphs.is_graphed(cfg.model.cuda_graph_impl)
 
 
 def modules_of(cfg) -> list:

@@ -5,8 +5,10 @@ from bridge.validation.graph_facts import is_graphed
 from bridge.validation.registry import rule, violation
 
 
-@rule("profile_window")
-def profile_window(cfg):
+@rule("profile_window",
+      rejects='`perf.profile=true` whose traced steps leave no timed step after warmup and capture',
+      fix='raise `train.train_iters` or lower `perf.profile_steps`')
+def profile_window(cfg, target):
     perf = cfg.perf
     if not perf.profile:
         return None

@@ -5,8 +5,10 @@ from bridge.validation.model_facts import is_moe_model
 from bridge.validation.registry import rule, violation
 
 
-@rule("moe_padding_needs_capacity")
-def moe_padding_needs_capacity(cfg):
+@rule("moe_padding_needs_capacity",
+      rejects='padding expert input to capacity without a capacity factor',
+      fix='`model.moe_expert_capacity_factor=1.0`')
+def moe_padding_needs_capacity(cfg, target):
     model = cfg.model
     if model.moe_pad_expert_input_to_capacity and model.moe_expert_capacity_factor is None:
         return violation(
@@ -18,8 +20,10 @@ def moe_padding_needs_capacity(cfg):
     return None
 
 
-@rule("expert_parallel_needs_experts")
-def expert_parallel_needs_experts(cfg):
+@rule("expert_parallel_needs_experts",
+      rejects='expert parallelism on a dense model',
+      fix='`model.expert_model_parallel_size=1`')
+def expert_parallel_needs_experts(cfg, target):
     if cfg.model.expert_model_parallel_size > 1 and not is_moe_model(cfg.model):
         return violation(
             "expert_parallel_needs_experts", ["model.expert_model_parallel_size", "model.num_moe_experts"],
@@ -28,33 +32,10 @@ def expert_parallel_needs_experts(cfg):
     return None
 
 
-@rule("recompute_settings")
-def recompute_settings(cfg):
-    model = cfg.model
-    granularity = model.recompute_granularity
-    if granularity not in (None, "full", "selective"):
-        return violation(
-            "recompute_settings", ["model.recompute_granularity"],
-            f"model.recompute_granularity={granularity!r}: use null, full or selective",
-        )
-    if granularity == "full" and (model.recompute_method is None or model.recompute_num_layers is None):
-        return violation(
-            "recompute_settings",
-            ["model.recompute_granularity", "model.recompute_method", "model.recompute_num_layers"],
-            "full recompute needs a method and a layer count; set model.recompute_method=uniform "
-            "model.recompute_num_layers=1",
-        )
-    if granularity != "full" and (model.recompute_method is not None or model.recompute_num_layers is not None):
-        return violation(
-            "recompute_settings", ["model.recompute_method", "model.recompute_num_layers"],
-            "recompute_method and recompute_num_layers apply to full recompute only; set "
-            "model.recompute_granularity=full or drop them (=null)",
-        )
-    return None
-
-
-@rule("ep_overlap_prerequisites")
-def ep_overlap_prerequisites(cfg):
+@rule("ep_overlap_prerequisites",
+      rejects='EP A2A overlap without its prerequisites (EP > 1, alltoall or flex, VP with PP, no full recompute, bf16 or fp16, no shared-expert overlap, MTP of at most one layer)',
+      fix='as the message says')
+def ep_overlap_prerequisites(cfg, target):
     model = cfg.model
     if not model.overlap_moe_expert_parallel_comm:
         return None
@@ -80,22 +61,3 @@ def ep_overlap_prerequisites(cfg):
         f"EP A2A overlap needs {'; '.join(unmet)}; provide them or set "
         "model.overlap_moe_expert_parallel_comm=false",
     )
-
-
-@rule("cpu_offloading_conflicts")
-def cpu_offloading_conflicts(cfg):
-    model = cfg.model
-    if not model.cpu_offloading:
-        return None
-    if model.recompute_granularity is not None:
-        return violation(
-            "cpu_offloading_conflicts", ["model.cpu_offloading", "model.recompute_granularity"],
-            "CPU offloading does not work when activation recomputation is enabled; set "
-            "model.recompute_granularity=null or model.cpu_offloading=false",
-        )
-    if model.pipeline_model_parallel_size > 1:
-        return violation(
-            "cpu_offloading_conflicts", ["model.cpu_offloading", "model.pipeline_model_parallel_size"],
-            "there is no CPU offloading with pipeline parallelism; set model.cpu_offloading=false",
-        )
-    return None

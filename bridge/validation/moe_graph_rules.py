@@ -1,8 +1,7 @@
 """CUDA-graph rules for MoE models: which module scopes an MoE layer can graph in
-megatron-core 0.16.1 (R7-R11b in the reference), plus the dropless-dispatch limit measured on
-the GPU."""
+megatron-core 0.16.1 (R7-R13 in the reference: scopes, EP A2A overlap, delayed wgrad), plus the
+dropless-dispatch limit measured on the GPU."""
 
-from bridge.config.schema import Engine
 from bridge.validation.graph_facts import (
     FULL_ITERATION,
     IMPL,
@@ -11,14 +10,17 @@ from bridge.validation.graph_facts import (
     TE,
     active_modules,
     impl_of,
+    is_graphed,
     modules_of,
 )
 from bridge.validation.model_facts import has_dense_layers, is_drop_and_pad, is_moe_model, recompute_modules
 from bridge.validation.registry import rule, violation
 
 
-@rule("moe_with_moe_router")
-def moe_with_moe_router(cfg):
+@rule("moe_with_moe_router",
+      rejects='moe and moe_router together',
+      fix='keep one')
+def moe_with_moe_router(cfg, target):
     if {"moe", "moe_router"} <= active_modules(cfg):
         return violation(
             "moe_with_moe_router", [MODULES],
@@ -28,8 +30,10 @@ def moe_with_moe_router(cfg):
     return None
 
 
-@rule("moe_preprocess_needs_router")
-def moe_preprocess_needs_router(cfg):
+@rule("moe_preprocess_needs_router",
+      rejects='TE moe_preprocess without moe_router',
+      fix='add moe_router')
+def moe_preprocess_needs_router(cfg, target):
     active = active_modules(cfg)
     if impl_of(cfg) == TE and "moe_preprocess" in active and "moe_router" not in active:
         return violation(
@@ -40,8 +44,10 @@ def moe_preprocess_needs_router(cfg):
     return None
 
 
-@rule("moe_modules_need_moe_model")
-def moe_modules_need_moe_model(cfg):
+@rule("moe_modules_need_moe_model",
+      rejects='moe or moe_router on a dense model',
+      fix='`cuda_graph=te_attn_mlp`')
+def moe_modules_need_moe_model(cfg, target):
     if not is_moe_model(cfg.model) and {"moe", "moe_router"} & active_modules(cfg):
         return violation(
             "moe_modules_need_moe_model", [MODULES, "model.num_moe_experts"],
@@ -51,8 +57,10 @@ def moe_modules_need_moe_model(cfg):
     return None
 
 
-@rule("mlp_needs_dense_layers")
-def mlp_needs_dense_layers(cfg):
+@rule("mlp_needs_dense_layers",
+      rejects='mlp when every layer is MoE',
+      fix='`cuda_graph=te_attn_moe_router`')
+def mlp_needs_dense_layers(cfg, target):
     model = cfg.model
     if is_moe_model(model) and not has_dense_layers(model) and "mlp" in active_modules(cfg):
         return violation(
@@ -63,8 +71,10 @@ def mlp_needs_dense_layers(cfg):
     return None
 
 
-@rule("moe_needs_drop_and_pad")
-def moe_needs_drop_and_pad(cfg):
+@rule("moe_needs_drop_and_pad",
+      rejects='moe on dropless MoE',
+      fix='a capacity factor with padding, or `cuda_graph=te_moe_router`')
+def moe_needs_drop_and_pad(cfg, target):
     model = cfg.model
     if is_moe_model(model) and not is_drop_and_pad(model) and "moe" in active_modules(cfg):
         return violation(
@@ -77,8 +87,10 @@ def moe_needs_drop_and_pad(cfg):
     return None
 
 
-@rule("moe_preprocess_host_sync")
-def moe_preprocess_host_sync(cfg):
+@rule("moe_preprocess_host_sync",
+      rejects='moe_preprocess with the alltoall dispatcher and a capacity factor or fp8 router padding (host syncs)',
+      fix='drop moe_preprocess')
+def moe_preprocess_host_sync(cfg, target):
     model = cfg.model
     syncs = model.moe_expert_capacity_factor is not None or model.moe_router_padding_for_fp8
     if (
@@ -98,8 +110,10 @@ def moe_preprocess_host_sync(cfg):
     return None
 
 
-@rule("moe_recompute_with_router")
-def moe_recompute_with_router(cfg):
+@rule("moe_recompute_with_router",
+      rejects='TE moe_router graphs with moe in recompute_modules',
+      fix='remove one of them')
+def moe_recompute_with_router(cfg, target):
     model = cfg.model
     if (
         model.recompute_granularity == "selective"
@@ -115,14 +129,15 @@ def moe_recompute_with_router(cfg):
     return None
 
 
-@rule("dropless_moe_capture")
-def dropless_moe_capture(cfg):
+@rule("dropless_moe_capture",
+      rejects='whole-layer or full-iteration graphs of dropless MoE on megatron-core (host reads of expert counts)',
+      fix='`cuda_graph=te_attn_moe_router`, or drop-and-pad routing', engine="megatron")
+def dropless_moe_capture(cfg, target):
     model = cfg.model
     impl = impl_of(cfg)
     whole = impl == FULL_ITERATION or (impl in (LOCAL, TE) and (not modules_of(cfg) or "moe" in modules_of(cfg)))
     if (
-        Engine(cfg.engine) != Engine.torch
-        and is_moe_model(model)
+        is_moe_model(model)
         and not is_drop_and_pad(model)
         and whole
     ):
@@ -133,5 +148,47 @@ def dropless_moe_capture(cfg):
             "captured; use router graphs (cuda_graph=te_attn_moe_router) or set drop-and-pad "
             "routing: model.moe_token_dispatcher_type=alltoall "
             "model.moe_expert_capacity_factor=1.0 model.moe_pad_expert_input_to_capacity=true",
+        )
+    return None
+@rule("ep_overlap",
+      rejects='EP A2A overlap with local or full_iteration graphs, or with moe, mlp or whole-layer TE graphs',
+      fix='`cuda_graph=te_attn_moe_router`')
+def ep_overlap(cfg, target):
+    if not (cfg.model.overlap_moe_expert_parallel_comm and is_graphed(cfg)):
+        return None
+    if impl_of(cfg) != TE:
+        return violation(
+            "ep_overlap", [IMPL, "model.overlap_moe_expert_parallel_comm"],
+            f"megatron-core 0.16.1 cannot combine cuda_graph_impl={impl_of(cfg).value} with EP "
+            "A2A overlap; use a TE scope such as cuda_graph=te_attn_moe_router or set "
+            "model.overlap_moe_expert_parallel_comm=false",
+        )
+    if {"moe", "mlp"} & set(modules_of(cfg)) or not modules_of(cfg):
+        return violation(
+            "ep_overlap", [MODULES, "model.overlap_moe_expert_parallel_comm"],
+            "CUDA graph scope on moe and mlp is not supported with overlap_moe_expert_parallel_comm; "
+            "use cuda_graph=te_attn_moe_router",
+        )
+    return None
+
+
+@rule("delay_wgrad",
+      rejects='delay_wgrad without EP A2A overlap, or with the legacy grouped GEMM',
+      fix='`model.overlap_moe_expert_parallel_comm=true`; `model.moe_use_legacy_grouped_gemm=false`')
+def delay_wgrad(cfg, target):
+    model = cfg.model
+    if not model.delay_wgrad_compute:
+        return None
+    if not model.overlap_moe_expert_parallel_comm:
+        return violation(
+            "delay_wgrad", ["model.delay_wgrad_compute", "model.overlap_moe_expert_parallel_comm"],
+            "overlap_moe_expert_parallel_comm must be enabled when enabling delay_wgrad_compute; "
+            "set model.overlap_moe_expert_parallel_comm=true or model.delay_wgrad_compute=false",
+        )
+    if model.moe_use_legacy_grouped_gemm:
+        return violation(
+            "delay_wgrad", ["model.delay_wgrad_compute", "model.moe_use_legacy_grouped_gemm"],
+            "delay_wgrad_compute is not supported with legacy groupedgemm implementation; set "
+            "model.moe_use_legacy_grouped_gemm=false",
         )
     return None

@@ -1,21 +1,65 @@
-"""The rule catalogue: small pure functions of the config, registered by name."""
+"""The rule catalogue: every rule graphbridge applies, in one registry.
 
+A rule is a small pure function ``check(cfg, target)`` (target: bridge.validation.target.Target)
+returning None, a Violation or several. Each is registered with what it rejects and its fix, the
+lines of the README's rule table, and with what it judges:
+
+- a config rule (the default) judges the configuration itself: a violation means it can run nowhere;
+- an engine rule (``engine="megatron"`` or ``"torch"``) judges what that engine implements. Megatron
+  rules apply to configs written for megatron-core (engine=megatron or auto); torch rules apply when
+  the torch engine would train, and when engine=auto picked it on this machine their violations
+  say the config cannot run *here* (elsewhere megatron-core would train it);
+- an environment rule (``environment=True``) judges this machine: GPUs, installed packages and
+  their versions. Its violations say the config cannot run here; planning for a cluster still works.
+
+``mode=plan`` runs every rule, and a run refuses exactly what the plan reports, before a model is
+built or a rank is started. Engines define no rules of their own.
+"""
+
+from dataclasses import dataclass, replace
 from typing import Callable, Dict, Iterable, List, Optional, Union
 
-from bridge.validation.violation import Violation
+from bridge.validation.violation import CONFIG, HERE, Violation
 
 RuleResult = Union[None, Violation, Iterable[Violation]]
-RULES: Dict[str, Callable[..., RuleResult]] = {}
+ENGINES = ("megatron", "torch")
 
 
-def rule(name: str):
-    """Register ``fn(cfg)`` under ``name``; it returns None, a Violation or several."""
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    check: Callable[..., RuleResult]
+    rejects: str
+    fix: str
+    engine: Optional[str] = None
+    environment: bool = False
+
+    def applies(self, target) -> bool:
+        if self.engine == "megatron":
+            return target.written_for_megatron
+        if self.engine == "torch":
+            return target.engine == "torch"
+        return True
+
+    def where(self, target) -> str:
+        """Whether a violation of this rule lies in the config or on this machine."""
+        if self.environment or (self.engine == "torch" and target.engine_is_auto):
+            return HERE
+        return CONFIG
+
+
+RULES: Dict[str, Rule] = {}
+
+
+def rule(name: str, *, rejects: str, fix: str, engine: Optional[str] = None, environment: bool = False):
+    """Register ``fn(cfg, target)`` under ``name``, with the README table's two cells."""
+    if engine not in (None, *ENGINES):
+        raise ValueError(f"rule {name!r}: engine must be one of {ENGINES}")
 
     def register(fn):
         if name in RULES:
             raise ValueError(f"rule {name!r} registered twice")
-        RULES[name] = fn
-        fn.rule_name = name
+        RULES[name] = Rule(name, fn, rejects, fix, engine, environment)
         return fn
 
     return register
@@ -25,11 +69,15 @@ def violation(name: str, keys: List[str], message: str) -> Violation:
     return Violation(name, list(keys), message)
 
 
-def run_rules(cfg, names: Optional[Iterable[str]] = None) -> List[Violation]:
+def run_rules(cfg, target, names: Optional[Iterable[str]] = None) -> List[Violation]:
     found: List[Violation] = []
     for name in names or RULES:
-        result = RULES[name](cfg)
+        entry = RULES[name]
+        if not entry.applies(target):
+            continue
+        result = entry.check(cfg, target)
         if result is None:
             continue
-        found.extend([result] if isinstance(result, Violation) else result)
+        where = entry.where(target)
+        found.extend(replace(v, where=where) for v in ([result] if isinstance(result, Violation) else result))
     return found

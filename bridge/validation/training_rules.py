@@ -34,8 +34,10 @@ def data_parallel_size(cfg) -> int:
     return cfg.train.num_gpus // model_parallel_size(cfg)
 
 
-@rule("positive_sizes")
-def positive_sizes(cfg):
+@rule("positive_sizes",
+      rejects='a size, count, length or step count below 1',
+      fix='1 or more')
+def positive_sizes(cfg, target):
     keys = [key for key in POSITIVE if _get(cfg, key) < 1]
     optional = ("model.expert_tensor_parallel_size", "workload.preset_num_gpus")
     keys += [key for key in optional if _get(cfg, key) is not None and _get(cfg, key) < 1]
@@ -45,8 +47,10 @@ def positive_sizes(cfg):
     ]
 
 
-@rule("attention_heads")
-def attention_heads(cfg):
+@rule("attention_heads",
+      rejects='a hidden size not divisible by the heads (without kv_channels); heads not a multiple of the query groups',
+      fix='as the message says')
+def attention_heads(cfg, target):
     model = cfg.model
     if model.num_attention_heads < 1:
         return None  # positive_sizes reports it
@@ -66,8 +70,10 @@ def attention_heads(cfg):
     return None
 
 
-@rule("moe_layer_freq")
-def moe_layer_freq(cfg):
+@rule("moe_layer_freq",
+      rejects='a malformed `model.moe_layer_freq`; a top-k above the expert count',
+      fix='as the message says')
+def moe_layer_freq(cfg, target):
     model = cfg.model
     freq = model.moe_layer_freq
     ok = valid_moe_layer_freq(model)
@@ -86,8 +92,10 @@ def moe_layer_freq(cfg):
     )
 
 
-@rule("gpu_count")
-def gpu_count(cfg):
+@rule("gpu_count",
+      rejects='GPUs that are not a multiple of TP x PP x CP, or that EP x ETP does not divide per stage',
+      fix='change `train.num_gpus` or the parallel sizes')
+def gpu_count(cfg, target):
     model = cfg.model
     size = model_parallel_size(cfg)
     if size < 1 or cfg.train.num_gpus % size:
@@ -111,8 +119,10 @@ def gpu_count(cfg):
     return None
 
 
-@rule("node_count")
-def node_count(cfg):
+@rule("node_count",
+      rejects='`train.num_gpus` not divisible by `train.num_nodes`',
+      fix='a multiple of `train.num_nodes`')
+def node_count(cfg, target):
     gpus, nodes = cfg.train.num_gpus, cfg.train.num_nodes
     if nodes < 1 or gpus % nodes == 0:
         return None  # positive_sizes reports nodes < 1
@@ -123,8 +133,10 @@ def node_count(cfg):
     )
 
 
-@rule("global_batch")
-def global_batch(cfg):
+@rule("global_batch",
+      rejects='a global batch that is not a multiple of micro-batch x data-parallel size (weak scaling included)',
+      fix='the multiple the message names')
+def global_batch(cfg, target):
     size = model_parallel_size(cfg)
     if size < 1 or cfg.train.num_gpus % size or cfg.train.micro_batch_size < 1:
         return None  # gpu_count / positive_sizes report it
@@ -143,8 +155,10 @@ LR_DECAY_STYLES = ("constant", "linear", "cosine")
 """The decay styles both engines implement (megatron-core's WSD needs decay keys this schema lacks)."""
 
 
-@rule("lr_schedule")
-def lr_schedule(cfg):
+@rule("lr_schedule",
+      rejects='`optimizer.lr_warmup_iters` below 0 or not below `train.train_iters`; `optimizer.min_lr` outside 0..lr; a decay style other than constant, linear, cosine',
+      fix='as the message says')
+def lr_schedule(cfg, target):
     """What megatron-core's OptimizerParamScheduler asserts, without a message, when the engine builds it."""
     opt, train_iters = cfg.optimizer, cfg.train.train_iters
     if opt.lr_decay_style not in LR_DECAY_STYLES:
@@ -173,8 +187,10 @@ def lr_schedule(cfg):
     return None
 
 
-@rule("virtual_pipeline")
-def virtual_pipeline(cfg):
+@rule("virtual_pipeline",
+      rejects='virtual pipeline stages without pipeline parallelism',
+      fix='`model.virtual_pipeline_model_parallel_size=null`')
+def virtual_pipeline(cfg, target):
     model = cfg.model
     if model.virtual_pipeline_model_parallel_size is not None and model.pipeline_model_parallel_size <= 1:
         return violation(
@@ -186,8 +202,10 @@ def virtual_pipeline(cfg):
     return None
 
 
-@rule("sequence_parallel")
-def sequence_parallel(cfg):
+@rule("sequence_parallel",
+      rejects='sequence parallelism without tensor parallelism',
+      fix='`model.sequence_parallel=false`')
+def sequence_parallel(cfg, target):
     if cfg.model.sequence_parallel and cfg.model.tensor_model_parallel_size <= 1:
         return violation(
             "sequence_parallel", ["model.sequence_parallel", "model.tensor_model_parallel_size"],
@@ -197,8 +215,10 @@ def sequence_parallel(cfg):
     return None
 
 
-@rule("precision")
-def precision(cfg):
+@rule("precision",
+      rejects='bf16 and fp16 together',
+      fix='`model.fp16=false`')
+def precision(cfg, target):
     if cfg.model.bf16 and cfg.model.fp16:
         return violation(
             "precision", ["model.bf16", "model.fp16"],
@@ -207,8 +227,10 @@ def precision(cfg):
     return None
 
 
-@rule("torch_compile")
-def torch_compile(cfg):
+@rule("torch_compile",
+      rejects='an unknown `torch_compile` mode',
+      fix='none, default or reduce-overhead')
+def torch_compile(cfg, target):
     if cfg.torch_compile not in ("none", "default", "reduce-overhead"):
         return violation(
             "torch_compile", ["torch_compile"],
@@ -217,8 +239,10 @@ def torch_compile(cfg):
     return None
 
 
-@rule("config_types")
-def config_types(cfg):
+@rule("config_types",
+      rejects='a value of the wrong type for its field (e.g. a list field interpolated to a number)',
+      fix='a value of the declared type')
+def config_types(cfg, target):
     """Interpolations are resolved after composition, so a value can reach here with a type
     its field refuses (a list field set to ${model.hidden_size}); the job could not be written."""
     nodes = [(f"{f.name}.", getattr(cfg, f.name)) for f in dataclasses.fields(cfg)

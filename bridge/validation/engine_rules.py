@@ -1,0 +1,176 @@
+"""What each engine implements. Torch rules judge the native PyTorch model (bridge.config.engines
+lists its choices); megatron rules judge what the megatron engine builds on megatron-core beyond
+megatron-core's own checks (its in-graph optimizer, its layer specs)."""
+
+from bridge.config.engines import (
+    PARALLEL_SIZES,
+    TORCH_ACTIVATIONS,
+    TORCH_GRAPH_MODULES,
+    TORCH_LR_DECAY_STYLES,
+    TORCH_NORMALIZATIONS,
+    TORCH_NOT_MODELLED,
+    TORCH_OPTIMIZERS,
+    TORCH_POSITION_EMBEDDINGS,
+    TORCH_ROUTER_SCORE_FUNCTIONS,
+    TORCH_SOFTMAX_TYPES,
+)
+from bridge.config.graphs import graph_impl
+from bridge.validation.graph_facts import FULL_ITERATION, IMPL, LOCAL, MODULES, TE, impl_of, is_graphed, modules_of
+from bridge.validation.registry import rule, violation
+
+USE_MEGATRON = "or use engine=megatron"
+
+
+@rule("engine_impl", engine="torch",
+      rejects="a graph impl the torch engine has no mechanism for (Transformer Engine graphs)",
+      fix="`engine=megatron`, or `cuda_graph=local_layer` / `full_iteration`")
+def engine_impl(cfg, target):
+    if "torch" not in graph_impl(impl_of(cfg)).mechanisms:
+        return violation(
+            "engine_impl", ["engine", IMPL],
+            f"the torch engine has no cuda_graph_impl={impl_of(cfg).value} (Transformer Engine graphs need "
+            "megatron-core); use engine=megatron, or cuda_graph=local_layer / cuda_graph=full_iteration",
+        )
+    return None
+
+
+@rule("torch_engine_parallelism", engine="torch",
+      rejects="more than one GPU or any model parallelism on the torch engine",
+      fix="`train.num_gpus=1` and parallel sizes 1, or `engine=megatron`")
+def torch_engine_parallelism(cfg, target):
+    parallel = {f"model.{name}": getattr(cfg.model, name) for name in PARALLEL_SIZES if getattr(cfg.model, name) != 1}
+    if cfg.train.num_gpus == 1 and not parallel:
+        return None
+    return violation(
+        "torch_engine_parallelism", ["train.num_gpus", *parallel],
+        f"the torch engine trains on one device (train.num_gpus={cfg.train.num_gpus}"
+        f"{''.join(f', {key}={value}' for key, value in parallel.items())}); set train.num_gpus=1 and every "
+        f"parallel size to 1, {USE_MEGATRON}",
+    )
+
+
+@rule("torch_engine_precision", engine="torch",
+      rejects="fp16, fp8 or fp4 on the torch engine (it trains in fp32 or bf16 autocast)",
+      fix="`model.fp16=false model.fp8=null model.fp4=null`, or `engine=megatron`")
+def torch_engine_precision(cfg, target):
+    model = cfg.model
+    keys = [key for key, on in (("model.fp16", model.fp16), ("model.fp8", model.fp8), ("model.fp4", model.fp4)) if on]
+    if not keys:
+        return None
+    return violation(
+        "torch_engine_precision", keys,
+        f"the torch engine trains in fp32 or bf16 autocast, not {', '.join(keys)}; set model.fp16=false "
+        f"model.fp8=null model.fp4=null, {USE_MEGATRON}",
+    )
+
+
+@rule("torch_engine_features", engine="torch",
+      rejects="architecture or optimizer choices the native model does not implement",
+      fix="a choice the message lists, or `engine=megatron`")
+def torch_engine_features(cfg, target):
+    model, found = cfg.model, []
+    for name in TORCH_NOT_MODELLED:
+        if getattr(model, name):
+            found.append(violation("torch_engine_features", [f"model.{name}"],
+                                   f"the native model does not implement model.{name}; turn it off, {USE_MEGATRON}"))
+    choices = (("model.normalization", model.normalization, TORCH_NORMALIZATIONS),
+               ("model.activation_func", model.activation_func, TORCH_ACTIVATIONS),
+               ("model.position_embedding_type", model.position_embedding_type, TORCH_POSITION_EMBEDDINGS),
+               ("model.softmax_type", model.softmax_type, TORCH_SOFTMAX_TYPES),
+               ("model.moe_router_score_function", model.moe_router_score_function, TORCH_ROUTER_SCORE_FUNCTIONS),
+               ("optimizer.optimizer", cfg.optimizer.optimizer, TORCH_OPTIMIZERS),
+               ("optimizer.lr_decay_style", cfg.optimizer.lr_decay_style, TORCH_LR_DECAY_STYLES))
+    found += [violation("torch_engine_features", [key],
+                        f"{key}={value!r} is not implemented by the torch engine; use one of {list(allowed)}, "
+                        f"{USE_MEGATRON}")
+              for key, value, allowed in choices if value not in allowed]
+    return found
+
+
+@rule("torch_engine_modules", engine="torch",
+      rejects="local graphs of modules the native model cannot wrap (moe_preprocess, mamba)",
+      fix="modules from attn, mlp, moe, moe_router")
+def torch_engine_modules(cfg, target):
+    unknown = [name for name in modules_of(cfg) if name not in TORCH_GRAPH_MODULES]
+    if impl_of(cfg) == LOCAL and unknown:
+        return violation(
+            "torch_engine_modules", [MODULES],
+            f"the torch engine's local graphs wrap {list(TORCH_GRAPH_MODULES)}, not {unknown}; drop {unknown} "
+            "from model.cuda_graph_modules",
+        )
+    return None
+
+
+@rule("torch_compile_graphs", engine="torch",
+      rejects="`torch_compile` together with a graph impl (both capture the step)",
+      fix="`torch_compile=none` or `cuda_graph=none`")
+def torch_compile_graphs(cfg, target):
+    if cfg.torch_compile != "none" and is_graphed(cfg):
+        return violation(
+            "torch_compile_graphs", ["torch_compile", IMPL],
+            f"torch_compile={cfg.torch_compile} and cuda_graph_impl={impl_of(cfg).value} both capture the step; "
+            "set torch_compile=none or cuda_graph=none",
+        )
+    return None
+
+
+@rule("torch_compile_megatron", engine="megatron",
+      rejects="`torch_compile` on the megatron engine (it compiles nothing)",
+      fix="`torch_compile=none`, or `engine=torch`")
+def torch_compile_megatron(cfg, target):
+    if cfg.torch_compile != "none":
+        return violation(
+            "torch_compile_megatron", ["torch_compile", "engine"],
+            f"torch_compile={cfg.torch_compile} is the torch engine's; megatron-core would train uncompiled: set "
+            "torch_compile=none, or engine=torch",
+        )
+    return None
+
+
+@rule("optimizer_in_graph_megatron", engine="megatron",
+      rejects="the megatron engine's in-graph optimizer with a non-Adam optimizer, fp16, the distributed "
+              "optimizer or expert parallelism",
+      fix="as the message says, or `optimizer.optimizer_in_graph=false`")
+def optimizer_in_graph_megatron(cfg, target):
+    if not (cfg.optimizer.optimizer_in_graph and impl_of(cfg) == FULL_ITERATION):
+        return None
+    # A capturable AdamW over fp32 master weights: no loss scaler (fp16), no sharded state (the
+    # distributed optimizer), no grad-norm reduction across expert-parallel ranks.
+    unmet = [key for key, ok in (
+        ("optimizer.optimizer=adam", cfg.optimizer.optimizer == "adam"),
+        ("model.fp16=false", not cfg.model.fp16),
+        ("ddp.use_distributed_optimizer=false", not cfg.ddp.use_distributed_optimizer),
+        ("model.expert_model_parallel_size=1", cfg.model.expert_model_parallel_size == 1),
+    ) if not ok]
+    if not unmet:
+        return None
+    return violation(
+        "optimizer_in_graph_megatron", ["optimizer.optimizer_in_graph"] + [key.split("=")[0] for key in unmet],
+        f"the in-graph optimizer step needs {' '.join(unmet)}; set those or optimizer.optimizer_in_graph=false",
+    )
+
+
+@rule("te_graphs_need_te_spec", engine="megatron",
+      rejects="Transformer Engine graphs with megatron-core's local layer spec",
+      fix="`model.transformer_impl=transformer_engine`, or `cuda_graph=local_layer` / `full_iteration`")
+def te_graphs_need_te_spec(cfg, target):
+    if impl_of(cfg) == TE and cfg.model.transformer_impl != "transformer_engine":
+        return violation(
+            "te_graphs_need_te_spec", [IMPL, "model.transformer_impl"],
+            "Transformer Engine graphs capture TE layers; set model.transformer_impl=transformer_engine, or use "
+            "cuda_graph=local_layer / cuda_graph=full_iteration with the local spec",
+        )
+    return None
+
+
+@rule("attention_variant_needs_te_spec", engine="megatron",
+      rejects="`model.experimental_attention_variant` with megatron-core's local layer spec",
+      fix="`model.transformer_impl=transformer_engine`")
+def attention_variant_needs_te_spec(cfg, target):
+    if cfg.model.experimental_attention_variant is not None and cfg.model.transformer_impl != "transformer_engine":
+        return violation(
+            "attention_variant_needs_te_spec", ["model.experimental_attention_variant", "model.transformer_impl"],
+            f"model.experimental_attention_variant={cfg.model.experimental_attention_variant} exists only in "
+            "megatron-core's Transformer Engine spec; set model.transformer_impl=transformer_engine",
+        )
+    return None
