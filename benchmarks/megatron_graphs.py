@@ -45,7 +45,7 @@ def measure(variant: str, timed_steps: int) -> dict:
     import torch
 
     import bridge
-    from bridge.engines.megatron_engine import MegatronEngine
+    from bridge.engines.megatron.engine import MegatronEngine
 
     warmup = bridge.load(list(COMMON)).model.cuda_graph_warmup_steps
     # Capture lands at step `warmup` at the latest; its first replay follows.

@@ -153,7 +153,7 @@ def engine_loop(overrides, total_steps: int, skipped: int, profile_to=None) -> f
     import torch
 
     import bridge
-    from bridge.engines.megatron_engine import MegatronEngine
+    from bridge.engines.megatron.engine import MegatronEngine
 
     engine = MegatronEngine(bridge.load(overrides))
 

@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, Tuple
 import torch
 
 import bridge
-from bridge.engines.torch_engine import TorchEngine
+from bridge.engines.torch.engine import TorchEngine
 
 WORKLOAD = ["recipe=llama/tiny", "engine=torch", "device=cuda", "cuda_graph=full_iteration"]
 INTERVAL = 10

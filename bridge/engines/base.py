@@ -5,7 +5,7 @@ from typing import Optional, Protocol, Set
 import torch
 
 
-class Engine(Protocol):
+class TrainingEngine(Protocol):
     name: str
     """"megatron" or "torch"."""
     device: torch.device
@@ -34,6 +34,6 @@ class ChecksFinite(Protocol):
 
     def finite_steps(self) -> Optional[torch.Tensor]:
         """An int64 device scalar that each step updates on the device, inside the graph under
-        full-iteration graphs (see bridge.graphs.finite_check.FiniteCheck): the number of steps
+        full-iteration graphs (see bridge.engines.finite_check.FiniteCheck): the number of steps
         before the first one with a non-finite loss or gradient norm, counted from the engine's
         first step. None when perf.nan_check_interval is 0."""

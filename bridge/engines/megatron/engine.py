@@ -3,8 +3,9 @@
 Built the way Megatron-LM / Megatron-Bridge build a job: process group, a dedicated CUDA stream,
 model-parallel groups, microbatch calculator, RNG tracker, GPTModel (Transformer Engine or
 local layer spec) in Float16Module and megatron DDP, megatron optimizer and
-OptimizerParamScheduler, ``get_forward_backward_func``. The CUDA-graph mechanism is one object
-from ``bridge.graphs`` (full_iteration, local, transformer_engine) behind one protocol.
+OptimizerParamScheduler, ``get_forward_backward_func``. The CUDA-graph mechanism is one lifecycle
+object per impl (full_iteration.py, local.py, transformer_engine.py beside this module) behind one
+protocol (lifecycle.py). What the engine can run, the catalogue decided before it was built.
 
 Same seed, same weights and same data for every graph impl: the model is built before any graph
 machinery runs, from RNG trackers seeded identically, and the data depends only on the seed, so
@@ -49,15 +50,20 @@ from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 from megatron.core.transformer.module import Float16Module
 from megatron.core.utils import get_batch_on_this_cp_rank
 
+from bridge.config.graphs import graph_impl
 from bridge.config.schema import CudaGraphImpl, GraphBridgeConfig
 from bridge.data import MockData
 from bridge.diagnosis import graph_region
-from bridge.graphs.base import GraphLifecycle, NoGraphs
-from bridge.graphs.capturable_optimizer import CapturableAdamW, ScheduleView
-from bridge.graphs.finite_check import FiniteCheck
-from bridge.graphs.full_iteration import FullIterationGraph, full_iteration_state_is_clean, reset_full_iteration_state
-from bridge.graphs.local import LocalLayerGraphs, local_graph_state_is_clean, reset_local_graph_state
-from bridge.graphs.transformer_engine import TransformerEngineGraphs
+from bridge.engines.finite_check import FiniteCheck
+from bridge.engines.megatron.capturable_optimizer import CapturableAdamW, ScheduleView
+from bridge.engines.megatron.full_iteration import (
+    FullIterationGraphs,
+    full_iteration_state_is_clean,
+    reset_full_iteration_state,
+)
+from bridge.engines.megatron.lifecycle import GraphLifecycle, NoGraphs
+from bridge.engines.megatron.local import LocalLayerGraphs, local_graph_state_is_clean, reset_local_graph_state
+from bridge.engines.megatron.transformer_engine import TransformerEngineGraphs
 from bridge.translate import build_megatron_configs
 
 
@@ -79,13 +85,12 @@ class MegatronEngine:
 
     def _build(self) -> None:
         cfg = self.cfg
-        os.environ.update(cfg.env_vars)
-        self.device = init_distributed(cfg.train.num_gpus)
+        self.device = init_distributed()
         configs = build_megatron_configs(cfg)
         self.transformer_config = configs["transformer_config"]
         init_parallel_state(cfg)
         self.num_microbatches = get_num_microbatches()
-        seed_rng_trackers(cfg, graphed=self.effective_impl != CudaGraphImpl.none.value)
+        seed_rng_trackers(cfg, graphed=graph_impl(self.effective_impl).graphed)
         self.layer_spec = choose_layer_spec(cfg)
         self.model_chunks = build_model_chunks(
             self.transformer_config, configs["gpt_model"], configs["ddp_config"],
@@ -95,7 +100,6 @@ class MegatronEngine:
         torch.cuda.synchronize()
         self.optimizer_in_graph = cfg.optimizer.optimizer_in_graph
         if self.optimizer_in_graph:
-            check_optimizer_in_graph(cfg)
             self.optimizer = CapturableAdamW(self.model_chunks, cfg.optimizer, self.device)
             self.schedule_view = ScheduleView()
             schedule_target = self.schedule_view
@@ -126,17 +130,14 @@ class MegatronEngine:
         self.steps_done = 0
 
     def _graph_lifecycle(self) -> GraphLifecycle:
+        """The lifecycle of the impl's megatron-core mechanism (bridge.config.graphs names them)."""
         cfg, impl = self.cfg, CudaGraphImpl(self.cfg.model.cuda_graph_impl)
         if impl == CudaGraphImpl.full_iteration:
             optimizer_step = self.optimizer.step if self.optimizer_in_graph else None
-            return FullIterationGraph(cfg.model.cuda_graph_warmup_steps, optimizer_step)
+            return FullIterationGraphs(cfg.model.cuda_graph_warmup_steps, optimizer_step)
         if impl == CudaGraphImpl.local:
             return LocalLayerGraphs(self.model_chunks)
         if impl == CudaGraphImpl.transformer_engine:
-            if self.layer_spec != "transformer_engine":
-                raise ValueError("model.cuda_graph_impl=transformer_engine needs Transformer Engine and "
-                                 "model.transformer_impl=transformer_engine; install graphbridge[te] or "
-                                 "use cuda_graph=local_layer / cuda_graph=full_iteration")
             return TransformerEngineGraphs(self.model_chunks, self.transformer_config, cfg.dataset.seq_length,
                                            cfg.train.micro_batch_size, self.optimizer, self.toggle_forward_pre_hook)
         return NoGraphs()
@@ -244,12 +245,10 @@ def megatron_graph_state_is_clean() -> bool:
     return full_iteration_state_is_clean() and local_graph_state_is_clean()
 
 
-def init_distributed(num_gpus: int) -> torch.device:
-    """torchrun's environment, or a one-process NCCL group when started without torchrun."""
+def init_distributed() -> torch.device:
+    """torchrun's environment, or a one-process NCCL group when started without torchrun (the
+    catalogue's process_count rule checked that the process count is train.num_gpus)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size != num_gpus:
-        raise ValueError(f"train.num_gpus={num_gpus} but {world_size} processes were started; launch "
-                         f"torchrun --nproc-per-node {num_gpus} or set train.num_gpus={world_size}")
     if world_size == 1:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
@@ -336,24 +335,7 @@ def decoder_block_spec(transformer_config, use_transformer_engine: bool, vp_stag
     if transformer_config.experimental_attention_variant is None:
         return get_gpt_decoder_block_spec(transformer_config, use_transformer_engine=use_transformer_engine,
                                           normalization=transformer_config.normalization, vp_stage=vp_stage)
-    if not use_transformer_engine:
-        raise ValueError(f"model.experimental_attention_variant={transformer_config.experimental_attention_variant} "
-                         "exists only in megatron-core's Transformer Engine spec; install graphbridge[te] and keep "
-                         "model.transformer_impl=transformer_engine")
     return get_transformer_block_with_experimental_attention_variant_spec(transformer_config, vp_stage=vp_stage)
-
-
-def check_optimizer_in_graph(cfg: GraphBridgeConfig) -> None:
-    """What the capturable optimizer does not reproduce of megatron-core's optimizer."""
-    if cfg.ddp.use_distributed_optimizer:
-        raise ValueError("optimizer.optimizer_in_graph=true has no distributed-optimizer variant; set "
-                         "ddp.use_distributed_optimizer=false or optimizer.optimizer_in_graph=false")
-    if cfg.model.expert_model_parallel_size > 1:
-        raise ValueError("optimizer.optimizer_in_graph=true does not reduce the grad norm across expert-parallel "
-                         "ranks; set model.expert_model_parallel_size=1 or optimizer.optimizer_in_graph=false")
-    if cfg.model.fp16 or cfg.optimizer.optimizer != "adam":
-        raise ValueError("optimizer.optimizer_in_graph=true supports adam with bf16 or fp32 only (fp16 needs a "
-                         "loss scaler); set optimizer.optimizer=adam and model.fp16=false")
 
 
 def build_scheduler(cfg: GraphBridgeConfig, optimizer) -> OptimizerParamScheduler:

@@ -6,7 +6,7 @@ static buffers, so the data iterator must yield dicts of tensors.
 
 With ``optimizer_step`` (optimizer.optimizer_in_graph=true) the captured function is
 forward+backward followed by a sync-free optimizer step, so one replay is a whole training
-step. The optimizer must then be capturable (see bridge.graphs.capturable_optimizer).
+step. The optimizer must then be capturable (see bridge.engines.megatron.capturable_optimizer).
 
 All of the wrapper's state is class-level and megatron-core 0.16.1 never resets it; ``delete``
 does, so a later wrapper in the same process starts from call zero with empty buffers.
@@ -17,12 +17,12 @@ from typing import Callable, Optional, Set
 
 from megatron.core.full_cuda_graph import FullCudaGraphWrapper, StaticBufferLoader
 
-from bridge.graphs.base import FirstStep
+from bridge.engines.megatron.lifecycle import FirstStep
 
 STAGES = ("training", "validation")
 
 
-class FullIterationGraph:
+class FullIterationGraphs:
     region = "the full-iteration graph (megatron-core FullCudaGraphWrapper)"
 
     def __init__(self, warmup_steps: int, optimizer_step: Optional[Callable[[], None]] = None):

@@ -18,7 +18,7 @@ import torch
 from megatron.core.transformer import cuda_graphs
 from megatron.core.transformer.cuda_graphs import CudaGraphManager, TensorReusePool, _CudagraphGlobalRecord
 
-from bridge.graphs.base import FirstStep
+from bridge.engines.megatron.lifecycle import FirstStep
 
 
 class LocalLayerGraphs:

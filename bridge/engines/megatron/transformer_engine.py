@@ -14,7 +14,7 @@ import torch
 from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
 
 from bridge.diagnosis import graph_region
-from bridge.graphs.base import FirstStep
+from bridge.engines.megatron.lifecycle import FirstStep
 
 
 class TransformerEngineGraphs:

@@ -1,4 +1,4 @@
-"""The torch engine: the native model trained with PyTorch alone (bridge.engines.native_model).
+"""The torch engine: the native model trained with PyTorch alone (bridge.engines.torch.native_model).
 
 How a step runs on CUDA, by ``model.cuda_graph_impl`` and ``torch_compile``:
     none               eager
@@ -26,39 +26,36 @@ from typing import Dict, List, Optional, Set
 
 import torch
 
+from bridge.config.graphs import graph_impl
 from bridge.config.schema import CudaGraphImpl, Device, GraphBridgeConfig, OptimizerConfig
 from bridge.data import MockData
 from bridge.diagnosis import graph_region
-from bridge.engines import ConfigError, resolve_device
-from bridge.engines.native_model import (ACTIVATIONS, NORMS, POSITION_EMBEDDING_TYPES,
-                                         ROUTER_SCORE_FUNCTIONS, SOFTMAX_TYPES, build_native_model)
-from bridge.graphs.finite_check import FiniteCheck
-from bridge.graphs.torch_graphs import FullIterationGraph, ModuleGraphs, select_modules
+from bridge.engines.finite_check import FiniteCheck
+from bridge.engines.torch.graphs import FullIterationGraph, ModuleGraphs, select_modules
+from bridge.engines.torch.native_model import build_native_model
 
 log = logging.getLogger(__name__)
 
-PARALLEL_SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
-                  "expert_model_parallel_size")
-LR_DECAY_STYLES = ("cosine", "linear", "constant")
-GRAPHABLE_MODULES = ("attn", "mlp", "moe", "moe_router")
 BATCH_KEYS = ("tokens", "labels", "loss_mask")
 
 
 class TorchEngine:
     name = "torch"
 
-    def __init__(self, cfg: GraphBridgeConfig):
-        self.device = resolve_device(cfg)
-        problems = unsupported_settings(cfg, self.device)
-        if problems:
-            raise ConfigError("the torch engine cannot run this config:\n" + "\n".join(f"  - {p}" for p in problems))
+    def __init__(self, cfg: GraphBridgeConfig, device: Optional[str] = None):
+        """``device``: "cuda" or "cpu", as the catalogue's target decided (by default: for this machine)."""
+        if device is None:
+            from bridge.validation import resolve_target
+
+            device = resolve_target(cfg).device
+        self.device = torch.device(device)
         self.cfg = cfg
         self.effective_impl = effective_impl(cfg, self.device)
         self.data = MockData(cfg)
         self.model = build_native_model(cfg).to(self.device)
         graphs_optimizer = self.effective_impl == CudaGraphImpl.full_iteration.value
         self.optimizer = build_optimizer(self.model, cfg.optimizer, self.device, capturable=graphs_optimizer)
-        self.capture_step = cfg.model.cuda_graph_warmup_steps
+        self.capture_step = graph_impl(cfg.model.cuda_graph_impl).capture_step(cfg.model.cuda_graph_warmup_steps, "torch")
         self.finite_check = FiniteCheck(self.device) if cfg.perf.nan_check_interval > 0 else None
         # A device factor the step multiplies its loss by: 1, or NaN once the injection starts.
         self.inject_nan_at_step = cfg.perf.inject_nan_at_step
@@ -66,11 +63,7 @@ class TorchEngine:
         self.full_graph = FullIterationGraph(self._step) if graphs_optimizer else None
         self.module_graphs = None
         if self.effective_impl == CudaGraphImpl.local.value:
-            modules = select_modules(self.model, cfg.model.cuda_graph_modules)
-            if not modules:
-                raise ConfigError(f"model.cuda_graph_modules={list(cfg.model.cuda_graph_modules)} selects no "
-                                  "submodule of this model; change model.cuda_graph_modules")
-            self.module_graphs = ModuleGraphs(modules)
+            self.module_graphs = ModuleGraphs(select_modules(self.model, cfg.model.cuda_graph_modules))
         self.compile_mode = cfg.torch_compile if self.effective_impl.startswith("torch_compile") else None
         self.forward = self.model
         if self.compile_mode is not None:
@@ -184,7 +177,7 @@ def effective_impl(cfg: GraphBridgeConfig, device: torch.device) -> str:
     impl = CudaGraphImpl(cfg.model.cuda_graph_impl).value
     if device.type == "cuda":
         return f"torch_compile:{cfg.torch_compile}" if cfg.torch_compile != "none" else impl
-    dropped = [f"cuda_graph_impl={impl}"] if impl != "none" else []
+    dropped = [f"cuda_graph_impl={impl}"] if graph_impl(impl).graphed else []
     if cfg.torch_compile != "none":
         dropped.append(f"torch_compile={cfg.torch_compile}")
     if dropped:
@@ -192,49 +185,6 @@ def effective_impl(cfg: GraphBridgeConfig, device: torch.device) -> str:
         log.warning("%s: %s not applied; training runs eagerly on the CPU (effective_impl=none)",
                     why, " and ".join(dropped))
     return "none"
-
-
-def unsupported_settings(cfg: GraphBridgeConfig, device: torch.device) -> List[str]:
-    """Everything in ``cfg`` the torch engine cannot run, each with the override that fixes it."""
-    model = cfg.model
-    problems = []
-    parallel = {f"model.{name}": getattr(model, name) for name in PARALLEL_SIZES if getattr(model, name) != 1}
-    if cfg.train.num_gpus != 1 or parallel:
-        problems.append(f"the torch engine runs on one device (train.num_gpus={cfg.train.num_gpus}, {parallel}); "
-                        "set train.num_gpus=1 and every parallel size to 1, or use engine=megatron")
-    if model.fp16 or model.fp8 or model.fp4:
-        problems.append("the torch engine trains in fp32 or bf16 autocast; set model.fp16=false model.fp8=null "
-                        "model.fp4=null, or use engine=megatron")
-    not_modelled = [key for key, value in (("model.attention_output_gate", model.attention_output_gate),
-                                           ("model.layernorm_zero_centered_gamma", model.layernorm_zero_centered_gamma),
-                                           ("model.moe_shared_expert_gate", model.moe_shared_expert_gate),
-                                           ("model.experimental_attention_variant", model.experimental_attention_variant))
-                    if value]
-    if not_modelled:
-        problems.append(f"the native model does not implement {not_modelled}; turn them off or use engine=megatron")
-    choices = [("model.normalization", model.normalization, NORMS),
-               ("model.activation_func", model.activation_func, ACTIVATIONS),
-               ("model.position_embedding_type", model.position_embedding_type, POSITION_EMBEDDING_TYPES),
-               ("model.softmax_type", model.softmax_type, SOFTMAX_TYPES),
-               ("model.moe_router_score_function", model.moe_router_score_function, ROUTER_SCORE_FUNCTIONS),
-               ("optimizer.optimizer", cfg.optimizer.optimizer, ("adam",)),
-               ("optimizer.lr_decay_style", cfg.optimizer.lr_decay_style, LR_DECAY_STYLES)]
-    problems += [f"{key}={value!r} is not supported by the torch engine; use one of {list(allowed)}"
-                 for key, value, allowed in choices if value not in allowed]
-    impl = CudaGraphImpl(model.cuda_graph_impl)
-    if device.type != "cuda" or impl == CudaGraphImpl.none:
-        return problems
-    if impl == CudaGraphImpl.transformer_engine:
-        problems.append("the torch engine has no Transformer Engine graphs; use engine=megatron, or "
-                        "cuda_graph=local_layer / cuda_graph=full_iteration")
-    if cfg.torch_compile != "none":
-        problems.append(f"torch_compile={cfg.torch_compile} and cuda_graph_impl={impl.value} both capture the "
-                        "step; set torch_compile=none or cuda_graph=none")
-    unknown = [name for name in model.cuda_graph_modules if name not in GRAPHABLE_MODULES]
-    if impl == CudaGraphImpl.local and unknown:
-        problems.append(f"the native model has no {unknown} to graph; the torch engine graphs "
-                        f"{list(GRAPHABLE_MODULES)}: drop {unknown} from model.cuda_graph_modules")
-    return problems
 
 
 def build_optimizer(model: torch.nn.Module, config: OptimizerConfig, device: torch.device,

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from bridge.diagnosis import graph_region
-from bridge.engines.native_model import MLPBlock, MoEBlock, NativeGPT
+from bridge.engines.torch.native_model import MLPBlock, MoEBlock, NativeGPT
 
 Batch = Dict[str, torch.Tensor]
 FULL_ITERATION_REGION = "the full-iteration graph (forward, backward and optimizer step)"

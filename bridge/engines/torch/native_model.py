@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bridge.config.engines import TORCH_ROTARY_TYPES
 from bridge.config.schema import GraphBridgeConfig, ModelConfig
 from bridge.translate import padded_vocab_size
 from bridge.validation.model_facts import moe_layer_pattern
@@ -41,10 +42,6 @@ def _squared_relu(x: torch.Tensor) -> torch.Tensor:
 
 ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "quick_gelu": _quick_gelu, "squared_relu": _squared_relu}
 NORMS = {"RMSNorm": nn.RMSNorm, "LayerNorm": nn.LayerNorm}
-ROTARY_TYPES = ("rope", "yarn")
-POSITION_EMBEDDING_TYPES = ROTARY_TYPES + ("learned_absolute", "none")
-SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
-ROUTER_SCORE_FUNCTIONS = ("softmax", "sigmoid")
 
 
 def make_norm(model: ModelConfig, dim: int) -> nn.Module:
@@ -138,7 +135,7 @@ def _is_window_layer(model: ModelConfig, layer_number: int) -> bool:
 
 
 def _rotary(model: ModelConfig, head_dim: int) -> Optional[Rotary]:
-    if model.position_embedding_type not in ROTARY_TYPES:
+    if model.position_embedding_type not in TORCH_ROTARY_TYPES:
         return None
     return Rotary(int(head_dim * model.rotary_percent), model.seq_length, model.rotary_base)
 
