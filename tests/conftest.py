@@ -118,7 +118,7 @@ def scripted(monkeypatch):
     from bridge.trainer import Trainer
 
     def make(job_dir, engine, *overrides):
-        monkeypatch.setattr("bridge.trainer.build_engine", lambda cfg: engine)
+        monkeypatch.setattr("bridge.trainer.build_engine", lambda cfg, target: engine)
         cfg = load_small_config("llama/tiny", "perf.warmup_steps=1", *overrides)
         return Trainer(cfg, write_job_files(job_dir, cfg))
 

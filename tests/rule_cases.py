@@ -1,16 +1,28 @@
-"""One reject and one accept configuration per validation rule, built without Hydra.
+"""One reject and one accept configuration per rule of the catalogue, built without Hydra.
 
-A case is a dict of dotted keys applied to a default GraphBridgeConfig before the override
-helper runs; ``after`` keys are applied after it (to undo what the helper derives). Cases
-marked ``megatron=True`` exercise a rule that megatron-core 0.16.1's TransformerConfig also
-checks: there both verdicts must agree (tests/test_megatron_agreement.py).
+A case is a dict of dotted keys set on a fresh GraphBridgeConfig (a key set here is a value the
+user set: derived values follow only the keys left alone), judged on a machine: by default one
+H100 with megatron-core 0.16.1 and Transformer Engine 2.10, so that the verdicts do not depend on
+the machine the tests run on. Cases marked ``megatron=True`` exercise a rule that megatron-core
+0.16.1's TransformerConfig also checks: there both verdicts must agree
+(tests/test_megatron_agreement.py).
 """
 
 from dataclasses import dataclass, field
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from bridge.config.schema import GraphBridgeConfig
-from bridge.overrides import set_cuda_graph_overrides
+from bridge.machine import GPU, Machine
+from bridge.prepare import resolve
+from bridge.validation import resolve_target, validate
+
+PACKAGES = {"torch": "2.11.0", "megatron-core": "0.16.1", "transformer-engine": "2.10.0"}
+H100 = GPU("NVIDIA H100 80GB HBM3", (9, 0))
+ONE_H100 = Machine(gpus=(H100,), packages=PACKAGES)
+EIGHT_H100 = Machine(gpus=(H100,) * 8, packages=PACKAGES)
+LAPTOP = Machine(gpus=(), packages={"torch": "2.13.0", "megatron-core": "0.16.1", "transformer-engine": None})
+NO_TE = Machine(gpus=(H100,), packages={**PACKAGES, "transformer-engine": None})
+NO_MEGATRON = Machine(gpus=(H100,), packages={**PACKAGES, "megatron-core": None})
 
 MOE = {"model.num_moe_experts": 8, "model.moe_router_topk": 2, "model.moe_ffn_hidden_size": 128}
 DROP_AND_PAD = {"model.moe_expert_capacity_factor": 1.0, "model.moe_pad_expert_input_to_capacity": True}
@@ -35,8 +47,9 @@ FULL_ITERATION = {"model.cuda_graph_impl": "full_iteration"}
 @dataclass
 class Case:
     changes: Dict[str, Any]
-    after: Dict[str, Any] = field(default_factory=dict)
     megatron: bool = False
+    machine: Machine = ONE_H100
+    processes: Optional[int] = None
 
 
 def set_dotted(cfg, dotted: str, value) -> None:
@@ -54,10 +67,13 @@ def build(case: Case) -> GraphBridgeConfig:
     cfg = GraphBridgeConfig()
     for key, value in case.changes.items():
         set_dotted(cfg, key, value)
-    set_cuda_graph_overrides(cfg)
-    for key, value in case.after.items():
-        set_dotted(cfg, key, value)
-    return cfg
+    return resolve(cfg)
+
+
+def fired(case: Case) -> set:
+    """The rules that reject ``case`` on its machine."""
+    cfg = build(case)
+    return {violation.rule for violation in validate(cfg, resolve_target(cfg, case.machine, case.processes))}
 
 
 # rule name -> (reject, accept)
@@ -65,8 +81,8 @@ RULE_CASES = {
     "module_names": (Case(te("attn", "bogus"), megatron=True), Case(te("attn"), megatron=True)),
     "full_iteration_modules": (Case({**FULL_ITERATION, "model.cuda_graph_modules": ["attn"]}),
                                Case(FULL_ITERATION)),
-    "te_rng_tracker": (Case(te("attn"), after={"rng.te_rng_tracker": False, "model.use_te_rng_tracker": False}),
-                       Case(te("attn"), after={"rng.te_rng_tracker": False})),
+    "te_rng_tracker": (Case({**te("attn"), "rng.te_rng_tracker": False}),
+                       Case({**te("attn"), "rng.te_rng_tracker": False, "model.use_te_rng_tracker": True})),
     "full_iteration_nan_checks": (Case({**FULL_ITERATION, "rerun_state_machine.check_for_nan_in_loss": True}),
                                   Case(FULL_ITERATION)),
     "local_scoped_modules": (Case(local("attn")), Case(local())),
@@ -142,7 +158,7 @@ RULE_CASES = {
     "cpu_offloading_conflicts": (Case({"model.cpu_offloading": True, "model.recompute_granularity": "selective"},
                                       megatron=True),
                                  Case({"model.cpu_offloading": True}, megatron=True)),
-    "config_types": (Case({"model.window_size": 128}), Case({"model.window_size": [128, 0]})),
+    "config_types": (Case({"model.window_size": "${model.hidden_size}"}), Case({"model.window_size": [128, 0]})),
     "positive_sizes": (Case({"train.train_iters": 0}), Case({"train.train_iters": 1})),
     # megatron-core floors hidden/heads silently here and fails later, at model build.
     "attention_heads": (Case({"model.hidden_size": 100, "model.num_attention_heads": 3}),
@@ -173,11 +189,60 @@ RULE_CASES = {
                        Case({**FULL_ITERATION, "perf.profile": True, "train.train_iters": 10})),
 }
 
+TORCH = {"engine": "torch"}
+RULE_CASES.update({
+    # Legacy spellings that migration leaves for the catalogue.
+    "legacy_flags": (Case({"model.enable_cuda_graph": True, "model.external_cuda_graph": True}),
+                     Case({"model.enable_cuda_graph": True})),
+    "legacy_scope": (Case({**te(), "model.cuda_graph_scope": "attn", "model.cuda_graph_modules": ["mlp"]}),
+                     Case({**te(), "model.cuda_graph_scope": "attn,mlp"})),
+    # What each engine implements.
+    "torch_engine_parallelism": (Case({**TORCH, "train.num_gpus": 2, "model.tensor_model_parallel_size": 2}),
+                                 Case({**TORCH})),
+    "torch_engine_precision": (Case({**TORCH, "model.fp8": "e4m3"}), Case({**TORCH, "model.bf16": True})),
+    "torch_engine_features": (Case({**TORCH, "model.attention_output_gate": True}),
+                              Case({**TORCH, "model.normalization": "LayerNorm"})),
+    "torch_engine_modules": (Case({**TORCH, **local("moe_preprocess"), **MOE}), Case({**TORCH, **local("attn")})),
+    "torch_compile_graphs": (Case({**TORCH, **FULL_ITERATION, "torch_compile": "default"}),
+                             Case({**TORCH, "torch_compile": "default"})),
+    "torch_compile_megatron": (Case({"torch_compile": "default"}), Case({**TORCH, "torch_compile": "default"})),
+    "optimizer_in_graph_megatron": (
+        Case({**FULL_ITERATION, "optimizer.optimizer_in_graph": True, "ddp.use_distributed_optimizer": True}),
+        Case({**FULL_ITERATION, "optimizer.optimizer_in_graph": True, "ddp.use_distributed_optimizer": True,
+              **TORCH})),
+    "te_graphs_need_te_spec": (Case({**te("attn"), "model.transformer_impl": "local"}),
+                               Case({**local(), "model.transformer_impl": "local"})),
+    "attention_variant_needs_te_spec": (
+        Case({"model.experimental_attention_variant": "gated_delta_net", "model.transformer_impl": "local"}),
+        Case({"model.experimental_attention_variant": "gated_delta_net"})),
+    # This machine.
+    "engine_device": (Case({"engine": "megatron", "device": "cpu"}), Case({"engine": "torch", "device": "cpu"})),
+    "cuda_device": (Case({"device": "cuda"}, machine=LAPTOP), Case({"device": "auto"}, machine=LAPTOP)),
+    "gpus_per_node": (Case({"train.num_gpus": 8, "train.global_batch_size": 8}),
+                      Case({"train.num_gpus": 8, "train.global_batch_size": 8}, machine=EIGHT_H100)),
+    "process_count": (Case({"train.num_gpus": 2, "train.global_batch_size": 2}, machine=EIGHT_H100, processes=1),
+                      Case({"train.num_gpus": 2, "train.global_batch_size": 2}, machine=EIGHT_H100, processes=2)),
+    "megatron_core_installed": (Case({"engine": "megatron"}, machine=NO_MEGATRON),
+                                Case({"engine": "auto"}, machine=NO_MEGATRON)),
+    "megatron_core_version": (Case({"plan.megatron_core": "0.15.0"}), Case({"plan.megatron_core": "0.16.1"})),
+    "transformer_engine": (Case(te("attn"), machine=NO_TE), Case(local(), machine=NO_TE)),
+})
+
 # Extra rejects for rules with more than one way to fail.
 EXTRA_REJECTS = {
     "dropless_moe_capture": [Case({**MOE, **local()}), Case({**MOE, **te()})],
-    "optimizer_in_graph": [Case({**FULL_ITERATION, "optimizer.optimizer_in_graph": True,
-                                 "ddp.use_distributed_optimizer": True})],
+    "optimizer_in_graph_megatron": [Case({**FULL_ITERATION, "optimizer.optimizer_in_graph": True,
+                                          "model.fp16": True, "model.bf16": False})],
+    "legacy_flags": [Case({**te(), "model.enable_cuda_graph": True})],
+    "legacy_scope": [Case({**te(), "model.cuda_graph_scope": "full_iteration"}),
+                     Case({**local(), "model.cuda_graph_scope": "bogus"}),
+                     Case({**local(), "model.cuda_graph_scope": "full,attn"}),
+                     Case({**local(), "model.cuda_graph_modules": ["full_iteration", "attn"]})],
+    "transformer_engine": [Case({"model.fp8": "e4m3"}, machine=NO_TE),
+                           Case({**te("attn"), "model.delay_wgrad_compute": True},
+                                machine=Machine(gpus=(H100,), packages={**PACKAGES, "transformer-engine": "2.9.0"}))],
+    "megatron_core_version": [Case({"engine": "megatron"},
+                                   machine=Machine(gpus=(H100,), packages={**PACKAGES, "megatron-core": "0.14.0"}))],
     "recompute_settings": [Case({"model.recompute_granularity": "selective", "model.recompute_num_layers": 1}),
                            Case({"model.recompute_granularity": "block"})],
     "module_names": [Case(te("")), Case(te("full")), Case(te("attn", "attn"))],

@@ -43,7 +43,7 @@ def test_invalid_config_exits_2_with_every_violation_and_no_traceback(cli, tmp_p
     if mode == "plan":
         plan = json.loads(result.stdout)
         assert {v["rule"] for v in plan["violations"]} == {"full_iteration_nan_checks", "cpu_offloading"}
-        assert all(set(v) == {"rule", "keys", "message"} for v in plan["violations"])
+        assert all(set(v) == {"rule", "keys", "message", "where"} for v in plan["violations"])
 
 
 def test_a_short_run_gets_a_warmup_that_fits_and_an_explicit_one_that_cannot_is_rejected(cli, tmp_path):

@@ -56,11 +56,11 @@ def test_choice_sets_the_enablement_block(choice):
 @pytest.mark.parametrize("choice", sorted(EXPECTED))
 def test_choice_verdict_and_translation_on_llama_tiny(choice):
     plan = bridge.plan(["recipe=llama/tiny", f"cuda_graph={choice}"])
-    rules = {v.rule for v in plan.violations}
+    rules = {v.rule for v in plan.config_violations}
     if choice in REJECTED_ON_DENSE:
         assert rules == {REJECTED_ON_DENSE[choice]}
         return
-    assert plan.valid, plan.violations
+    assert plan.valid, plan.config_violations
     built = build_megatron_configs(plan.config)["transformer_config"]
     expected_impl = {"full_iteration": "local"}.get(plan.config.model.cuda_graph_impl.value, plan.config.model.cuda_graph_impl.value)
     assert built.cuda_graph_impl == expected_impl

@@ -158,7 +158,7 @@ def failing_capture(scripted_engine):
 def test_a_failed_capture_writes_the_diagnosis_and_releases_the_graphs(failing_capture, read_result, small_config,
                                                                        write_job, tmp_path, monkeypatch, caplog):
     engine = failing_capture([3.0, 2.5, 2.0, 1.5, 1.0], capture_step=2)
-    monkeypatch.setattr("bridge.trainer.build_engine", lambda cfg: engine)
+    monkeypatch.setattr("bridge.trainer.build_engine", lambda cfg, target: engine)
     job_dir = write_job(tmp_path, small_config("llama/tiny", "cuda_graph=full_iteration"))
     assert run.main([str(job_dir)]) == run.FAILED
     result = read_result(job_dir)
@@ -188,7 +188,7 @@ def test_a_close_that_hangs_cannot_keep_the_process_alive(monkeypatch):
 
 def test_a_failure_at_the_first_step_leaves_a_whole_result_and_no_temporary_files(failing_capture, small_config,
                                                                                     write_job, tmp_path, monkeypatch):
-    monkeypatch.setattr("bridge.trainer.build_engine", lambda cfg: failing_capture([1.0] * 5, capture_step=0))
+    monkeypatch.setattr("bridge.trainer.build_engine", lambda cfg, target: failing_capture([1.0] * 5, capture_step=0))
     job_dir = write_job(tmp_path, small_config())
     run.main([str(job_dir)])
     assert json.loads((job_dir / "result.json").read_text())["steps_completed"] == 0

@@ -27,7 +27,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from omegaconf.errors import OmegaConfBaseException
 
-from bridge.config.load import compose_config, prepare
+from bridge.config.load import compose_config
+from bridge.prepare import prepare
 from bridge.config.paths import config_dir
 from bridge.config.schema import GraphBridgeConfig
 from bridge.config.store import register

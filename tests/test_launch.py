@@ -16,9 +16,9 @@ import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from bridge.config.schema import GraphBridgeConfig
-from bridge.engines.megatron_engine import free_port
+from bridge.engines.megatron.engine import free_port
 from perf import launch
-from perf.launch import LaunchError, first_host, training_command, training_env
+from perf.launch import LaunchError, first_host, training_command
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -82,18 +82,6 @@ def test_first_host_of_a_slurm_node_list(nodelist, host):
     assert first_host(nodelist) == host
 
 
-def test_env_vars_go_on_top_of_the_environment():
-    cfg = config(8, NCCL_GRAPH_REGISTER="0", CUDA_DEVICE_MAX_CONNECTIONS="1",
-                 PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
-    env = training_env(cfg, {"PATH": "/bin", "NCCL_GRAPH_REGISTER": "1", "SLURM_NODEID": "0"})
-    assert env == {"PATH": "/bin", "NCCL_GRAPH_REGISTER": "0", "CUDA_DEVICE_MAX_CONNECTIONS": "1",
-                   "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "SLURM_NODEID": "0"}
-
-
-def read_result(job_dir: Path) -> dict:
-    return json.loads((job_dir / launch.RESULT).read_text())
-
-
 @pytest.fixture
 def no_rendezvous(monkeypatch):
     for name in RENDEZVOUS_VARIABLES:
@@ -115,7 +103,7 @@ def test_only_node_0_stands_in_for_a_missing_result(tmp_path, no_rendezvous, nod
         no_rendezvous.setenv(name, value)
     no_rendezvous.setattr(launch, "training_command", lambda cfg, job_dir, environ: [PY, "-c", "raise SystemExit(3)"])
     assert launch.run_job(config(16, 2), tmp_path, {"choices": {}, "overrides": []}) == 3
-    assert (tmp_path / launch.RESULT).exists() == result_written
+    assert (tmp_path / launch.RESULT_FILE).exists() == result_written
 
 
 # torchrun for real on CPU, with a probe in place of bridge.run that records what each rank sees.
@@ -132,7 +120,7 @@ def start_probe(cfg: GraphBridgeConfig, job_dir: Path, environ: dict) -> subproc
     probe_dir = job_dir.parent / "probe"
     probe_dir.mkdir(exist_ok=True)
     (probe_dir / "graphbridge_probe.py").write_text(PROBE)
-    env = training_env(cfg, {**os.environ, **environ, "PYTHONPATH": str(probe_dir)})
+    env = {**os.environ, **environ, "PYTHONPATH": str(probe_dir)}
     command = ["graphbridge_probe" if arg == "bridge.run" else arg for arg in training_command(cfg, job_dir, env)]
     assert command != training_command(cfg, job_dir, env)
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -153,14 +141,14 @@ def seen_by(job_dir: Path, rank: int) -> dict:
     return json.loads((job_dir / f"rank{rank}.json").read_text())
 
 
-def test_one_node_every_rank_gets_env_vars_and_its_own_log_only_rank_0_prints(tmp_path):
+def test_one_node_every_rank_gets_the_environment_and_its_own_log_only_rank_0_prints(tmp_path):
     job_dir = tmp_path / "0"
     job_dir.mkdir()
-    cfg = config(2, GRAPHBRIDGE_PROBE="from env_vars", CUDA_DEVICE_MAX_CONNECTIONS="1")
-    console = finish(start_probe(cfg, job_dir, {}))
+    console = finish(start_probe(config(2), job_dir, {"GRAPHBRIDGE_PROBE": "from the launcher",
+                                                      "CUDA_DEVICE_MAX_CONNECTIONS": "1"}))
     for rank in (0, 1):
         assert seen_by(job_dir, rank) == {"RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0",
-                                          "WORLD_SIZE": "2", "GRAPHBRIDGE_PROBE": "from env_vars",
+                                          "WORLD_SIZE": "2", "GRAPHBRIDGE_PROBE": "from the launcher",
                                           "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
         assert f"probe rank {rank}" in rank_log(job_dir, 0, rank)
     assert "[default0]:probe rank 0" in console and "probe rank 1" not in console
@@ -171,8 +159,8 @@ def test_two_nodes_meet_at_master_addr_and_log_per_node(tmp_path, no_rendezvous)
     shared filesystem would."""
     job_dir = tmp_path / "0"
     job_dir.mkdir()
-    cfg = config(2, 2, GRAPHBRIDGE_PROBE="on every node")
-    rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    cfg = config(2, 2)
+    rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "GRAPHBRIDGE_PROBE": "on every node"}
     nodes = [start_probe(cfg, job_dir, {**rendezvous, "NODE_RANK": str(node)}) for node in (0, 1)]
     consoles = [finish(process) for process in nodes]
     for node in (0, 1):

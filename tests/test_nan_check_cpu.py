@@ -12,8 +12,8 @@ import torch
 
 from bridge import run
 from bridge.diagnosis import NonFiniteError
-from bridge.engines.torch_engine import TorchEngine
-from bridge.graphs.finite_check import FiniteCheck
+from bridge.engines.torch.engine import TorchEngine
+from bridge.engines.finite_check import FiniteCheck
 from bridge.trainer import Trainer
 
 NAN, INF = math.nan, math.inf
@@ -97,7 +97,7 @@ def test_engines_without_the_device_check_fall_back_to_the_losses(scripted_engin
                                                                   tmp_path, monkeypatch):
     engine = scripted_engine([3.0, 2.0, 1.5, NAN, 1.0, 1.0, 1.0])
     assert not hasattr(engine, "finite_steps")
-    monkeypatch.setattr("bridge.trainer.build_engine", lambda cfg: engine)
+    monkeypatch.setattr("bridge.trainer.build_engine", lambda cfg, target: engine)
     cfg = small_config("llama/tiny", "cuda_graph=full_iteration", "train.train_iters=7", "perf.nan_check_interval=5")
     with pytest.raises(NonFiniteError, match=r"at step 3 \(detected at step 4\)"):
         Trainer(cfg, write_job(tmp_path, cfg)).run()

@@ -10,24 +10,23 @@ use alltoall where a preset's flex backend is unused; family settings, reference
 """
 
 import copy
-import importlib.util
 import subprocess
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, FrozenSet, Optional, Tuple
 
 import pytest
+import recipe_table
 from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
+from sections import with_section
 
 import bridge
-from bridge.config.load import compose_config
-from bridge.config.migration import migrate
 from bridge.config.paths import config_dir
-from bridge.overrides import set_cuda_graph_overrides
 from bridge.planning import describe_graphs
-from bridge.recipes import apply_weak_scaling, presets, recipe_names
+from bridge.prepare import prepare
+from bridge.recipes import presets, recipe_names
 from bridge.translate import build_megatron_configs
 
 TABLE = """
@@ -178,14 +177,6 @@ def _split_other(other: str):
 ROWS: Dict[tuple, Row] = {row.key: row for row in _rows()}
 
 
-def _load_script(name):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-recipe_table = _load_script("recipe_table")
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +187,7 @@ def composed():
 
 @pytest.fixture(scope="module")
 def prepared(composed):
-    return {key: composed[key].config for key in ROWS}
+    return {key: prepare(composed[key]).config for key in ROWS}
 
 
 def test_preset_files_are_exactly_the_reference_rows():
@@ -275,7 +266,7 @@ def expected_violations(row: Row, impl: str, modules: Tuple[str, ...]) -> set:
         if impl == "local":
             impl = "full_iteration"
         elif impl == "transformer_engine":
-            rules.add("legacy_scope_conflict")
+            rules.add("legacy_scope")
     if impl == "none":
         return rules
     mods = set(modules) if impl != "full_iteration" else set()
@@ -303,16 +294,13 @@ def expected_violations(row: Row, impl: str, modules: Tuple[str, ...]) -> set:
     return rules
 
 
-def _with_choice(cfg, choice: str):
-    """``cuda_graph=<choice>`` applied to a prepared preset, as the override helper does."""
+def _with_choice(composed, choice: str):
+    """``cuda_graph=<choice>`` on a composed preset, as the group option sets it; then finished as the
+    command line finishes it (migration of a preset's legacy scope, derived values)."""
     values = CHOICES[choice]
-    cfg = copy.deepcopy(cfg)
+    cfg = copy.deepcopy(composed)
     cfg.model.cuda_graph_impl, cfg.model.cuda_graph_modules = values["cuda_graph_impl"], values["cuda_graph_modules"]
-    # As bridge.config.load.prepare orders it: migration (a preset's legacy cuda_graph_scope
-    # can still change the impl), then the helper, which derives batch_p2p_sync from the result.
-    migrate(cfg.model)
-    cfg.model.batch_p2p_sync = None
-    return set_cuda_graph_overrides(cfg)
+    return bridge.resolve(cfg)
 
 
 def _megatron_buildable(cfg):
@@ -329,11 +317,11 @@ def _megatron_buildable(cfg):
 
 
 @pytest.mark.parametrize("key", sorted(ROWS), ids="-".join)
-def test_every_cuda_graph_choice_gets_the_expected_verdict(prepared, key):
+def test_every_cuda_graph_choice_gets_the_expected_verdict(composed, key):
     row = ROWS[key]
     for choice, values in CHOICES.items():
-        cfg = _with_choice(prepared[key], choice)
-        found = {v.rule for v in bridge.validate(cfg)}
+        cfg = _with_choice(composed[key], choice)
+        found = {v.rule for v in bridge.validate(cfg) if v.in_config}
         expected = expected_violations(row, values["cuda_graph_impl"], tuple(values["cuda_graph_modules"]))
         assert found == expected, choice
         if not found:
@@ -354,7 +342,7 @@ def test_full_iteration_under_pipeline_parallelism_drops_the_p2p_sync_on_the_cli
     (["recipe=qwen/qwen3_235b_a22b", "gpu=gb300", "cuda_graph=te_moe"], "moe_needs_drop_and_pad"),
     (["recipe=llama/llama3_70b", "gpu=gb200", "cuda_graph=full_iteration"], "cpu_offloading"),
     (["recipe=qwen/qwen3_235b_a22b", "gpu=h100", "cuda_graph=full_iteration"], "ep_overlap"),
-    (["recipe=llama/llama3_8b", "gpu=gb200", "precision=nvfp4", "cuda_graph=te_attn"], "legacy_scope_conflict"),
+    (["recipe=llama/llama3_8b", "gpu=gb200", "precision=nvfp4", "cuda_graph=te_attn"], "legacy_scope"),
     (["recipe=deepseek/deepseek_v3", "gpu=h100", "cuda_graph=te_attn_moe_router"], "nccl_graph_register"),
 ])
 def test_illegal_combinations_compose_and_the_plan_reports_them(overrides, rule):
@@ -410,41 +398,40 @@ def test_the_cli_reports_a_missing_preset_without_a_traceback():
 
 # --- weak scaling ---------------------------------------------------------------------------
 
-def test_weak_scaling_keeps_the_global_batch_per_gpu(prepared):
-    cfg = replace(prepared[("llama/llama3_70b", "b200", "bf16")])
-    cfg.train = replace(cfg.train, num_gpus=128)
-    notes = apply_weak_scaling(cfg)
-    assert cfg.train.global_batch_size == 256      # 128 / 64 GPUs * 128 GPUs
-    assert "128 -> 256" in notes[0]
-    cfg.train = replace(cfg.train, num_gpus=16)
-    cfg.train.global_batch_size = 128
-    apply_weak_scaling(cfg)
-    assert cfg.train.global_batch_size == 32       # 128 / 64 * 16
+def test_weak_scaling_keeps_the_global_batch_per_gpu():
+    plan = bridge.plan(["recipe=llama/llama3_70b", "gpu=b200", "train.num_gpus=128"])
+    assert plan.config.train.global_batch_size == 256      # 128 on 64 GPUs -> 2 per GPU x 128
+    assert any("weak scaling: train.global_batch_size=256" in note for note in plan.notes)
+    assert plan.derived["train.global_batch_size"] == 256
+    assert bridge.load(["recipe=llama/llama3_70b", "gpu=b200", "train.num_gpus=16"]).train.global_batch_size == 32
 
 
-def test_weak_scaling_leaves_the_preset_size_and_tiny_recipes_alone(prepared):
-    cfg = replace(prepared[("qwen/qwen3_30b_a3b", "gb200", "bf16")])
-    cfg.train = replace(cfg.train)
-    assert apply_weak_scaling(cfg) == [] and cfg.train.global_batch_size == 512
-    tiny = bridge.load(["recipe=llama/tiny", "train.num_gpus=4"])
-    assert apply_weak_scaling(tiny) == [] and tiny.train.global_batch_size == 2
+def test_weak_scaling_leaves_the_preset_size_and_tiny_recipes_alone():
+    assert bridge.load(["recipe=qwen/qwen3_30b_a3b", "gpu=gb200"]).train.global_batch_size == 512
+    tiny = bridge.plan(["recipe=llama/tiny", "train.num_gpus=4"])
+    assert tiny.config.train.global_batch_size == 2 and not any("weak scaling" in note for note in tiny.notes)
 
 
-def test_weak_scaling_from_the_command_line():
-    def composed(*overrides):  # composed, before prepare (which applies the scaling itself)
-        return OmegaConf.to_object(compose_config(["recipe=llama/llama31_405b", "gpu=h100", *overrides]))
+def test_an_explicit_global_batch_is_never_weak_scaled():
+    plan = bridge.plan(["recipe=llama/llama31_405b", "gpu=h100", "train.num_gpus=1", "train.global_batch_size=1"])
+    assert plan.config.train.global_batch_size == 1 and "train.global_batch_size" not in plan.derived
+    assert not any("weak scaling" in note for note in plan.notes)
 
-    cfg = composed("train.num_gpus=256")
-    apply_weak_scaling(cfg)
-    assert cfg.train.global_batch_size == 128      # 512 / 1024 * 256
-    pinned = composed("workload.preset_num_gpus=256")
-    assert pinned.train.num_gpus == 256
-    assert apply_weak_scaling(pinned) == [] and pinned.train.global_batch_size == 512
+
+def test_weak_scaling_to_zero_is_a_violation_not_a_silent_zero():
+    plan = bridge.plan(["recipe=llama/llama31_405b", "gpu=h100", "train.num_gpus=1"])   # 512 on 1024 GPUs
+    assert plan.config.train.global_batch_size == 0
+    assert "positive_sizes" in {v.rule for v in plan.config_violations}
+
+
+def test_weak_scaling_follows_the_preset_gpu_count():
+    pinned = bridge.load(["recipe=llama/llama31_405b", "gpu=h100", "workload.preset_num_gpus=256"])
+    assert pinned.train.num_gpus == 256 and pinned.train.global_batch_size == 512
 
 
 # --- the README table -------------------------------------------------------------------------
 
 def test_readme_recipe_table_is_up_to_date(composed):
     readme = (REPO / "README.md").read_text()
-    assert recipe_table.with_table(readme, recipe_table.markdown(composed)) == readme, (
+    assert with_section(readme, "recipes", recipe_table.markdown(composed)) == readme, (
         "README.md's recipe table is out of date: run python scripts/recipe_table.py")

@@ -34,7 +34,7 @@ def signalled_job(scripted_engine, small_config, write_job, tmp_path, monkeypatc
 
     def make(signum, *overrides):
         engine = SignalledEngine([3.0, 2.5, 2.0, 1.5, 1.0, 0.5], signum, at=2)
-        monkeypatch.setattr("bridge.trainer.build_engine", lambda cfg: engine)
+        monkeypatch.setattr("bridge.trainer.build_engine", lambda cfg, target: engine)
         write_job(tmp_path, small_config("llama/tiny", "train.train_iters=6", *overrides))
         return engine
 
@@ -85,7 +85,7 @@ def test_a_signal_before_the_first_step_still_writes_a_result(small_config, writ
     cfg = small_config()
     exit_signals = ExitSignals()
     exit_signals.received = signal.SIGTERM  # came while the engine was being built
-    result = Trainer(cfg, write_job(tmp_path, cfg), exit_signals).run()
+    result = Trainer(cfg, write_job(tmp_path, cfg), exit_signals=exit_signals).run()
     assert (result["status"], result["steps_completed"], result["loss"]) == ("interrupted", 0, [])
 
 

@@ -9,15 +9,16 @@ import math
 import pytest
 import torch
 
+import bridge
+from bridge.config import engines
 from bridge.data import MockData
-from bridge.engines import ConfigError, resolve_device, resolve_engine
-from bridge.engines.native_model import Router, build_native_model
-from bridge.engines.torch_engine import TorchEngine, learning_rate
+from bridge.engines.torch.engine import TorchEngine, learning_rate
+from bridge.engines.torch.native_model import ACTIVATIONS, NORMS, Router, build_native_model
+from bridge.machine import Machine
+from bridge.validation import resolve_target
 
+LAPTOP = Machine(gpus=(), packages={"torch": "2.13.0", "megatron-core": "0.16.1", "transformer-engine": None})
 TINY_RECIPES = ("llama/tiny", "qwen/tiny", "deepseek/tiny", "gpt_oss/tiny")
-# Small enough for two CPU cores; deepseek's per-layer MoE pattern must match num_layers.
-SMALL = ("model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64", "train.train_iters=5")
-SMALL_PER_RECIPE = {"deepseek/tiny": ("model.moe_layer_freq=[0,1]",)}
 
 
 def train(engine: TorchEngine, steps: int):
@@ -116,24 +117,29 @@ def test_eager_request_on_cpu_warns_nothing(small_config, caplog):
     assert not caplog.records
 
 
-def test_settings_the_torch_engine_cannot_run_are_all_named(small_config):
+def test_settings_the_torch_engine_cannot_run_are_all_named_by_the_catalogue(small_config):
     cfg = small_config("llama/tiny", "train.num_gpus=2", "model.tensor_model_parallel_size=2",
                        "model.activation_func=relu6", "optimizer.lr_decay_style=WSD")
-    with pytest.raises(ConfigError) as error:
-        TorchEngine(cfg)
-    message = str(error.value)
-    for key in ("train.num_gpus", "model.tensor_model_parallel_size", "model.activation_func", "optimizer.lr_decay_style"):
-        assert key in message
+    violations = [v for v in bridge.validate(cfg, LAPTOP) if v.rule.startswith("torch_engine")]
+    named = {key for violation in violations for key in violation.keys}
+    for key in ("train.num_gpus", "model.tensor_model_parallel_size", "model.activation_func",
+                "optimizer.lr_decay_style"):
+        assert key in named
+    assert all(violation.in_config for violation in violations)  # engine=torch was asked for: invalid anywhere
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only fallbacks")
+def test_native_model_builds_exactly_the_choices_the_catalogue_allows():
+    assert set(ACTIVATIONS) == set(engines.TORCH_ACTIVATIONS)
+    assert set(NORMS) == set(engines.TORCH_NORMALIZATIONS)
+
+
 def test_device_and_engine_resolution_without_cuda(small_config):
-    assert resolve_device(small_config()).type == "cpu"
-    assert resolve_engine(small_config()) == "torch"
-    with pytest.raises(ConfigError, match="device=cuda but no CUDA device is visible; use device=auto or device=cpu"):
-        resolve_engine(small_config("llama/tiny", "device=cuda"))
-    with pytest.raises(ConfigError, match="engine=megatron needs a CUDA device"):
-        resolve_engine(small_config("llama/tiny", "engine=megatron"))
+    target = resolve_target(small_config("llama/tiny", "engine=auto"), LAPTOP)
+    assert (target.engine, target.device, target.engine_is_auto) == ("torch", "cpu", True)
+    cuda = [v for v in bridge.validate(small_config("llama/tiny", "device=cuda"), LAPTOP) if v.rule == "cuda_device"]
+    assert len(cuda) == 1 and not cuda[0].in_config and "needs a CUDA device" in cuda[0].message
+    refused = {v.rule for v in bridge.validate(small_config("llama/tiny", "engine=megatron", "device=cpu"), LAPTOP)}
+    assert "engine_device" in refused
 
 
 def test_learning_rate_warms_up_then_decays_to_min_lr(small_config):

@@ -6,6 +6,7 @@ interrupts still leave a result; the write is atomic; ``python -m bridge.run`` w
 import hashlib
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import torch
 
 import bridge.atomic
 from bridge import run
-from bridge.engines.megatron_engine import free_port
+from bridge.engines.megatron.engine import free_port
 from bridge.result import build_result, percentile, write_result, RunRecord
 from bridge.trainer import Trainer
 
@@ -109,7 +110,8 @@ def test_run_entry_reports_a_config_it_cannot_run(read_result, small_config, wri
     job_dir = write_job(tmp_path, small_config("llama/tiny", "optimizer.optimizer=sgd"))
     assert run.main([str(job_dir)]) == 2
     result = read_result(job_dir)
-    assert result["status"] == "failed" and "optimizer.optimizer='sgd'" in result["reason"]
+    assert result["status"] == "invalid" and "optimizer.optimizer='sgd'" in result["reason"]
+    assert [v["rule"] for v in result["violations"]] == ["torch_engine_features"]
     assert "Traceback" not in capsys.readouterr().err
 
 
@@ -141,3 +143,27 @@ def test_each_step_takes_the_slowest_ranks_time_and_memory_the_largest_peak():
     records = {0: RunRecord(step_times_s=[0.1, 0.2, 0.5], peak_allocated_gb=4.0, peak_reserved_gb=5.0),
                1: RunRecord(step_times_s=[0.3, 0.1, 0.4], peak_allocated_gb=3.0, peak_reserved_gb=6.0)}
     torch.multiprocessing.spawn(_slowest_rank_worker, args=(2, free_port(), records), nprocs=2)
+
+
+def test_the_training_process_applies_env_vars_before_it_builds_the_engine(small_config, write_job, scripted_engine,
+                                                                            tmp_path, monkeypatch):
+    seen = {}
+
+    def build(cfg, target):
+        seen["value"] = os.environ.get("GRAPHBRIDGE_TEST_VAR")
+        return scripted_engine([1.0] * 5)
+
+    monkeypatch.setattr("bridge.trainer.build_engine", build)
+    monkeypatch.setenv("GRAPHBRIDGE_TEST_VAR", "from the shell")  # restored after the test
+    job_dir = write_job(tmp_path, small_config("llama/tiny", "+env_vars.GRAPHBRIDGE_TEST_VAR=from the config"))
+    assert run.main([str(job_dir)]) == run.COMPLETED
+    assert seen["value"] == "from the config"
+
+
+def test_a_job_started_by_hand_is_refused_like_the_plan_refuses_it(small_config, write_job, read_result, tmp_path,
+                                                                    monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as if torchrun started two processes for a one-GPU job
+    job_dir = write_job(tmp_path, small_config())
+    assert run.main([str(job_dir)]) == run.CANNOT_RUN
+    result = read_result(job_dir)
+    assert result["status"] == "invalid" and [v["rule"] for v in result["violations"]] == ["process_count"]

@@ -175,7 +175,7 @@ def test_dryrun_prints_the_plan_through_the_console_script_and_leaves_no_output(
                       cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "graphbridge plan: VALID" in result.stdout
-    assert "the whole forward+backward iteration" in result.stdout
+    assert "forward and backward of the whole iteration" in result.stdout
     assert "layers=3" in result.stdout and "iters=5" in result.stdout
     # The equivalent graphbridge command line, for users moving to plain Hydra overrides.
     assert ("graphbridge model.num_layers=3 train.train_iters=5 model.cuda_graph_impl=full_iteration "

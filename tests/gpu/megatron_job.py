@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 import bridge
-from bridge.engines.megatron_engine import MegatronEngine, megatron_graph_state_is_clean
+from bridge.engines.megatron.engine import MegatronEngine, megatron_graph_state_is_clean
 
 
 class ReplayCounter:

@@ -26,10 +26,10 @@ import pytest
 import torch
 
 import bridge
-import bridge.engines.megatron_engine as megatron_engine
+import bridge.engines.megatron.engine as megatron_engine
 from bridge import run
-from bridge.engines.torch_engine import TorchEngine
-from bridge.graphs.torch_graphs import FullIterationGraph
+from bridge.engines.torch.engine import TorchEngine
+from bridge.engines.torch.graphs import FullIterationGraph
 from bridge.trainer import Trainer
 from perf.launch import write_job
 
