@@ -63,3 +63,10 @@ def test_readme_rule_table_lists_every_rule_and_is_up_to_date():
     assert with_section(readme, "rules", rule_table.markdown()) == readme, (
         "README.md's rule table is out of date: run python scripts/rule_table.py")
     assert all(f"| `{name}` |" in readme for name in RULES)
+
+
+@pytest.mark.parametrize("override", ["model.cuda_graph_modules=[[attn]]", "model.recompute_modules=[[core_attn]]"])
+def test_a_value_of_the_wrong_type_holds_back_the_rules_that_would_read_it(cli, tmp_path, override):
+    result = cli("mode=plan", "cuda_graph=te_attn", override, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.count("[config_types]") == 1 and result.stderr.count("] ") == 1, result.stderr

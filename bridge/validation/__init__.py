@@ -17,6 +17,7 @@ from bridge.validation import (  # noqa: F401  (importing registers the rules)
     moe_graph_rules,
     recompute_rules,
     training_rules,
+    value_rules,
 )
 from bridge.validation.registry import RULES, Rule, run_rules
 from bridge.validation.target import Target, resolve_target

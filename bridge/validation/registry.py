@@ -33,6 +33,8 @@ class Rule:
     fix: str
     engine: Optional[str] = None
     environment: bool = False
+    gate: bool = False
+    """The other rules read what this one checks: while it fires, they do not run."""
 
     def applies(self, target) -> bool:
         if self.engine == "megatron":
@@ -51,7 +53,8 @@ class Rule:
 RULES: Dict[str, Rule] = {}
 
 
-def rule(name: str, *, rejects: str, fix: str, engine: Optional[str] = None, environment: bool = False):
+def rule(name: str, *, rejects: str, fix: str, engine: Optional[str] = None, environment: bool = False,
+         gate: bool = False):
     """Register ``fn(cfg, target)`` under ``name``, with the README table's two cells."""
     if engine not in (None, *ENGINES):
         raise ValueError(f"rule {name!r}: engine must be one of {ENGINES}")
@@ -59,7 +62,7 @@ def rule(name: str, *, rejects: str, fix: str, engine: Optional[str] = None, env
     def register(fn):
         if name in RULES:
             raise ValueError(f"rule {name!r} registered twice")
-        RULES[name] = Rule(name, fn, rejects, fix, engine, environment)
+        RULES[name] = Rule(name, fn, rejects, fix, engine, environment, gate)
         return fn
 
     return register
@@ -70,9 +73,15 @@ def violation(name: str, keys: List[str], message: str) -> Violation:
 
 
 def run_rules(cfg, target, names: Optional[Iterable[str]] = None) -> List[Violation]:
+    """Every violation; the gate rules first, and only them when they fire."""
+    entries = [RULES[name] for name in names or RULES]
+    gates = _violations([entry for entry in entries if entry.gate], cfg, target)
+    return gates or _violations([entry for entry in entries if not entry.gate], cfg, target)
+
+
+def _violations(entries: List[Rule], cfg, target) -> List[Violation]:
     found: List[Violation] = []
-    for name in names or RULES:
-        entry = RULES[name]
+    for entry in entries:
         if not entry.applies(target):
             continue
         result = entry.check(cfg, target)

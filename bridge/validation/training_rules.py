@@ -1,29 +1,9 @@
-"""Rules on sizes, batches, parallelism and value types: what megatron-core would reject later, or what
-would only show once a job is running at scale."""
-
-import dataclasses
-
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+"""Rules on batches, parallel layouts, the learning-rate schedule and other training settings: what
+megatron-core would reject later, or what would only show once a job is running at scale. Value
+types and ranges are in value_rules.py."""
 
 from bridge.validation.model_facts import is_moe_model, valid_moe_layer_freq
 from bridge.validation.registry import rule, violation
-
-POSITIVE = (
-    "model.num_layers", "model.hidden_size", "model.num_attention_heads", "model.vocab_size",
-    "dataset.seq_length", "train.micro_batch_size", "train.global_batch_size", "train.train_iters",
-    "train.num_gpus", "train.num_nodes", "model.tensor_model_parallel_size",
-    "model.pipeline_model_parallel_size", "model.context_parallel_size", "model.expert_model_parallel_size",
-    "model.make_vocab_size_divisible_by",
-)
-
-
-def _get(cfg, dotted: str):
-    node = cfg
-    for part in dotted.split("."):
-        node = getattr(node, part)
-    return node
-
 
 def model_parallel_size(cfg) -> int:
     model = cfg.model
@@ -32,19 +12,6 @@ def model_parallel_size(cfg) -> int:
 
 def data_parallel_size(cfg) -> int:
     return cfg.train.num_gpus // model_parallel_size(cfg)
-
-
-@rule("positive_sizes",
-      rejects='a size, count, length or step count below 1',
-      fix='1 or more')
-def positive_sizes(cfg, target):
-    keys = [key for key in POSITIVE if _get(cfg, key) < 1]
-    optional = ("model.expert_tensor_parallel_size", "workload.preset_num_gpus")
-    keys += [key for key in optional if _get(cfg, key) is not None and _get(cfg, key) < 1]
-    return [
-        violation("positive_sizes", [key], f"{key}={_get(cfg, key)} must be at least 1; set {key}=1 or more")
-        for key in keys
-    ]
 
 
 @rule("attention_heads",
@@ -236,25 +203,4 @@ def torch_compile(cfg, target):
             "torch_compile", ["torch_compile"],
             f"torch_compile={cfg.torch_compile!r}: use none, default or reduce-overhead",
         )
-    return None
-
-
-@rule("config_types",
-      rejects='a value of the wrong type for its field (e.g. a list field interpolated to a number)',
-      fix='a value of the declared type')
-def config_types(cfg, target):
-    """Interpolations are resolved after composition, so a value can reach here with a type
-    its field refuses (a list field set to ${model.hidden_size}); the job could not be written."""
-    nodes = [(f"{f.name}.", getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
-             if dataclasses.is_dataclass(getattr(cfg, f.name))] + [("", cfg)]
-    for prefix, node in nodes:  # per section first, so the key gets its full path
-        try:
-            OmegaConf.structured(node)
-        except OmegaConfBaseException as error:
-            key = prefix + str(getattr(error, "full_key", None) or "")
-            return violation(
-                "config_types", [key],
-                f"{key} has a value of the wrong type ({str(error).splitlines()[0]}); set it to a value "
-                "of its declared type (graphbridge --cfg job shows the schema's types)",
-            )
     return None

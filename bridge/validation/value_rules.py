@@ -1,0 +1,143 @@
+"""Value types and ranges: every number a job reads has a type and a range it is meaningful in, checked
+before any other rule reads it (a wrong type or an impossible size would otherwise surface as an
+exception in the middle of another rule, or in training)."""
+
+import dataclasses
+import math
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from bridge.config.schema import GraphBridgeConfig
+from bridge.validation.registry import rule, violation
+
+POSITIVE = (
+    "model.num_layers", "model.hidden_size", "model.num_attention_heads", "model.vocab_size",
+    "dataset.seq_length", "train.micro_batch_size", "train.global_batch_size", "train.train_iters",
+    "train.num_gpus", "train.num_nodes", "model.tensor_model_parallel_size",
+    "model.pipeline_model_parallel_size", "model.context_parallel_size", "model.expert_model_parallel_size",
+    "model.make_vocab_size_divisible_by",
+)
+INT32_MAX = 2**31 - 1
+"""Counts and sizes beyond this overflow the int32 indices of megatron-core's and PyTorch's kernels."""
+
+
+def _get(cfg, dotted: str):
+    node = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+@rule("config_types", gate=True,
+      rejects="a value of the wrong type for its field (e.g. a list field interpolated to a number); the other "
+              "rules wait for it",
+      fix="a value of the declared type")
+def config_types(cfg, target):
+    """Interpolations are resolved after composition, so a value can reach here with a type
+    its field refuses (a list field set to ${model.hidden_size}); the job could not be written."""
+    nodes = [(f"{f.name}.", getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
+             if dataclasses.is_dataclass(getattr(cfg, f.name))] + [("", cfg)]
+    for prefix, node in nodes:  # per section first, so the key gets its full path
+        try:
+            OmegaConf.structured(node)
+        except OmegaConfBaseException as error:
+            key = prefix + str(getattr(error, "full_key", None) or "")
+            return violation(
+                "config_types", [key],
+                f"{key} has a value of the wrong type ({str(error).splitlines()[0]}); set it to a value "
+                "of its declared type (graphbridge --cfg job shows the schema's types)",
+            )
+    return None
+
+
+@rule("positive_sizes",
+      rejects='a size, count, length or step count below 1',
+      fix='1 or more')
+def positive_sizes(cfg, target):
+    keys = [key for key in POSITIVE if _get(cfg, key) < 1]
+    optional = ("model.expert_tensor_parallel_size", "workload.preset_num_gpus")
+    keys += [key for key in optional if _get(cfg, key) is not None and _get(cfg, key) < 1]
+    return [
+        violation("positive_sizes", [key], f"{key}={_get(cfg, key)} must be at least 1; set {key}=1 or more")
+        for key in keys
+    ]
+
+
+
+
+# key -> (lowest, highest, what the range means); None is open. Optional keys may also be null.
+RANGES = {
+    "model.ffn_hidden_size": (1, None), "model.kv_channels": (1, None), "model.num_query_groups": (1, None),
+    "model.num_moe_experts": (1, None), "model.moe_ffn_hidden_size": (1, None), "model.moe_router_topk": (1, None),
+    "model.moe_shared_expert_intermediate_size": (1, None), "model.moe_router_num_groups": (1, None),
+    "model.moe_router_group_topk": (1, None), "model.mtp_num_layers": (1, None),
+    "model.virtual_pipeline_model_parallel_size": (1, None), "model.recompute_num_layers": (1, None),
+    "model.cpu_offloading_num_layers": (0, None), "model.q_lora_rank": (1, None), "model.kv_lora_rank": (1, None),
+    "model.qk_head_dim": (1, None), "model.qk_pos_emb_head_dim": (0, None), "model.v_head_dim": (1, None),
+    "model.linear_conv_kernel_dim": (1, None), "model.linear_key_head_dim": (1, None),
+    "model.linear_value_head_dim": (1, None), "model.linear_num_key_heads": (1, None),
+    "model.linear_num_value_heads": (1, None), "model.cuda_graph_warmup_steps": (0, None),
+    "perf.warmup_steps": (0, None), "perf.nan_check_interval": (0, None), "perf.profile_steps": (1, None),
+    "perf.inject_nan_at_step": (0, None), "rng.seed": (0, None), "optimizer.lr_warmup_iters": (0, None),
+    "workload.preset_global_batch_size": (1, None),
+    "model.attention_dropout": (0.0, 1.0), "model.hidden_dropout": (0.0, 1.0),
+    "model.layernorm_epsilon": (0.0, None), "model.init_method_std": (0.0, None), "model.rotary_base": (0.0, None),
+    "model.rotary_percent": (0.0, 1.0), "model.moe_aux_loss_coeff": (0.0, None),
+    "model.mtp_loss_scaling_factor": (0.0, None), "model.moe_input_jitter_eps": (0.0, None),
+    "optimizer.weight_decay": (0.0, None), "optimizer.adam_beta1": (0.0, 1.0), "optimizer.adam_beta2": (0.0, 1.0),
+    "optimizer.adam_eps": (0.0, None), "optimizer.clip_grad": (0.0, None),
+}
+EXCLUSIVE_LOW = {"model.layernorm_epsilon", "model.init_method_std", "model.rotary_base", "model.rotary_percent",
+                 "model.moe_input_jitter_eps", "optimizer.adam_eps"}
+"""Floats that must be above their lowest value, not equal to it (an epsilon of 0 divides by zero)."""
+EXCLUSIVE_HIGH = {"model.attention_dropout", "model.hidden_dropout", "optimizer.adam_beta1", "optimizer.adam_beta2"}
+"""Floats that must stay below their highest value (a dropout of 1 drops everything)."""
+
+
+def out_of_range(key: str, value) -> bool:
+    low, high = RANGES[key]
+    if isinstance(value, float) and not math.isfinite(value):
+        return True
+    below = value <= low if key in EXCLUSIVE_LOW else value < low
+    above = high is not None and (value >= high if key in EXCLUSIVE_HIGH else value > high)
+    return below or above
+
+
+def range_text(key: str) -> str:
+    low, high = RANGES[key]
+    left = f"above {low}" if key in EXCLUSIVE_LOW else f"at least {low}"
+    if high is None:
+        return left
+    return f"{left} and {'below' if key in EXCLUSIVE_HIGH else 'at most'} {high}"
+
+
+def nullable(key: str) -> bool:
+    """Whether the schema lets ``key`` be null (its default is None)."""
+    section, name = key.split(".")
+    node = next(item for item in dataclasses.fields(GraphBridgeConfig) if item.name == section).default_factory
+    return next(item for item in dataclasses.fields(node) if item.name == name).default is None
+
+
+def int_leaves(node, prefix: str = ""):
+    """(dotted key, value) of every int the config holds (bools are not counted)."""
+    for item in dataclasses.fields(node):
+        value = getattr(node, item.name)
+        if dataclasses.is_dataclass(value):
+            yield from int_leaves(value, f"{prefix}{item.name}.")
+        elif isinstance(value, int) and not isinstance(value, bool):
+            yield prefix + item.name, value
+
+
+@rule("value_ranges",
+      rejects="a value outside the range it means something in (zero sizes and counts, negative steps and "
+              "intervals, dropout of 1, non-finite floats, integers beyond 2**31-1)",
+      fix="a value in the range the message names")
+def value_ranges(cfg, target):
+    found = [violation("value_ranges", [key], f"{key}={_get(cfg, key)} must be {range_text(key)}; set a value "
+                                              f"{range_text(key)}{' (or null: unset)' if nullable(key) else ''}")
+             for key in RANGES if _get(cfg, key) is not None and out_of_range(key, _get(cfg, key))]
+    found += [violation("value_ranges", [key], f"{key}={value} overflows the int32 indices of the kernels that read "
+                                              f"it; use a value of at most {INT32_MAX}")
+              for key, value in int_leaves(cfg) if value > INT32_MAX]
+    return found
