@@ -151,7 +151,8 @@ def describe_graphs(cfg: GraphBridgeConfig, engine: str = "megatron") -> Dict[st
     """What ``engine`` would graph for ``cfg``, and when (the megatron engine's view by default)."""
     model = cfg.model
     graph = graph_impl(model.cuda_graph_impl)
-    modules = list(model.cuda_graph_modules) if isinstance(model.cuda_graph_modules, (list, tuple)) else []
+    # str(): an invalid config (config_types) may hold other values; its plan still prints.
+    modules = [str(name) for name in model.cuda_graph_modules] if isinstance(model.cuda_graph_modules, (list, tuple)) else []
     warmup = model.cuda_graph_warmup_steps
     parked = None
     if not graph.graphed:
