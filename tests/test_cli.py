@@ -8,6 +8,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import surface
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,3 +93,9 @@ def test_installed_wheel_ships_the_config_tree(cli, tmp_path):
     assert f"file://{tmp_path / 'site' / 'bridge' / 'conf'}" in result.stdout
     plan = cli("mode=plan", "cuda_graph=te_attn", cwd=tmp_path, env=env)
     assert plan.returncode == 0 and "VALID" in plan.stdout
+
+
+def test_the_user_facing_surface_is_frozen():
+    """Config keys, group options and console scripts match tests/surface.txt: a rename is a reviewed diff."""
+    assert surface.surface() == (ROOT / "tests" / "surface.txt").read_text(), (
+        "the user-facing surface changed: review `python scripts/surface.py --check`, then run python scripts/surface.py")
