@@ -2,7 +2,8 @@
 
 ``__init__`` builds the engine (which owns model, optimizer, data and graphs), ``run`` times
 ``train.train_iters`` steps and writes result.json on every exit path, ``close`` releases
-every graph. One trainer per process: see DESIGN.md, "Process model".
+every graph. One trainer per process: megatron-core keeps graph, RNG-tracker and static-buffer
+state at class level, so every job trains in a fresh process (perf/launch.py).
 
 Stopping early never loses the result: SIGINT or SIGTERM (``ExitSignals``) end the loop at the
 next step boundary, a non-finite loss or gradient norm ends it with the step it first happened
