@@ -27,7 +27,8 @@ def config_keys(node=GraphBridgeConfig, prefix: str = "") -> List[str]:
         if dataclasses.is_dataclass(item.type):
             keys += config_keys(item.type, f"{prefix}{item.name}.")
         else:
-            keys.append(f"key {prefix}{item.name}: {getattr(item.type, '__name__', None) or item.type}")
+            kind = item.type.__name__ if isinstance(item.type, type) else str(item.type).replace("typing.", "")
+            keys.append(f"key {prefix}{item.name}: {kind}")
     return keys
 
 

@@ -8,7 +8,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import schema_reference
 import surface
+from sections import with_section
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -99,3 +101,9 @@ def test_the_user_facing_surface_is_frozen():
     """Config keys, group options and console scripts match tests/surface.txt: a rename is a reviewed diff."""
     assert surface.surface() == (ROOT / "tests" / "surface.txt").read_text(), (
         "the user-facing surface changed: review `python scripts/surface.py --check`, then run python scripts/surface.py")
+
+
+def test_the_schema_reference_documents_every_key_and_is_up_to_date():
+    reference = (ROOT / "docs" / "schema.md").read_text()
+    assert with_section(reference, "schema", schema_reference.markdown()) == reference, (
+        "docs/schema.md is out of date: run python scripts/schema_reference.py")

@@ -52,39 +52,65 @@ CUDA_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mam
 class ModelConfig:
     # --- architecture (megatron-core TransformerConfig / GPTModel names) ---
     num_layers: int = 2
+    """Transformer layers in the decoder."""
     hidden_size: int = 256
+    """Width of the residual stream."""
     ffn_hidden_size: Optional[int] = None
     """Dense MLP width; None means 4 * hidden_size as in megatron-core."""
     num_attention_heads: int = 4
+    """Query heads per attention layer."""
     num_query_groups: Optional[int] = None
     """GQA groups; None means one per head (plain multi-head attention)."""
     kv_channels: Optional[int] = None
     """Per-head dimension; None means hidden_size / num_attention_heads."""
     vocab_size: int = 4096
+    """Tokens in the vocabulary (padded to make_vocab_size_divisible_by x TP for the embedding)."""
     make_vocab_size_divisible_by: int = 128
+    """Pad the vocabulary to a multiple of this (times TP), as Megatron-LM does."""
     seq_length: int = 256
+    """The model's sequence length; conf/config.yaml ties it to dataset.seq_length (graphs need one static
+    length)."""
     share_embeddings_and_output_weights: bool = False
+    """Tie the output layer to the input embedding."""
     normalization: str = "RMSNorm"
+    """RMSNorm or LayerNorm."""
     layernorm_epsilon: float = 1e-5
+    """Epsilon of the normalisation layers (above 0)."""
     gated_linear_unit: bool = True
+    """A gated MLP (SwiGLU with silu): the first projection is twice ffn_hidden_size wide."""
     activation_func: str = "silu"
     """One of silu, gelu, quick_gelu, squared_relu (a callable in megatron-core)."""
     activation_func_clamp_value: Optional[float] = None
+    """Clamp the MLP activation to +-this value (GPT-OSS); None: no clamp."""
     glu_linear_offset: float = 0.0
+    """Offset added to the linear half of a gated linear unit (GPT-OSS uses 1.0)."""
     add_bias_linear: bool = False
+    """Biases in the linear layers of attention and MLP."""
     add_qkv_bias: bool = False
+    """Biases in the query/key/value projection only (Qwen2-style)."""
     qk_layernorm: bool = False
+    """Normalise queries and keys per head before attention (Qwen3)."""
     attention_dropout: float = 0.0
+    """Dropout on the attention probabilities; 0 in every Bridge recipe (graphed recompute forbids it)."""
     hidden_dropout: float = 0.0
+    """Dropout on the residual stream; 0 in every Bridge recipe (graphed recompute forbids it)."""
     init_method_std: float = 0.02
+    """Standard deviation of the normal weight initialisation."""
     position_embedding_type: str = "rope"
+    """rope, yarn, learned_absolute or none."""
     rotary_base: float = 10000.0
+    """RoPE base frequency (theta)."""
     rotary_percent: float = 1.0
+    """Fraction of each head's dimensions that rotate (0 to 1)."""
     rope_scaling: bool = False
+    """Llama 3.1's RoPE frequency scaling for long context."""
     rope_scaling_factor: float = 8.0
+    """The factor of Llama 3.1's RoPE scaling."""
     window_size: Optional[List[int]] = None
     """Sliding-window attention (left, right); None is full attention."""
     window_attn_skip_freq: Optional[int] = None
+    """Every N-th layer attends fully while the others use window_size (GPT-OSS alternates); None: all
+    windowed."""
     softmax_type: str = "vanilla"
     """vanilla, off-by-one or learnable (attention sinks)."""
     attention_output_gate: bool = False
@@ -97,64 +123,117 @@ class ModelConfig:
     linear_attention_freq: Any = None
     """An int N (N-1 linear-attention layers per full-attention layer) or a 0/1 list per layer."""
     linear_conv_kernel_dim: int = 4
+    """Gated DeltaNet: width of the short convolution."""
     linear_key_head_dim: int = 128
+    """Gated DeltaNet: key head dimension."""
     linear_value_head_dim: int = 128
+    """Gated DeltaNet: value head dimension."""
     linear_num_key_heads: int = 16
+    """Gated DeltaNet: key heads."""
     linear_num_value_heads: int = 32
+    """Gated DeltaNet: value heads."""
     # --- multi-latent attention (MLATransformerConfig) ---
     multi_latent_attention: bool = False
+    """DeepSeek's multi-latent attention (megatron-core's MLATransformerConfig)."""
     q_lora_rank: Optional[int] = None
+    """MLA: rank of the query down-projection; None: queries are projected directly."""
     kv_lora_rank: int = 512
+    """MLA: rank of the compressed key/value latent."""
     qk_head_dim: int = 128
+    """MLA: query/key head dimension without the rotary part."""
     qk_pos_emb_head_dim: int = 64
+    """MLA: the rotary part of the query/key head dimension."""
     v_head_dim: int = 128
+    """MLA: value head dimension."""
     rotary_scaling_factor: float = 1.0
+    """YaRN: context extension factor."""
     original_max_position_embeddings: int = 4096
+    """YaRN: the context length the model was trained with."""
     beta_fast: float = 32.0
+    """YaRN: the fast boundary of the frequency ramp."""
     beta_slow: float = 1.0
+    """YaRN: the slow boundary of the frequency ramp."""
     mscale: float = 1.0
+    """YaRN: attention temperature scale."""
     mscale_all_dim: float = 0.0
+    """YaRN: attention temperature scale over all dimensions."""
     # --- mixture of experts ---
     num_moe_experts: Optional[int] = None
+    """Experts per MoE layer; None (or 1) is a dense model."""
     moe_ffn_hidden_size: Optional[int] = None
+    """Width of each expert's MLP."""
     moe_router_topk: int = 2
+    """Experts each token is routed to."""
     moe_layer_freq: Any = 1
     """An int (every n-th layer is MoE) or a 0/1 list with one entry per layer."""
     moe_shared_expert_intermediate_size: Optional[int] = None
+    """Width of the shared expert that every token passes through; None: no shared expert."""
     moe_shared_expert_overlap: bool = False
+    """Overlap the shared expert with the token dispatch (changes what a moe_router graph holds)."""
     moe_shared_expert_gate: bool = False
     """A sigmoid gate on the shared expert's output (Qwen3-Next)."""
     moe_router_score_function: str = "softmax"
+    """softmax or sigmoid scores of the router."""
     moe_router_pre_softmax: bool = False
+    """Softmax over all experts before top-k (else over the chosen k)."""
     moe_router_enable_expert_bias: bool = False
+    """DeepSeek-V3's aux-loss-free load balancing bias per expert."""
     moe_router_num_groups: Optional[int] = None
+    """Group-limited routing: expert groups (DeepSeek-V3); None: no groups."""
     moe_router_group_topk: Optional[int] = None
+    """Group-limited routing: groups each token may use."""
     moe_router_topk_scaling_factor: Optional[float] = None
+    """Scale of the top-k routing weights; None: 1."""
     moe_router_dtype: Optional[str] = None
+    """Dtype of the router's computation (fp32 or fp64); None: the model's."""
     moe_router_load_balancing_type: str = "aux_loss"
+    """aux_loss, seq_aux_loss, sinkhorn or none."""
     moe_aux_loss_coeff: float = 0.0
+    """Weight of the load-balancing loss."""
     moe_router_force_load_balancing: bool = False
+    """Route tokens uniformly at random (benchmarks: balanced experts whatever the weights)."""
     moe_router_fusion: bool = False
+    """Transformer Engine's fused router kernel."""
     moe_router_padding_for_fp8: bool = False
+    """Pad the routing map for fp8 GEMMs (host syncs in the alltoall preprocess)."""
     moe_token_dispatcher_type: str = "allgather"
+    """allgather, alltoall or flex (DeepEP/HybridEP; needs TP x EP > 1)."""
     moe_flex_dispatcher_backend: Optional[str] = None
+    """deepep or hybridep under the flex dispatcher."""
     moe_expert_capacity_factor: Optional[float] = None
+    """Tokens per expert as a multiple of the balanced share; None: dropless."""
     moe_pad_expert_input_to_capacity: bool = False
+    """Pad every expert's input to its capacity: static shapes (drop-and-pad), which graphs of whole MoE
+    layers need."""
     moe_input_jitter_eps: Optional[float] = None
+    """Multiplicative jitter on the router input; None: off."""
     moe_grouped_gemm: bool = False
+    """Run the experts as one grouped GEMM."""
     moe_permute_fusion: bool = False
+    """Transformer Engine's fused token permutation."""
     moe_use_legacy_grouped_gemm: bool = False
+    """The older grouped GEMM implementation (no delayed wgrad)."""
     mtp_num_layers: Optional[int] = None
+    """Multi-token prediction layers (DeepSeek-V3); None: off."""
     mtp_loss_scaling_factor: float = 0.1
+    """Weight of the multi-token prediction loss."""
     # --- parallelism (ModelParallelConfig) ---
     tensor_model_parallel_size: int = 1
+    """TP: GPUs that split every layer's weights."""
     pipeline_model_parallel_size: int = 1
+    """PP: pipeline stages."""
     virtual_pipeline_model_parallel_size: Optional[int] = None
+    """VP: model chunks per pipeline stage (interleaved schedule); None: one."""
     context_parallel_size: int = 1
+    """CP: GPUs that split the sequence in attention."""
     expert_model_parallel_size: int = 1
+    """EP: GPUs that split the experts."""
     expert_tensor_parallel_size: Optional[int] = None
+    """ETP: tensor parallelism inside experts; None: the same as TP."""
     sequence_parallel: bool = False
+    """Split the non-attention activations over the TP ranks (needs TP > 1)."""
     pipeline_model_parallel_layout: Optional[str] = None
+    """An explicit layer layout over the stages (E embedding, t layer, m MTP, L loss); None: even split."""
     account_for_embedding_in_pipeline_split: bool = False
     """Count the embedding as a layer when splitting layers over pipeline stages."""
     account_for_loss_in_pipeline_split: bool = False
@@ -163,36 +242,58 @@ class ModelConfig:
     """megatron-core synchronises the device after each batched pipeline send/recv (a workaround
     for old PyTorch). Derived: on, except under full-iteration graphs, which cannot capture it."""
     overlap_moe_expert_parallel_comm: bool = False
+    """Overlap the EP all-to-all with computation (A2A overlap)."""
     delay_wgrad_compute: bool = False
+    """Delay weight-gradient GEMMs to overlap them with the EP all-to-all."""
     tp_comm_overlap: bool = False
+    """Overlap TP communication with GEMMs (Transformer Engine userbuffers)."""
     # --- recompute and offloading ---
     recompute_granularity: Optional[str] = None
     """None, full or selective."""
     recompute_method: Optional[str] = None
+    """uniform or block, for full recompute."""
     recompute_num_layers: Optional[int] = None
+    """Layers recomputed per stage under full recompute."""
     recompute_modules: Optional[List[str]] = None
+    """Selective recompute: which parts (core_attn, mlp, moe, moe_act, layernorm, mla_up_proj, ...); None
+    means [core_attn] as in megatron-core."""
     cpu_offloading: bool = False
+    """Offload activations to the CPU (no CUDA graph can run with it)."""
     cpu_offloading_num_layers: int = 0
+    """Layers whose activations are offloaded."""
     # --- precision and kernels ---
     bf16: bool = True
+    """bfloat16 parameters and compute (mixed precision with fp32 main grads)."""
     fp16: bool = False
+    """float16 parameters and compute with a loss scaler."""
     fp8: Optional[str] = None
     """None, e4m3 or hybrid."""
     fp8_recipe: str = "tensorwise"
+    """tensorwise, delayed, mxfp8 or blockwise scaling of fp8 GEMMs."""
     fp4: Optional[str] = None
+    """None or nvfp4: fp4 GEMMs (Blackwell)."""
     transformer_impl: str = "transformer_engine"
     """transformer_engine or local: which megatron-core layer spec the megatron engine uses."""
     apply_rope_fusion: bool = False
+    """A fused RoPE kernel."""
     bias_activation_fusion: bool = False
+    """Fuse the bias add with the MLP activation."""
     gradient_accumulation_fusion: bool = False
+    """Accumulate weight gradients into the fp32 main grads in the GEMM (needs the fused kernel)."""
     cross_entropy_fusion_impl: str = "native"
+    """native or te: the cross-entropy kernel of the loss."""
     # --- CUDA graphs (canonical, decomposed API) ---
     cuda_graph_impl: CudaGraphImpl = CudaGraphImpl.none
+    """none, full_iteration, local or transformer_engine: how the step is graphed (the cuda_graph group sets
+    it with the modules)."""
     cuda_graph_modules: List[str] = field(default_factory=list)
     """Per-layer capture regions (see CUDA_GRAPH_MODULES); empty means the whole layer."""
     cuda_graph_warmup_steps: int = 3
+    """Eager steps before capture (megatron-core's local graphs capture during the first step instead)."""
     cuda_graph_use_single_mempool: bool = False
+    """local: all graphs in one memory pool (each graph then runs once per step)."""
     cuda_graph_retain_backward_graph: bool = False
+    """Capture the backward pass with retain_graph=True."""
     use_te_rng_tracker: bool = II("rng.te_rng_tracker")
     """megatron-core's own switch for the TE RNG tracker; derived: follows rng.te_rng_tracker."""
     # --- older CUDA-graph spellings, migrated by bridge.config.migration ---
@@ -207,10 +308,13 @@ class ModelConfig:
 @dataclass
 class RNGConfig:
     seed: int = 1234
+    """Seed of the weights and the mock data: the same seed gives the same weights and batches for every
+    graph impl."""
     te_rng_tracker: bool = II("graphbridge.graphed:${model.cuda_graph_impl}")
     """Transformer Engine's RNG tracker, which CUDA graphs need; derived: on exactly when a graph
     impl is set."""
     inference_rng_tracker: bool = False
+    """A separate RNG tracker for inference graphs (megatron-core's local manager accepts it)."""
 
 
 @dataclass
@@ -224,40 +328,59 @@ class DDPConfig:
     check_for_nan_in_grad: bool = II("graphbridge.host_checks:${model.cuda_graph_impl}")
     """Derived: on, except under full-iteration graphs, where a host read cannot be captured."""
     use_distributed_optimizer: bool = False
+    """Shard the optimizer state over the data-parallel ranks (ZeRO-1)."""
     overlap_grad_reduce: bool = False
+    """Overlap the gradient reduce-scatter/all-reduce with the backward pass."""
     overlap_param_gather: bool = False
+    """Overlap the parameter all-gather with the next forward (distributed optimizer)."""
     grad_reduce_in_fp32: bool = False
+    """Reduce gradients in fp32."""
     average_in_collective: bool = False
+    """Average gradients inside the collective instead of scaling before it."""
 
 
 @dataclass
 class TrainConfig:
     micro_batch_size: int = 1
+    """Sequences per micro-batch on one data-parallel rank."""
     global_batch_size: int = II("graphbridge.global_batch:")
     """Derived: the preset's global batch weak-scaled to train.num_gpus (the batch per GPU stays), or
     one micro-batch per data-parallel rank when no preset names one."""
     train_iters: int = 50
+    """Optimizer steps to run."""
     num_gpus: int = 1
     """GPUs the job runs on; data parallel size = num_gpus / (TP * PP * CP)."""
     num_nodes: int = 1
     """Nodes the job spans; GPUs per node = num_gpus / num_nodes (one torchrun per node)."""
     exit_signal_handler: bool = True
+    """Stop at the next step boundary on SIGINT/SIGTERM and write a partial result (never inside a captured
+    region)."""
 
 
 @dataclass
 class OptimizerConfig:
     optimizer: str = "adam"
+    """adam (the only optimizer both engines implement)."""
     lr: float = 3e-4
+    """Peak learning rate, reached after the warmup."""
     min_lr: float = 3e-5
+    """Learning rate at the end of the decay."""
     weight_decay: float = 0.1
+    """Decoupled weight decay (not on biases and 1-D parameters)."""
     adam_beta1: float = 0.9
+    """Adam's first-moment decay."""
     adam_beta2: float = 0.95
+    """Adam's second-moment decay."""
     adam_eps: float = 1e-8
+    """Adam's epsilon."""
     clip_grad: float = 1.0
+    """Clip the global gradient norm to this; 0: no clipping."""
     lr_warmup_iters: int = II("graphbridge.lr_warmup:${train.train_iters}")
     """Derived: a tenth of train.train_iters; megatron-core's scheduler needs it below train_iters."""
     lr_decay_style: str = "cosine"
+    """constant, linear or cosine, from lr down to min_lr at train_iters."""
     overlap_param_gather_with_optimizer_step: bool = False
+    """Overlap the param all-gather with the optimizer step (not with the full-iteration graph)."""
     optimizer_in_graph: bool = False
     """Capture the optimizer step inside the full-iteration graph (capturable optimizer,
     learning rate as a device tensor); beyond what Bridge does on megatron-core 0.16.1. Read by
@@ -267,11 +390,16 @@ class OptimizerConfig:
 @dataclass
 class DatasetConfig:
     seq_length: int = 256
+    """Tokens per sequence: the static shape every graph is captured with."""
     mock: bool = True
     """Synthetic token data with static shapes (the embedded default dataset)."""
     packed_sequence: bool = False
+    """Several sequences packed into one with cu_seqlens (SFT); graphs then need padding and TE scopes
+    without attention."""
     pad_to_max_length: bool = True
+    """Pad packed sequences to seq_length: static shapes for graphs."""
     pad_cu_seqlens: bool = False
+    """Pad the cu_seqlens of packed sequences to a static length (needed when attention is captured)."""
 
 
 @dataclass
@@ -279,9 +407,11 @@ class WorkloadConfig:
     """Which per-(gpu, precision) preset a recipe was tuned with; filled by recipe presets."""
 
     task: str = "pretrain"
+    """pretrain, sft or lora: the Bridge task of the recipe."""
     gpu: Optional[str] = None
     """h100, b200, b300, gb200 or gb300; None when the recipe has no preset."""
     precision: Optional[str] = None
+    """The preset's precision key (bf16, fp8_cs, fp8_mx, fp8_sc, nvfp4)."""
     preset_num_gpus: Optional[int] = None
     """GPU count the preset was tuned for (global batch is weak-scaled from it)."""
     preset_global_batch_size: Optional[int] = None
@@ -291,6 +421,7 @@ class WorkloadConfig:
 @dataclass
 class PlanConfig:
     format: PlanFormat = PlanFormat.text
+    """text or json."""
     megatron_core: Optional[str] = None
     """The megatron-core version to plan for; None: the installed one."""
 
@@ -309,6 +440,7 @@ class PerfConfig:
     directory) and report GPU kernel time per step and the GPU-busy fraction in result.json.
     Those steps are left out of the step-time statistics: the profiler slows the host."""
     profile_steps: int = 5
+    """How many of the last steps perf.profile traces."""
 
 
 @dataclass
@@ -322,9 +454,12 @@ class GraphBridgeConfig:
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     env_vars: Dict[str, str] = field(default_factory=dict)
+    """Environment variables the training process sets before its first CUDA call (presets set NCCL and
+    allocator knobs; add yours with +env_vars.NAME=value)."""
     engine: EngineChoice = EngineChoice.auto
     """auto: megatron when CUDA and megatron-core are present, else torch."""
     device: Device = Device.auto
+    """auto: CUDA when a GPU is visible, else the CPU; cuda or cpu to insist."""
     torch_compile: str = "none"
     """torch engine only: none, default or reduce-overhead."""
     mode: Mode = Mode.train
