@@ -13,7 +13,8 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from bridge.config.paths import config_dir
 from bridge.config.schema import Mode, PlanFormat
@@ -22,27 +23,37 @@ from bridge.planning import build_plan
 from bridge.prepare import prepare
 from bridge.result import write_invalid_result
 from perf.launch import job_record, run_job
-from perf.outputs import discard_job_dir
 from perf.preflight import check
 
 log = logging.getLogger("graphbridge")
 INVALID = 2
+STARTED = False
+"""Whether Hydra reached the task: before it, an exit of 1 is Hydra refusing the config."""
 
 
 @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
 def app(composed: DictConfig) -> None:
+    global STARTED
+    STARTED = True
     hydra_cfg = HydraConfig.get()
     job_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
-    job = job_record(hydra_cfg.runtime.choices, hydra_cfg.overrides.task)
-    plan = build_plan(prepare(composed))
+    # Unresolved: an override's text may hold an interpolation ("train.train_iters=${oops}").
+    job = job_record(OmegaConf.to_container(hydra_cfg.runtime.choices, resolve=False),
+                     OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False))
+    try:
+        plan = build_plan(prepare(composed))
+    except OmegaConfBaseException as error:  # an interpolation that resolves to nothing or to the wrong type
+        key = getattr(error, "full_key", None)
+        print(f"graphbridge: {key + ': ' if key else ''}{str(error).splitlines()[0]}", file=sys.stderr)
+        sys.exit(INVALID)
     report_violations(plan)
     if plan.config.mode == Mode.plan:  # the plan itself carries its notes
         print(plan.to_json() if plan.config.plan.format == PlanFormat.json else plan.to_text())
-        discard_job_dir(job_dir, multirun)
         code = 0 if plan.valid else INVALID
     elif not plan.runnable_here:
-        write_invalid_result(job_dir, plan.violations, job) if multirun else discard_job_dir(job_dir, multirun)
+        if multirun:  # the sweep's summary lists every job; a single run leaves nothing (perf/outputs.py)
+            write_invalid_result(job_dir, plan.violations, job)
         code = INVALID
     else:
         for note in plan.notes + plan.machine_notes:
@@ -65,9 +76,17 @@ def report_violations(plan) -> None:
 def main() -> None:
     problem = check(sys.argv[1:])
     if problem:
-        sys.exit(f"graphbridge: {problem}")
+        print(f"graphbridge: {problem}", file=sys.stderr)
+        sys.exit(INVALID)
     register()
-    app()
+    try:
+        app()
+    except SystemExit as exit:
+        # Hydra reports a config it cannot compose (a bad key, value or interpolation) in a few lines
+        # and exits 1 before the job starts: that is bad input, and bad input exits 2.
+        if exit.code == 1 and not STARTED:
+            sys.exit(INVALID)
+        raise
 
 
 if __name__ == "__main__":

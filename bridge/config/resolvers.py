@@ -7,6 +7,8 @@ checks, the warmup length, the weak-scaled global batch) has an interpolation as
 Python) replaces the interpolation: it is never flipped by a derivation.
 """
 
+from typing import Optional
+
 from omegaconf import OmegaConf
 
 from bridge.config.graphs import graph_impl
@@ -45,12 +47,18 @@ def gpus_per_node(gpus: int, nodes: int) -> int:
     return gpus // max(1, nodes)
 
 
+def hydra_subdir(mode) -> Optional[str]:
+    """Hydra's .hydra/ record of a job; a plan runs no job, so it leaves none (conf/config.yaml)."""
+    return None if str(getattr(mode, "value", mode)) == "plan" else ".hydra"
+
+
 RESOLVERS = {
     "graphbridge.graphed": graphed,
     "graphbridge.host_checks": host_checks,
     "graphbridge.lr_warmup": lr_warmup,
     "graphbridge.global_batch": global_batch,
     "graphbridge.gpus_per_node": gpus_per_node,
+    "graphbridge.hydra_subdir": hydra_subdir,
 }
 
 
