@@ -20,6 +20,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from bridge.config.schema import GraphBridgeConfig
+from bridge.atomic import WriteError
 from bridge.diagnosis import GraphCaptureError, NonFiniteError, diagnose
 from bridge.result import RunRecord, build_result, failure, write_invalid_result, write_result
 from bridge.trainer import ExitSignals, Trainer
@@ -71,6 +72,17 @@ def main(argv=None) -> int:
 
 def report_failure(error: BaseException, cfg, job_dir: Path, trainer) -> int:
     """Log why the run ended (result.json is written unless the trainer never started); its exit code."""
+    try:
+        return _report(error, cfg, job_dir, trainer)
+    except WriteError as unwritten:  # the result could not be written either: one line, the earlier file stays
+        log.error("%s", unwritten)
+        return FAILED
+
+
+def _report(error: BaseException, cfg, job_dir: Path, trainer) -> int:
+    if isinstance(error, WriteError):
+        log.error("%s (the result of this run is lost; an earlier one is kept as it was)", error)
+        return FAILED
     if isinstance(error, Refused):
         write_invalid_result(job_dir, error.violations, _read_job(job_dir))
         log.error("refused:\n%s", "\n".join(f"  {v}" for v in error.violations))  # every problem, no traceback

@@ -29,7 +29,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from omegaconf import OmegaConf
 
-from bridge.atomic import write_json_atomic, write_text_atomic
+from bridge.atomic import WriteError, write_json_atomic, write_text_atomic
 from bridge.config.schema import GraphBridgeConfig
 from bridge.result import RESULT_FILE, write_missing_result
 
@@ -137,10 +137,14 @@ def run_job(config: GraphBridgeConfig, job_dir: Path, job: dict) -> int:
         log.error("%s", error)
         write_missing_result(job_dir, job, str(error), interrupted=False)
         return LAUNCH_FAILED
-    with SignalForwarding() as forwarding:
+    try:
         # Every node writes the job files (identical content, atomic writes), so that no node's
         # ranks depend on another node's write showing on the shared filesystem in time.
         write_job(config, job_dir, job)
+    except WriteError as error:
+        log.error("%s", error)
+        return LAUNCH_FAILED
+    with SignalForwarding() as forwarding:
         code = forwarding.run(command, env)
         # Node 0 alone stands in for a missing result.json: another node's torchrun may end before
         # rank 0 has written it, or before the shared filesystem shows it there.
