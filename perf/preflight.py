@@ -16,14 +16,15 @@ import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, ValueType
 from hydra.errors import HydraException
-from omegaconf._utils import get_yaml_loader
 
 from bridge.config.paths import config_dir
 from bridge.config.schema import GraphBridgeConfig
+from bridge.recipes import presets
 
 # Hydra's own flags and the ones that take a value.
 FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "--config-path", "-cp", "--config-name", "-cn",
-                    "--config-dir", "-cd", "--experimental-rerun"}
+                    "--config-dir", "-cd", "--experimental-rerun", "--shell-completion", "-sc"}
+SHELL_COMPLETION = ("--shell-completion", "-sc")  # Hydra's own; its arguments are not overrides
 PRIMARY_FLAGS = ("--config-path", "-cp", "--config-name", "-cn")  # another primary config than conf/config.yaml
 OPEN_KEYS = ("hydra", "env_vars")  # Hydra's own tree and free-form dicts
 STR, NULL = "tag:yaml.org,2002:str", "tag:yaml.org,2002:null"
@@ -37,12 +38,30 @@ class DuplicateKeyError(yaml.constructor.ConstructorError):
     pass
 
 
+# YAML 1.2's floats, which OmegaConf reads too: 1e3 and 1_000.5e-2 are floats (YAML 1.1 wants a dot).
+FLOAT = re.compile(r"""^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                        |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+                        |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
+                        |[-+]?\.(?:inf|Inf|INF)
+                        |\.(?:nan|NaN|NAN))$""", re.X)
+
+
+def omegaconf_implicit_types() -> dict:
+    """The implicit tags OmegaConf's YAML loader resolves: PyYAML's safe set without timestamps
+    (OmegaConf keeps dates as strings), with YAML 1.2's floats first."""
+    resolvers = {first: [(tag, regexp) for tag, regexp in entries if tag != "tag:yaml.org,2002:timestamp"]
+                 for first, entries in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    for first in "-+0123456789.":
+        resolvers.setdefault(first, []).insert(0, ("tag:yaml.org,2002:float", FLOAT))
+    return resolvers
+
+
 class Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
     """PyYAML's C loader reading as OmegaConf's loader does: its implicit types (1e3 is a float,
     no timestamps), so a defaults entry has the type Hydra will see, and a duplicate key an
     error, here at the duplicate's line."""
 
-    yaml_implicit_resolvers = get_yaml_loader().yaml_implicit_resolvers
+    yaml_implicit_resolvers = omegaconf_implicit_types()
 
     def construct_mapping(self, node, deep=False):
         first_lines = {}
@@ -58,10 +77,16 @@ class Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
 
 def check(argv: List[str], config_root: Optional[Path] = None) -> Optional[str]:
     """An error line for the first problem found, or None; ``config_root`` replaces conf/."""
+    if any(arg.split("=", 1)[0] in SHELL_COMPLETION for arg in argv):
+        return None
     overrides, config_dirs, own_primary = _split(argv)
-    roots = [config_root or config_dir()] + [Path(d) for d in config_dirs]
-    return (_file_error(roots) or (None if own_primary else _primary_error(roots[0] / "config.yaml"))
-            or _override_error(overrides, roots))
+    own_root = config_root or config_dir()
+    # graphbridge's own tree is read whole; of a user's --config-dir only what the command line selects,
+    # so a broken file there that this command does not use stops nothing.
+    files = list(_yaml_files([own_root])) + _selected_files([Path(d) for d in config_dirs], overrides)
+    return (_file_error(files) or (None if own_primary else _primary_error(own_root / "config.yaml"))
+            or _override_error(overrides, [own_root] + [Path(d) for d in config_dirs])
+            or _recipe_needs_gpu(overrides))
 
 
 def _split(argv: List[str]):
@@ -81,14 +106,51 @@ def _split(argv: List[str]):
 
 def _yaml_files(roots: Iterable[Path]):
     for root in roots:
-        # os.walk, not Path.rglob: before Python 3.13 rglob skips the conf/recipe symlink.
-        for directory, _, names in sorted(os.walk(root, followlinks=True)):
+        seen = set()
+        # os.walk, not Path.rglob: before Python 3.13 rglob skips the conf/recipe symlink. A link
+        # back up the tree would loop forever: each real directory is walked once.
+        for directory, subdirs, names in os.walk(root, followlinks=True):
+            real = os.path.realpath(directory)
+            if real in seen:
+                subdirs[:] = []
+                continue
+            seen.add(real)
+            subdirs.sort()
             yield from (Path(directory) / name for name in sorted(names) if name.endswith(".yaml"))
 
 
-def _file_error(roots: List[Path]) -> Optional[str]:
-    for path in _yaml_files(roots):
-        text = path.read_text(encoding="utf-8")
+def _selected_files(roots: List[Path], overrides: List[str]) -> List[Path]:
+    """The files of ``roots`` that the command line's group choices name (group=option)."""
+    selected = []
+    for override in overrides:
+        group, _, option = override.lstrip("+~").partition("=")
+        for root in roots:
+            try:
+                if option and (root / group / f"{option}.yaml").is_file():
+                    selected.append(root / group / f"{option}.yaml")
+            except OSError:  # a name too long for the filesystem names no file
+                continue
+    return selected
+
+
+def _read(path: Path) -> Optional[str]:
+    """The file's text, or None for a link to nothing (Hydra sees no config there either)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+
+
+def _file_error(files: List[Path]) -> Optional[str]:
+    for path in files:
+        try:
+            text = _read(path)
+        except UnicodeDecodeError as error:
+            return (f"{path}: byte {error.start}: not UTF-8 text ({error.reason}); save the file as UTF-8")
+        except OSError as error:
+            return f"{path}: cannot be read ({error.strerror or error}); fix its permissions or remove it"
+        if text is None:
+            continue
         try:
             node = _load(text)
         except yaml.YAMLError as error:
@@ -199,26 +261,58 @@ def _override_error(overrides: List[str], roots: List[Path]) -> Optional[str]:
         return None  # Hydra's parser message is clear; let Hydra report it
     for override in parsed:
         key = override.key_or_group
-        if override.is_force_add() or key.split(".")[0] in OPEN_KEYS:
-            continue  # Hydra says '++group=' is not supported
-        choices = _group_choices(key, roots)
-        if choices is not None:
-            error = _choice_error(key, override, choices)
-        elif override.is_add() or "/" in key:
+        if key.startswith("hydra.callbacks") or key.startswith("hydra/callbacks"):
+            error = _callback_error(override)
+        elif key.split(".")[0] in OPEN_KEYS:
+            continue
+        elif _group_choices(key, roots) is not None:
+            error = None if override.is_force_add() else _choice_error(key, override, _group_choices(key, roots))
+        elif "/" in key:
             error = None
-        else:
+        else:  # a key, set or added (+/++): under the schema it must be one of its fields
             error = _key_error(key)
         if error:
             return error
     return None
 
 
+def _callback_error(override) -> Optional[str]:
+    """Hydra instantiates every callback of the config on every run, a plan included: from the
+    command line only graphbridge's own (perf.*) may be named."""
+    text = override.input_line
+    if "_target_" not in text or re.search(r"_target_\s*[=:]\s*['\"]?perf\.", text):
+        return None
+    return (f"{text}: Hydra would import and call that _target_ on every run, a plan included; only graphbridge's "
+            "own callbacks (perf.*) can be set from the command line")
+
+
+def _recipe_needs_gpu(overrides: List[str]) -> Optional[str]:
+    """A recipe with per-GPU presets picks one by gpu= and precision=; without gpu= Hydra would fail on
+    the preset named None_<precision>."""
+    choices = dict(override.lstrip("+").split("=", 1) for override in overrides if "=" in override)
+    recipe = choices.get("recipe")
+    if recipe is None or "gpu" in choices or "~gpu" in overrides or not presets(recipe):
+        return None
+    by_gpu = {}
+    for gpu, precision in presets(recipe):
+        by_gpu.setdefault(gpu, []).append(precision)
+    pairs = "; ".join(f"gpu={gpu} precision={'|'.join(precisions)}" for gpu, precisions in by_gpu.items())
+    return f"recipe={recipe} runs Bridge's per-GPU presets: add gpu= and precision= (default bf16), one of: {pairs}"
+
+
 def _group_choices(group: str, roots: List[Path]) -> Optional[List[str]]:
     """Options of a config group (nested ones as family/name), or None if not a group."""
-    dirs = [root / group for root in roots if (root / group).is_dir()]
+    dirs = [root / group for root in roots if _is_dir(root / group)]
     if not dirs:
         return None
     return sorted({str(p.relative_to(d).with_suffix("")) for d in dirs for p in d.rglob("*.yaml")})
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:  # a key longer than a file name can be is no group
+        return False
 
 
 def _choice_error(group: str, override, choices: List[str]) -> Optional[str]:

@@ -67,7 +67,7 @@ def test_a_short_run_gets_a_warmup_that_fits_and_an_explicit_one_that_cannot_is_
 )
 def test_bad_keys_and_types_fail_at_composition_with_the_full_path(cli, tmp_path, override, expected):
     result = cli("mode=plan", override, cwd=tmp_path)
-    assert result.returncode == 1
+    assert result.returncode == 2  # bad input, refused by Hydra before the job
     assert expected in result.stderr and "Traceback" not in result.stderr
 
 

@@ -45,7 +45,7 @@ def test_broken_recipe_yaml_names_file_and_line(cli, tmp_path):
     broken.parent.mkdir(parents=True)
     broken.write_text("# @package _global_\nmodel:\n  num_layers: [1,\n  hidden_size: 3\n")
     result = cli("--config-dir", str(tmp_path), "recipe=llama/broken", "mode=plan", cwd=tmp_path)
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert f"{broken}: line 3, column 15" in result.stderr
     assert "Traceback" not in result.stderr
 
@@ -54,9 +54,11 @@ def test_broken_recipe_yaml_names_file_and_line(cli, tmp_path):
 
 
 def check_extra_file(tmp_path, text, *argv):
-    """Preflight's verdict on graphbridge's conf/ with one more config dir holding ``text``."""
-    (tmp_path / "extra.yaml").write_text(text)
-    return check(["--config-dir", str(tmp_path), *argv])
+    """Preflight's verdict on graphbridge's conf/ with one more config dir whose recipe ``extra`` (the
+    recipe the command line selects) holds ``text``."""
+    (tmp_path / "recipe").mkdir(exist_ok=True)
+    (tmp_path / "recipe" / "extra.yaml").write_text(text)
+    return check(["--config-dir", str(tmp_path), "recipe=extra", *argv])
 
 
 def test_the_shipped_config_tree_passes():
@@ -65,7 +67,7 @@ def test_the_shipped_config_tree_passes():
 
 def test_duplicate_key_names_its_line_and_the_first(tmp_path):
     problem = check_extra_file(tmp_path, "model:\n  num_layers: 2\ntrain:\n  train_iters: 3\nmodel:\n  hidden_size: 4\n")
-    assert problem == (f"{tmp_path / 'extra.yaml'}: line 5, column 1: duplicate key 'model', first at line 1 "
+    assert problem == (f"{tmp_path / 'recipe' / 'extra.yaml'}: line 5, column 1: duplicate key 'model', first at line 1 "
                        "(merge the two or delete one)")
 
 
@@ -77,7 +79,7 @@ def test_same_key_in_different_mappings_passes(tmp_path):
                                     "# @package model..optimizer", "# @package $"])
 def test_malformed_package_header_names_the_line(tmp_path, header):
     problem = check_extra_file(tmp_path, f"\n{header}\nmodel: {{}}\n")
-    assert problem.startswith(f"{tmp_path / 'extra.yaml'}: line 2: malformed header '{header.strip()}'")
+    assert problem.startswith(f"{tmp_path / 'recipe' / 'extra.yaml'}: line 2: malformed header '{header.strip()}'")
     assert "write '# @package <package>'" in problem
 
 
@@ -89,7 +91,7 @@ def test_well_formed_package_header_passes(tmp_path, header):
 
 @pytest.mark.parametrize("text,line", [("- model\n", "a list"), ("3\n", "a single value")])
 def test_config_file_that_is_not_a_mapping_is_named(tmp_path, text, line):
-    assert check_extra_file(tmp_path, text) == (f"{tmp_path / 'extra.yaml'}: line 1: a config file is a mapping "
+    assert check_extra_file(tmp_path, text) == (f"{tmp_path / 'recipe' / 'extra.yaml'}: line 1: a config file is a mapping "
                                                 f"of keys, not {line} (write 'key: value')")
 
 
@@ -100,20 +102,20 @@ def test_empty_config_file_passes(tmp_path):
 @pytest.mark.parametrize("defaults", ["defaults:\n", "defaults: /arch/llama3\n", "defaults: {arch: llama3}\n"])
 def test_defaults_that_is_not_a_list_is_named(tmp_path, defaults):
     problem = check_extra_file(tmp_path, "# @package _global_\n" + defaults)
-    assert problem.startswith(f"{tmp_path / 'extra.yaml'}: line 2: 'defaults' must be a list of config names")
+    assert problem.startswith(f"{tmp_path / 'recipe' / 'extra.yaml'}: line 2: 'defaults' must be a list of config names")
 
 
 @pytest.mark.parametrize("entry", ["[1, 2]", "3", "1e3", "null", "{}", "{a: x, b: y}", "gpu: 3", "gpu: [h100, 1]",
                                    "gpu: {a: 1}", "1: h100", "true", "???", "/arch/???@_global_"])
 def test_defaults_entry_that_is_not_a_name_is_named(tmp_path, entry):
     problem = check_extra_file(tmp_path, f"defaults:\n  - _self_\n  - {entry}\n")
-    assert problem == (f"{tmp_path / 'extra.yaml'}: line 3: '{entry}' is not a defaults entry; write '- name' "
+    assert problem == (f"{tmp_path / 'recipe' / 'extra.yaml'}: line 3: '{entry}' is not a defaults entry; write '- name' "
                        "or '- group: option' (the option a name, a list of names or null)")
 
 
 def test_defaults_entry_in_a_flow_list_is_quoted_alone(tmp_path):
     problem = check_extra_file(tmp_path, "defaults: [_self_, 3, /arch/llama3]\n")
-    assert problem.startswith(f"{tmp_path / 'extra.yaml'}: line 1: '3' is not a defaults entry")
+    assert problem.startswith(f"{tmp_path / 'recipe' / 'extra.yaml'}: line 1: '3' is not a defaults entry")
 
 
 def test_every_kind_of_defaults_entry_passes(tmp_path):
@@ -187,7 +189,54 @@ def test_former_gaps_are_one_line_on_the_command_line(cli, installed_copy, tmp_p
     with replaced(conf, relative_path, text):
         result = cli("mode=plan", *overrides, cwd=tmp_path,
                              env={**os.environ, "PYTHONPATH": str(installed_copy)})
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stderr.startswith("graphbridge: " + expected.format(file=conf / (relative_path or "")))
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert result.stdout == ""
+
+
+# --- a user's --config-dir and the command line, one line each (exit 2) ----------------------
+
+
+def one_line(result, expected: str):
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("graphbridge: ") and expected in result.stderr, result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+def test_a_symlink_loop_in_a_config_dir_does_not_hang(cli, tmp_path):
+    (tmp_path / "conf" / "recipe").mkdir(parents=True)
+    (tmp_path / "conf" / "recipe" / "loop").symlink_to(tmp_path / "conf")
+    result = cli("--config-dir", str(tmp_path / "conf"), "mode=plan", cwd=tmp_path, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def test_broken_files_the_command_does_not_use_stop_nothing(cli, tmp_path):
+    conf = tmp_path / "conf"
+    (conf / "recipe" / "mine").mkdir(parents=True)
+    (conf / "recipe" / "mine" / "broken.yaml").write_text("model: [1,\n")
+    (conf / "recipe" / "mine" / "latin1.yaml").write_bytes("# caf\xe9\nmodel: {}\n".encode("latin-1"))
+    (conf / "recipe" / "mine" / "dangling.yaml").symlink_to(tmp_path / "nowhere.yaml")
+    result = cli("--config-dir", str(conf), "mode=plan", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    one_line(cli("--config-dir", str(conf), "recipe=mine/latin1", "mode=plan", cwd=tmp_path),
+             "latin1.yaml: byte 5: not UTF-8 text")
+    one_line(cli("--config-dir", str(conf), "recipe=mine/broken", "mode=plan", cwd=tmp_path),
+             "broken.yaml: line 2")
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("+model.cuda_graph_scop=[attn]", "no key 'cuda_graph_scop' in model; did you mean model.cuda_graph_scope?"),
+    ("++train.iters=3", "no key 'iters' in train"),
+    ("+hydra.callbacks.x._target_=os.getcwd", "only graphbridge's own callbacks (perf.*) can be set"),
+    ("recipe=llama/llama3_8b", "recipe=llama/llama3_8b runs Bridge's per-GPU presets: add gpu= and precision="),
+    ("train.train_iters=${oops}", "train.train_iters: Interpolation key 'oops' not found"),
+    ("model." + "x" * 10000 + "=1", "no key 'x"),
+])
+def test_bad_command_lines_are_one_line(cli, tmp_path, override, expected):
+    one_line(cli("mode=plan", override, cwd=tmp_path), expected)
+
+
+def test_hydra_shell_completion_passes_preflight(cli, tmp_path):
+    result = cli("-sc", "install=bash", cwd=tmp_path)
+    assert result.returncode == 0 and "hydra_bash_completion" in result.stdout, result.stderr
