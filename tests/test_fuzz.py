@@ -37,7 +37,10 @@ from perf.preflight import check
 from tests.config_damage import FORMER_GAPS, replaced
 
 COMPOSITION_ERRORS = (HydraException, OmegaConfBaseException)
-FUZZ = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+# Deterministic: the same examples on every run (derandomize, no example database), so a failure
+# is reproducible from the test alone; a new seed is a code change.
+FUZZ = settings(deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
 def plan_outcome(overrides: Sequence[str], config_root: Optional[Path] = None) -> str:

@@ -56,7 +56,7 @@ def override_sets(draw):
     return [f"{key}={draw(OVERRIDE_POOL[key])}" for key in keys]
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(override_sets())
 def test_random_overrides_plan_cleanly(overrides):
     plan = bridge.plan(overrides)
