@@ -53,7 +53,7 @@ def main(argv=None) -> int:
         cfg = load_resolved(job_dir)
         os.environ.update({key: str(value) for key, value in cfg.env_vars.items()})  # before any CUDA call
         target = resolve_target(cfg, processes=int(os.environ.get("WORLD_SIZE", "1")))
-        violations = validate(cfg, target)
+        violations = refusals(cfg, target)
         if violations:
             raise Refused(violations)
         if cfg.train.exit_signal_handler:
@@ -68,6 +68,11 @@ def main(argv=None) -> int:
             close_within(trainer, CLOSE_TIMEOUT_S, code)
         exit_signals.restore()
     return code
+
+
+def refusals(cfg: GraphBridgeConfig, target):
+    """What the catalogue refuses in a training process: the very rules the plan ran."""
+    return validate(cfg, target)
 
 
 def report_failure(error: BaseException, cfg, job_dir: Path, trainer) -> int:

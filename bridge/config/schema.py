@@ -236,6 +236,10 @@ class ModelConfig:
     """An explicit layer layout over the stages (E embedding, t layer, m MTP, L loss); None: even split."""
     account_for_embedding_in_pipeline_split: bool = False
     """Count the embedding as a layer when splitting layers over pipeline stages."""
+    num_layers_in_first_pipeline_stage: Optional[int] = None
+    """Uneven pipeline split: layers of the first stage; None: an even split."""
+    num_layers_in_last_pipeline_stage: Optional[int] = None
+    """Uneven pipeline split: layers of the last stage; None: an even split."""
     account_for_loss_in_pipeline_split: bool = False
     """Count the LM head and loss as a layer when splitting layers over pipeline stages."""
     batch_p2p_sync: bool = II("graphbridge.host_checks:${model.cuda_graph_impl}")
@@ -394,12 +398,10 @@ class DatasetConfig:
     mock: bool = True
     """Synthetic token data with static shapes (the embedded default dataset)."""
     packed_sequence: bool = False
-    """Several sequences packed into one with cu_seqlens (SFT); graphs then need padding and TE scopes
-    without attention."""
+    """Bridge's SFT/LoRA packing (several sequences in one with cu_seqlens): the rules judge the graph
+    scope as Bridge would run it (TE scopes without attention); graphbridge's mock data stays unpacked."""
     pad_to_max_length: bool = True
     """Pad packed sequences to seq_length: static shapes for graphs."""
-    pad_cu_seqlens: bool = False
-    """Pad the cu_seqlens of packed sequences to a static length (needed when attention is captured)."""
 
 
 @dataclass

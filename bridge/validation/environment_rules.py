@@ -103,7 +103,13 @@ def transformer_engine_needs(cfg):
         needs.append((f"{model.experimental_attention_variant} layers", ["model.experimental_attention_variant"],
                       (2, 9)))
     if model.delay_wgrad_compute and impl == TE:
-        needs.append(("delay_wgrad_compute with partial CUDA graphs", ["model.delay_wgrad_compute", IMPL], (2, 10)))
+        graphs_attention = not cfg.model.cuda_graph_modules or "attn" in cfg.model.cuda_graph_modules
+        needs.append(("delay_wgrad_compute with partial CUDA graphs", ["model.delay_wgrad_compute", IMPL],
+                      (2, 12) if graphs_attention else (2, 10)))
+    if model.moe_permute_fusion:
+        needs.append(("the fused MoE token permutation", ["model.moe_permute_fusion"], (2, 1)))
+    if model.cpu_offloading:
+        needs.append(("activation offloading to the CPU", ["model.cpu_offloading"], (2, 9)))
     if impl == FULL_ITERATION and model.cross_entropy_fusion_impl == "te":
         needs.append(("TE cross-entropy fusion in a full-iteration graph", ["model.cross_entropy_fusion_impl", IMPL],
                       (2, 7)))

@@ -61,3 +61,104 @@ def ep_overlap_prerequisites(cfg, target):
         f"EP A2A overlap needs {'; '.join(unmet)}; provide them or set "
         "model.overlap_moe_expert_parallel_comm=false",
     )
+
+
+@rule("flex_dispatcher",
+      rejects="the flex dispatcher without a backend (deepep or hybridep), with deepep and padding to capacity, or "
+              "with TP x EP = 1 (megatron-core's MoEFlexTokenDispatcher asserts TPxEP > 1)",
+      fix="`model.moe_token_dispatcher_type=alltoall`, or the backend / parallel sizes the message names")
+def flex_dispatcher(cfg, target):
+    model = cfg.model
+    if not is_moe_model(model) or model.moe_token_dispatcher_type != "flex":
+        return None
+    keys = ["model.moe_token_dispatcher_type"]
+    if model.moe_flex_dispatcher_backend not in ("deepep", "hybridep"):
+        return violation("flex_dispatcher", keys + ["model.moe_flex_dispatcher_backend"],
+                         f"the flex dispatcher needs a backend, got {model.moe_flex_dispatcher_backend!r}; set "
+                         "model.moe_flex_dispatcher_backend=deepep or hybridep, or model.moe_token_dispatcher_type=alltoall")
+    if model.moe_flex_dispatcher_backend == "deepep" and model.moe_pad_expert_input_to_capacity:
+        return violation("flex_dispatcher", keys + ["model.moe_pad_expert_input_to_capacity"],
+                         "Flex token dispatcher with deepep backend does not support moe_pad_expert_input_to_capacity; "
+                         "use model.moe_token_dispatcher_type=alltoall for drop-and-pad routing")
+    tp_ep = model.tensor_model_parallel_size * model.expert_model_parallel_size
+    if tp_ep < 2:  # token_dispatcher.py: MoEFlexTokenDispatcher.__init__ asserts it at model build
+        return violation("flex_dispatcher", keys + ["model.tensor_model_parallel_size", "model.expert_model_parallel_size"],
+                         f"Flex token dispatcher requires TPxEP > 1 (TP x EP = {tp_ep} here, e.g. a preset scaled down "
+                         "to one GPU); set model.moe_token_dispatcher_type=alltoall, or raise "
+                         "model.expert_model_parallel_size")
+    return None
+
+
+@rule("shared_expert_overlap",
+      rejects="overlapping the shared expert with a dispatcher other than alltoall",
+      fix="`model.moe_token_dispatcher_type=alltoall` or `model.moe_shared_expert_overlap=false`")
+def shared_expert_overlap(cfg, target):
+    model = cfg.model
+    if (is_moe_model(model) and model.moe_shared_expert_intermediate_size is not None
+            and model.moe_shared_expert_overlap and model.moe_token_dispatcher_type != "alltoall"):
+        return violation("shared_expert_overlap", ["model.moe_shared_expert_overlap", "model.moe_token_dispatcher_type"],
+                         "moe_shared_expert_overlap only works with alltoall token dispatcher; set "
+                         "model.moe_token_dispatcher_type=alltoall or model.moe_shared_expert_overlap=false")
+    return None
+
+
+@rule("router_padding_for_quantization",
+      rejects="padding the routing map for fp8 without fp8 or fp4, or with the allgather dispatcher",
+      fix="`model.moe_router_padding_for_fp8=false`, or fp8 with the alltoall or flex dispatcher")
+def router_padding_for_quantization(cfg, target):
+    model = cfg.model
+    if not (is_moe_model(model) and model.moe_router_padding_for_fp8):
+        return None
+    if model.fp8 is None and model.fp4 is None:
+        return violation("router_padding_for_quantization", ["model.moe_router_padding_for_fp8", "model.fp8"],
+                         "fp8/fp4 must be specified when moe_router_padding_for_quantization is True; set "
+                         "model.moe_router_padding_for_fp8=false or a precision with fp8 (precision=fp8_cs)")
+    if model.moe_token_dispatcher_type == "allgather":
+        return violation("router_padding_for_quantization",
+                         ["model.moe_router_padding_for_fp8", "model.moe_token_dispatcher_type"],
+                         "allgather and alltoall_seq dispatcher does not support moe_router_padding_for_quantization; "
+                         "set model.moe_token_dispatcher_type=alltoall or model.moe_router_padding_for_fp8=false")
+    return None
+
+
+@rule("router_topk_one",
+      rejects="top-1 routing with a softmax router that applies softmax after the top-k (a zero gradient)",
+      fix="`model.moe_router_pre_softmax=true`")
+def router_topk_one(cfg, target):
+    model = cfg.model
+    if (is_moe_model(model) and model.moe_router_topk == 1 and model.moe_router_score_function == "softmax"
+            and not model.moe_router_pre_softmax and model.moe_router_load_balancing_type != "sinkhorn"):
+        return violation("router_topk_one", ["model.moe_router_topk", "model.moe_router_pre_softmax"],
+                         "Please use --moe-router-pre-softmax when topk is 1 (softmax over one expert has no gradient); "
+                         "set model.moe_router_pre_softmax=true")
+    return None
+
+
+@rule("pipeline_split",
+      rejects="an uneven pipeline split (layers of the first/last stage) that megatron-core refuses: together with a "
+              "layout or the embedding/loss accounting, not divisible by VP, or middle layers that do not split evenly",
+      fix="as the message says")
+def pipeline_split(cfg, target):
+    model = cfg.model
+    first, last = model.num_layers_in_first_pipeline_stage, model.num_layers_in_last_pipeline_stage
+    if first is None and last is None:
+        return None
+    keys = ["model.num_layers_in_first_pipeline_stage", "model.num_layers_in_last_pipeline_stage"]
+    if model.pipeline_model_parallel_layout or model.account_for_embedding_in_pipeline_split \
+            or model.account_for_loss_in_pipeline_split:
+        return violation("pipeline_split", keys, "an uneven split cannot be combined with "
+                         "model.pipeline_model_parallel_layout or the embedding/loss accounting; drop one of them")
+    vp = model.virtual_pipeline_model_parallel_size
+    stages, layers = model.pipeline_model_parallel_size, model.num_layers
+    for count in (first, last):
+        if count is None:
+            continue
+        if vp and count % vp:
+            return violation("pipeline_split", keys + ["model.virtual_pipeline_model_parallel_size"],
+                             f"a stage of {count} layers must split into {vp} virtual stages; set a multiple of {vp}")
+        stages, layers = stages - 1, layers - count
+    if stages < 0 or bool(layers) != bool(stages) or (stages and layers % stages):
+        return violation("pipeline_split", keys + ["model.num_layers", "model.pipeline_model_parallel_size"],
+                         f"{max(layers, 0)} layers remain for {max(stages, 0)} middle stage(s), which must split them "
+                         "evenly; change the first/last stage layers")
+    return None

@@ -48,7 +48,9 @@ def moe_preprocess_needs_router(cfg, target):
       rejects='moe or moe_router on a dense model',
       fix='`cuda_graph=te_attn_mlp`')
 def moe_modules_need_moe_model(cfg, target):
-    if not is_moe_model(cfg.model) and {"moe", "moe_router"} & active_modules(cfg):
+    # local graphs add moe_router to moe_preprocess (R7a), so moe_preprocess alone names MoE layers too.
+    moe_scopes = {"moe", "moe_router"} | ({"moe_preprocess"} if impl_of(cfg) == LOCAL else set())
+    if not is_moe_model(cfg.model) and moe_scopes & active_modules(cfg):
         return violation(
             "moe_modules_need_moe_model", [MODULES, "model.num_moe_experts"],
             "moe cuda graph is only supported for MoE; this model is dense, use "
@@ -191,4 +193,24 @@ def delay_wgrad(cfg, target):
             "delay_wgrad_compute is not supported with legacy groupedgemm implementation; set "
             "model.moe_use_legacy_grouped_gemm=false",
         )
+    return None
+
+
+@rule("delay_wgrad_graphed_attention",
+      rejects="delayed wgrad with TE graphs that capture attention, without gradient-accumulation fusion or with "
+              "attention biases (Megatron-Bridge's check)",
+      fix="`model.gradient_accumulation_fusion=true` and no attention bias, or `cuda_graph=te_moe_router`")
+def delay_wgrad_graphed_attention(cfg, target):
+    model = cfg.model
+    graphs_attention = impl_of(cfg) == TE and (not modules_of(cfg) or "attn" in modules_of(cfg))
+    if not (model.delay_wgrad_compute and graphs_attention):
+        return None
+    unmet = [key for key, ok in (("model.gradient_accumulation_fusion=true", model.gradient_accumulation_fusion),
+                                 ("model.add_bias_linear=false", not model.add_bias_linear),
+                                 ("model.add_qkv_bias=false", not model.add_qkv_bias)) if not ok]
+    if unmet:
+        return violation(
+            "delay_wgrad_graphed_attention", ["model.delay_wgrad_compute", MODULES] + [k.split("=")[0] for k in unmet],
+            f"delayed wgrad with graphed attention needs {' '.join(unmet)}; set those, or graph the MoE router only "
+            "(cuda_graph=te_moe_router)")
     return None

@@ -87,7 +87,8 @@ def recompute_moe_jitter(cfg, target):
 
 
 @rule("recompute_settings",
-      rejects='an unknown recompute granularity; full recompute without a method and layer count; a method or layer count without full recompute',
+      rejects="an unknown recompute granularity or module; full recompute without a method and layer count; a "
+              "method or layer count without full recompute; moe_act without grouped GEMM, mla_up_proj without MLA",
       fix='as the message says')
 def recompute_settings(cfg, target):
     model = cfg.model
@@ -110,6 +111,29 @@ def recompute_settings(cfg, target):
             "recompute_method and recompute_num_layers apply to full recompute only; set "
             "model.recompute_granularity=full or drop them (=null)",
         )
+    if granularity == "selective":
+        return recompute_modules_problem(model)
+    return None
+
+
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+"""What megatron-core 0.16.1 can recompute selectively."""
+
+
+def recompute_modules_problem(model):
+    modules = recompute_modules(model)
+    unknown = [name for name in modules if name not in RECOMPUTE_MODULES]
+    if unknown:
+        return violation("recompute_settings", ["model.recompute_modules"],
+                         f"model.recompute_modules has {unknown}; use names from {list(RECOMPUTE_MODULES)}")
+    if "moe_act" in modules and not model.moe_grouped_gemm:
+        return violation("recompute_settings", ["model.recompute_modules", "model.moe_grouped_gemm"],
+                         "moe_act in recompute_modules is only supported with moe_grouped_gemm; set "
+                         "model.moe_grouped_gemm=true or drop moe_act")
+    if "mla_up_proj" in modules and not model.multi_latent_attention:
+        return violation("recompute_settings", ["model.recompute_modules", "model.multi_latent_attention"],
+                         "mla_up_proj in recompute_modules is only supported with multi_latent_attention; drop "
+                         "mla_up_proj from model.recompute_modules")
     return None
 
 

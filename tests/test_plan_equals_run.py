@@ -1,0 +1,52 @@
+"""A run refuses exactly what the plan reports: for every recipe (with its first preset) under every
+cuda_graph choice, the verdict of `mode=plan` equals the one the training process reaches from the job
+files the launcher writes; and `mode=train` refuses before it writes a job or starts a process."""
+
+import pytest
+
+import bridge
+from bridge import run
+from bridge.config.paths import config_dir
+from bridge.recipes import presets, recipe_names
+from bridge.validation import resolve_target
+from perf.launch import write_job
+
+CHOICES = sorted(path.stem for path in (config_dir() / "cuda_graph").glob("*.yaml"))
+
+
+def recipe_overrides(recipe: str) -> list:
+    first = presets(recipe)[:1]
+    return [f"recipe={recipe}"] + [f"gpu={gpu}" for gpu, _ in first] + [f"precision={p}" for _, p in first]
+
+
+@pytest.mark.parametrize("recipe", recipe_names())
+def test_the_run_refuses_what_the_plan_reports(recipe, tmp_path):
+    for choice in CHOICES:
+        plan = bridge.plan(recipe_overrides(recipe) + [f"cuda_graph={choice}"])
+        job_dir = tmp_path / choice
+        write_job(plan.config, job_dir, {"choices": {}, "overrides": []})
+        # torchrun starts train.num_gpus processes; the machine is the same one.
+        loaded = run.load_resolved(job_dir)
+        refused = run.refusals(loaded, resolve_target(loaded, processes=plan.config.train.num_gpus))
+        assert {(v.rule, v.where) for v in refused} == {(v.rule, v.where) for v in plan.violations}, choice
+
+
+@pytest.mark.parametrize("args, rule", [
+    (("cuda_graph=full_iteration", "ddp.check_for_nan_in_grad=true"), "full_iteration_nan_checks"),
+    (("engine=megatron",), "cuda_device"),
+    (("train.num_gpus=8", "train.global_batch_size=16"), "gpus_per_node"),
+])
+def test_a_refused_run_stops_before_it_writes_a_job_or_starts_a_process(cli, tmp_path, args, rule):
+    result = cli(*args, "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 2 and f"[{rule}]" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_a_scaled_down_moe_preset_names_the_dispatcher_that_works(cli, tmp_path):
+    scaled = ("mode=plan", "recipe=qwen/qwen3_30b_a3b", "gpu=h100", "train.num_gpus=1", "workload.preset_num_gpus=1",
+              "model.expert_model_parallel_size=1")
+    result = cli(*scaled, cwd=tmp_path)
+    assert result.returncode == 2 and "[flex_dispatcher]" in result.stderr
+    assert "model.moe_token_dispatcher_type=alltoall" in result.stderr
+    fixed = cli(*scaled, "model.moe_token_dispatcher_type=alltoall", cwd=tmp_path)
+    assert fixed.returncode == 0 and "graphbridge plan: VALID" in fixed.stdout, fixed.stderr
