@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, after `bash .gpu/bin/setup.sh` (see ../shared/gpu/README.md):
 #   bash scripts/gpu_check.sh tests      # every gpu-marked test that needs one GPU
-#   bash scripts/gpu_check.sh sweep      # the dense-scope sweep (profiled) and the megatron benchmark
+#   bash scripts/gpu_check.sh sweep      # the dense-scope sweep (profiled)
+#   bash scripts/gpu_check.sh suite W... # the benchmark suite's workloads W (python benchmarks/suite.py --list)
 #   bash scripts/gpu_check.sh overhead   # trainer vs minimal megatron-core loop; torch engine vs torch.compile
 #   bash scripts/gpu_check.sh nan        # the in-graph NaN check's overhead
 #   bash scripts/gpu_check.sh multigpu   # two GPUs: the multigpu tests
@@ -26,9 +27,10 @@ case "${1:-tests}" in
     ;;
   sweep)
     sweep /tmp/sweep_dense sweep=dense_scopes recipe=llama/tiny perf.profile=true
-    python3 benchmarks/megatron_graphs.py --rounds 2 --out "$out/megatron_graphs.json" \
-      --variants local/none local/local_layer local/full_iteration local/full_iteration+optimizer te/none te/full_iteration \
-      2>&1 | tee "$out/megatron_graphs.log" | tail -14
+    ;;
+  suite)  # bash scripts/gpu_check.sh suite <workload>...: the benchmark suite's JSON into $out
+    shift
+    python3 benchmarks/suite.py "$@" --out "$out" 2>&1 | grep -v "step/s\|it/s" | tail -40
     ;;
   overhead)
     timeout 360 python3 benchmarks/minimal_megatron_loop.py --rounds 3 --profile-dir /tmp/profiles 2>&1 | tee "$out/minimal_loop.log" | tail -12

@@ -1,0 +1,191 @@
+"""The benchmark suite: one command per workload, every variant through the real `graphbridge` CLI in a
+fresh process, raw results as JSON under benchmarks/results/ (GPU, versions, the exact commands).
+
+    python benchmarks/suite.py --list
+    python benchmarks/suite.py llama_tiny_local qwen3_moe_dropless [--steps 40] [--out benchmarks/results]
+    python scripts/benchmark_table.py          # the docs table, from the JSON files
+
+Every variant runs ``--steps`` steps with perf.profile=true: the first perf.warmup_steps (3) steps,
+the capture step and the 5 profiled steps are left out of the step-time statistics (>= 30 timed at
+the default 40), and the profiled steps give the GPU-busy fraction. Per variant: median, p10, p90
+step time, GPU-busy, peak allocated and reserved memory, capture time, graphs, and the speedup over
+the eager variant of the same workload. A variant that fails is recorded with its status and reason.
+"""
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+GRAPHBRIDGE = [sys.executable, "-m", "perf.main"]
+EAGER = "eager"
+FULL_ITERATION_WITH_OPTIMIZER = ("cuda_graph=full_iteration", "optimizer.optimizer_in_graph=true")
+
+
+@dataclass(frozen=True)
+class Workload:
+    description: str
+    base: Tuple[str, ...]
+    variants: Dict[str, Tuple[str, ...]]
+    gpus: int = 1
+
+
+def moe_proxy(recipe: str, gpu: str, *extra: str, experts: Optional[int] = None) -> Tuple[str, ...]:
+    """A MoE recipe's layer shapes on one GPU: two layers, one expert-parallel rank, the alltoall dispatcher
+    (flex needs TP x EP > 1), four micro-batches per step."""
+    shrink = ("model.num_layers=2", "train.num_gpus=1", "workload.preset_num_gpus=1",
+              "model.expert_model_parallel_size=1", "model.tensor_model_parallel_size=1",
+              "model.pipeline_model_parallel_size=1", "model.virtual_pipeline_model_parallel_size=null",
+              "model.context_parallel_size=1", "model.sequence_parallel=false",
+              "model.pipeline_model_parallel_layout=null", "model.moe_token_dispatcher_type=alltoall",
+              "model.moe_flex_dispatcher_backend=null", "train.micro_batch_size=1", "train.global_batch_size=4")
+    experts_override = (f"model.num_moe_experts={experts}",) if experts else ()
+    return (f"recipe={recipe}", f"gpu={gpu}", "precision=bf16", *shrink, *experts_override, *extra)
+
+
+DROP_AND_PAD = ("model.moe_expert_capacity_factor=1.0", "model.moe_pad_expert_input_to_capacity=true",
+                "model.moe_router_force_load_balancing=false")
+WORKLOADS: Dict[str, Workload] = {
+    "llama_tiny_local": Workload(
+        "llama/tiny (8 layers, hidden 512, seq 256), megatron-core's local layer spec",
+        ("recipe=llama/tiny", "model.transformer_impl=local"),
+        {EAGER: ("cuda_graph=none",), "full_iteration": ("cuda_graph=full_iteration",),
+         "full_iteration+optimizer": FULL_ITERATION_WITH_OPTIMIZER, "local_layer": ("cuda_graph=local_layer",)}),
+    "llama_tiny_te": Workload(
+        "llama/tiny, Transformer Engine layer spec",
+        ("recipe=llama/tiny",),
+        {EAGER: ("cuda_graph=none",), "full_iteration": ("cuda_graph=full_iteration",),
+         "full_iteration+optimizer": FULL_ITERATION_WITH_OPTIMIZER, "te_layer": ("cuda_graph=te_layer",),
+         "te_attn_mlp": ("cuda_graph=te_attn_mlp",), "te_attn": ("cuda_graph=te_attn",)}),
+    "llama32_1b": Workload(
+        "llama/llama32_1b as shipped (16 layers, hidden 2048, seq 8192)",
+        ("recipe=llama/llama32_1b",),
+        {EAGER: ("cuda_graph=none",), "full_iteration": ("cuda_graph=full_iteration",),
+         "te_attn_mlp": ("cuda_graph=te_attn_mlp",)}),
+    "qwen3_moe_dropless": Workload(
+        "Qwen3-30B-A3B layer shapes, 2 layers, 1 GPU, dropless alltoall",
+        moe_proxy("qwen/qwen3_30b_a3b", "h100"),
+        {EAGER: ("cuda_graph=none",), "te_attn": ("cuda_graph=te_attn",),
+         "te_attn_moe_router": ("cuda_graph=te_attn_moe_router",), "te_moe_router": ("cuda_graph=te_moe_router",)}),
+    "qwen3_moe_drop_and_pad": Workload(
+        "the same with drop-and-pad routing (capacity factor 1.0)",
+        moe_proxy("qwen/qwen3_30b_a3b", "h100", *DROP_AND_PAD),
+        {EAGER: ("cuda_graph=none",), "full_iteration": ("cuda_graph=full_iteration",),
+         "full_iteration+optimizer": FULL_ITERATION_WITH_OPTIMIZER, "te_attn_moe_router":
+         ("cuda_graph=te_attn_moe_router",)}),
+    "qwen3_moe_ep2": Workload(
+        "Qwen3-30B-A3B layer shapes, 2 layers, EP=2 over two GPUs (real all-to-all)",
+        moe_proxy("qwen/qwen3_30b_a3b", "h100", "train.num_gpus=2", "model.expert_model_parallel_size=2",
+                  "train.global_batch_size=8"),
+        {EAGER: ("cuda_graph=none",), "te_attn_moe_router": ("cuda_graph=te_attn_moe_router",),
+         "te_moe_router": ("cuda_graph=te_moe_router",)}, gpus=2),
+    "gpt_oss_moe": Workload(
+        "GPT-OSS-20B layer shapes (32 experts), 2 layers, 1 GPU",
+        moe_proxy("gpt_oss/gpt_oss_20b", "h100"),
+        {EAGER: ("cuda_graph=none",), "te_attn": ("cuda_graph=te_attn",),
+         "te_attn_moe_router": ("cuda_graph=te_attn_moe_router",)}),
+    "deepseek_mla_moe": Workload(
+        "DeepSeek-V3 layer shapes (MLA, a dense then a MoE layer, 32 of 256 experts), 1 GPU",
+        moe_proxy("deepseek/deepseek_v3", "h100", "model.moe_layer_freq=[0,1]", "model.mtp_num_layers=null",
+                  "model.recompute_granularity=null", "model.recompute_modules=null",
+                  "+env_vars.NCCL_GRAPH_REGISTER=0", experts=32),  # the preset's expandable segments need it
+        {EAGER: ("cuda_graph=none",), "te_attn": ("cuda_graph=te_attn",),
+         "te_attn_moe_router": ("cuda_graph=te_attn_moe_router",)}),
+}
+
+
+@dataclass
+class Measured:
+    command: List[str]
+    result: dict = field(default_factory=dict)
+
+    def row(self) -> dict:
+        step, memory = self.result.get("step_time_ms") or {}, self.result.get("memory") or {}
+        return {"status": self.result.get("status", "missing"), "reason": self.result.get("reason"),
+                "effective_impl": self.result.get("effective_impl"), "median_ms": step.get("median"),
+                "p10_ms": step.get("p10"), "p90_ms": step.get("p90"), "timed_steps": step.get("count"),
+                "gpu_busy": (self.result.get("profile") or {}).get("gpu_busy"),
+                "peak_allocated_gb": memory.get("peak_allocated_gb"), "peak_reserved_gb": memory.get("peak_reserved_gb"),
+                "capture_time_s": self.result.get("capture_time_s"), "graph_count": self.result.get("graph_count"),
+                "tflops_per_gpu": self.result.get("tflops_per_gpu"), "command": " ".join(self.command)}
+
+
+def run_variant(workload: Workload, overrides: Tuple[str, ...], job_dir: Path, steps: int) -> Measured:
+    command = [*GRAPHBRIDGE, *workload.base, *overrides, f"train.train_iters={steps}", "perf.profile=true",
+               f"hydra.run.dir={job_dir}"]
+    subprocess.run(command, cwd=ROOT, check=False)
+    result_path = job_dir / "result.json"
+    return Measured(["graphbridge", *command[3:-1]], json.loads(result_path.read_text()) if result_path.is_file() else {})
+
+
+def run_workload(name: str, steps: int, scratch: Path) -> dict:
+    workload = WORKLOADS[name]
+    rows = {variant: run_variant(workload, overrides, scratch / name / variant, steps).row()
+            for variant, overrides in workload.variants.items()}
+    eager = rows.get(EAGER, {}).get("median_ms")
+    for row in rows.values():
+        row["speedup"] = eager / row["median_ms"] if eager and row["median_ms"] else None
+    environment = next((json.loads((scratch / name / v / "result.json").read_text())["env"]
+                        for v in workload.variants if (scratch / name / v / "result.json").is_file()), {})
+    return {"workload": name, "description": workload.description, "gpus": workload.gpus, "steps": steps,
+            "date": time.strftime("%Y-%m-%d"), "gpu": environment.get("gpu"), "driver": driver_version(),
+            "versions": {key: environment.get(key) for key in ("torch", "megatron_core", "transformer_engine",
+                                                                "python")} | {"graphbridge": git_commit()},
+            "suite_command": f"python benchmarks/suite.py {name} --steps {steps}", "variants": rows}
+
+
+def driver_version() -> Optional[str]:
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30)
+    except OSError:
+        return None
+    return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else None
+
+
+def git_commit() -> Optional[str]:
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    except OSError:
+        return None
+    return done.stdout.strip() or None
+
+
+def result_name(record: dict) -> str:
+    gpu = (record.get("gpu") or "cpu").lower().replace("nvidia ", "").split()[0]
+    mcore = record["versions"].get("megatron_core") or "none"
+    return f"{record['workload']}_{gpu}_mcore{mcore}.json"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workloads", nargs="*", help="names from --list")
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--scratch", type=Path, default=Path("/tmp/graphbridge-suite"))
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.workloads if name not in WORKLOADS]
+    if args.list or not args.workloads or unknown:
+        for name, workload in WORKLOADS.items():
+            print(f"{name:24} {workload.gpus} GPU  {workload.description}: {', '.join(workload.variants)}")
+        return 2 if unknown else 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in args.workloads:
+        record = run_workload(name, args.steps, args.scratch / time.strftime("%H%M%S"))
+        (args.out / result_name(record)).write_text(json.dumps(record, indent=2) + "\n")
+        print(f"{name}: " + ", ".join(f"{v} {r['median_ms'] or float('nan'):.2f} ms ({r['status']})"
+                                      for v, r in record["variants"].items()), flush=True)
+    print(f"python {platform.python_version()}; results in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""The benchmark suite plans every variant it would run, and the docs table is built from its raw
+results (a synthetic result here; the committed ones in benchmarks/results/)."""
+
+import json
+import sys
+from pathlib import Path
+
+import benchmark_table
+import pytest
+from sections import with_section
+
+import bridge
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import suite  # noqa: E402  (benchmarks/ is a directory of scripts)
+
+VARIANTS = [(name, variant) for name, workload in suite.WORKLOADS.items() for variant in workload.variants]
+
+
+@pytest.mark.parametrize("name, variant", VARIANTS, ids=[f"{n}-{v}" for n, v in VARIANTS])
+def test_every_suite_variant_is_a_valid_configuration(name, variant):
+    workload = suite.WORKLOADS[name]
+    plan = bridge.plan([*workload.base, *workload.variants[variant], "train.train_iters=40", "perf.profile=true"])
+    assert plan.valid, plan.config_violations
+    assert plan.config.train.num_gpus == workload.gpus
+
+
+def test_the_table_is_built_from_raw_results(tmp_path):
+    record = {"workload": "llama_tiny_local", "description": "tiny", "gpus": 1, "steps": 40, "date": "2026-11-23",
+              "gpu": "NVIDIA H100 80GB HBM3", "driver": "580.1", "suite_command": "python benchmarks/suite.py x",
+              "versions": {"torch": "2.11", "megatron_core": "0.16.1", "transformer_engine": "2.10.0",
+                           "graphbridge": "abc1234", "python": "3.12"},
+              "variants": {"eager": {"status": "completed", "reason": None, "median_ms": 40.0, "p10_ms": 39.0,
+                                     "p90_ms": 41.0, "speedup": 1.0, "gpu_busy": 0.06, "peak_allocated_gb": 0.6,
+                                     "capture_time_s": None, "graph_count": 0},
+                           "full_iteration": {"status": "failed", "reason": "boom", "median_ms": None, "p10_ms": None,
+                                              "p90_ms": None, "speedup": None, "gpu_busy": None,
+                                              "peak_allocated_gb": None, "capture_time_s": None, "graph_count": 0}}}
+    (tmp_path / suite.result_name(record)).write_text(json.dumps(record))
+    text = benchmark_table.markdown(tmp_path)
+    assert "| eager | 40.00 | 39.00-41.00 | 1.00x | 6% | 0.60 |  | 0 | completed |" in text
+    assert "| full_iteration |  |  |  |  |  |  | 0 | failed: boom |" in text
+    assert suite.result_name(record) == "llama_tiny_local_h100_mcore0.16.1.json"
+
+
+def test_the_docs_table_is_up_to_date_with_the_committed_results():
+    docs = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert with_section(docs, "suite", benchmark_table.markdown()) == docs, (
+        "docs/benchmarks.md's suite section is out of date: run python scripts/benchmark_table.py")
