@@ -5,6 +5,7 @@ the report (and matplotlib) load only when a multirun ends.
 """
 
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,17 +14,28 @@ from omegaconf import DictConfig
 
 log = logging.getLogger(__name__)
 
+SWEEP_EXIT_CODE = 0
+"""The verdict of the last sweep this process ran (perf.report.exit_code); graphbridge exits with it
+after Hydra returns, so that a sweep with failed or refused jobs does not end in status 0."""
+
 
 class SummaryCallback(Callback):
     """Writes summary.md, summary.csv and summary.png into the sweep directory."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from perf.report import build_summary, print_summary, write_summary
+        global SWEEP_EXIT_CODE
+        from bridge.atomic import WriteError
+        from perf.report import build_summary, exit_code, print_summary, write_summary
 
         summary = build_summary(Path(config.hydra.sweep.dir))
         if all(row["status"] == "missing" for row in summary.rows):
             # A plan sweep, or zero jobs (glob() over nested groups launches none, silently).
             log.info("no job in %s wrote a result.json; no summary", summary.directory)
             return
-        write_summary(summary)
+        SWEEP_EXIT_CODE = exit_code(summary)
+        try:
+            write_summary(summary)
+        except WriteError as error:
+            print(f"graphbridge: {error}; the summary of this sweep was not written", file=sys.stderr)
+            SWEEP_EXIT_CODE = SWEEP_EXIT_CODE or 1
         print_summary(summary)

@@ -22,6 +22,7 @@ from bridge.config.store import register
 from bridge.planning import build_plan
 from bridge.prepare import prepare
 from bridge.result import write_invalid_result
+from perf import callbacks
 from perf.launch import job_record, run_job
 from perf.preflight import check
 
@@ -87,6 +88,8 @@ def main() -> None:
         if exit.code == 1 and not STARTED:
             sys.exit(INVALID)
         raise
+    # A sweep goes on past failed and refused jobs, then says so in its exit status (after its report).
+    sys.exit(callbacks.SWEEP_EXIT_CODE)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from perf.callbacks import SummaryCallback
-from perf.report import build_summary, main, write_summary
+from perf.report import build_summary, expected_gain, main, write_summary
 
 REPORT = str(Path(sys.executable).with_name("graphbridge-report"))
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -89,7 +89,7 @@ def test_markdown_has_the_title_the_table_and_flags_short_measurements(scope_swe
     assert "| 1 | full_iteration | completed | full_iteration | 80.00 | 72.00–96.00 | 1.25× |" in markdown
     assert "1.00× (baseline)" in markdown
     local_layer = next(line for line in markdown.splitlines() if "| local_layer |" in line)
-    assert "⚠ 125.00" in local_layer and "only 12 timed steps (< 30)" in local_layer
+    assert "⚠ 125.00" in local_layer and "only 12 timed steps (&lt; 30)" in local_layer  # < escaped for HTML
     assert "warmup and graph-capture steps" in markdown
 
 
@@ -130,14 +130,17 @@ def test_with_another_swept_key_each_job_is_compared_with_the_eager_job_of_its_o
     assert rows[4]["note"] == "no eager job with the same other overrides"
 
 
-def test_the_none_choice_is_the_baseline_even_when_a_graph_choice_ran_eagerly(tmp_path):
+def test_a_graph_choice_that_ran_eagerly_shows_no_speedup_anywhere(tmp_path):
     sweep = tmp_path / "sweep"
-    add_job(sweep, 0, "te_attn", median=12.0, effective_impl="none")
+    add_job(sweep, 0, "te_attn", median=8.8, effective_impl="none")  # an eager time: no speedup to claim
     add_job(sweep, 1, "none", median=10.0, effective_impl="none")
-    rows = build_summary(sweep).rows
-    assert [row["baseline_job"] for row in rows] == ["1", "1"]
-    assert rows[0]["speedup"] == pytest.approx(10.0 / 12.0)
-    assert "ran eagerly" in rows[0]["note"]
+    summary = build_summary(sweep)
+    assert [row["baseline_job"] for row in summary.rows] == ["1", "1"]
+    assert summary.rows[0]["speedup"] is None and "ran eagerly" in summary.rows[0]["note"]
+    write_summary(summary)
+    fallback = next(line for line in (sweep / "summary.md").read_text().splitlines() if "| te_attn |" in line)
+    assert "ran eagerly" in fallback and "×" not in fallback
+    assert read_rows(sweep)[0]["speedup"] == ""
 
 
 def test_a_recipe_chosen_cuda_graph_names_the_row(tmp_path):
@@ -201,3 +204,56 @@ def test_callback_module_is_import_light():
     code = ("import sys, perf.callbacks; heavy = {'torch', 'matplotlib', 'megatron', 'perf.report'} & "
             "set(sys.modules); assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_one_unreadable_result_is_a_row_not_a_traceback(report_cli, tmp_path):
+    sweep = tmp_path / "sweep"
+    add_job(sweep, 0, "none", median=10.0)
+    for num, text in ((1, '{"status": "comp'), (2, "[1, 2]"), (3, "\xff\xfe not json")):
+        job_dir = add_job(sweep, num, "te_attn", status="missing")
+        (job_dir / "result.json").write_bytes(text.encode("latin-1"))
+    (add_job(sweep, 4, "te_layer", status="missing") / "result.json").mkdir()
+    result = report_cli(str(sweep), cwd=tmp_path)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    rows = read_rows(sweep)
+    assert [row["status"] for row in rows] == ["completed"] + ["unreadable"] * 4
+    assert all(row["note"].startswith("its record cannot be read") for row in rows[1:])
+
+
+def test_user_text_is_escaped_for_markdown_html_csv_and_the_terminal(report_cli, tmp_path):
+    sweep = tmp_path / "sweep"
+    hostile = "a|b\n<script>alert(1)</script>\x1b[31mred"
+    add_job(sweep, 0, "none", median=10.0, extra_overrides=[f"+env_vars.X={hostile}"])
+    add_job(sweep, 1, "full_iteration", median=5.0, extra_overrides=["+env_vars.X==cmd|' /C calc'!A0"])
+    result = report_cli(str(sweep), cwd=tmp_path, env={**os.environ, "COLUMNS": "200"})
+    assert result.returncode == 0, result.stderr
+    markdown = (sweep / "summary.md").read_text()
+    assert "<script>" not in markdown and "&lt;script&gt;" in markdown and "\x1b" not in markdown
+    assert "a\\|b" in markdown and all(line.count("|") >= 14 for line in markdown.splitlines() if line.startswith("| 0"))
+    cells = [cell for row in read_rows(sweep) for cell in row.values()]
+    assert not any(cell.startswith(("=", "+", "-", "@")) for cell in cells)
+    assert "'=cmd|' /C calc'!A0" in cells
+    assert "\x1b" not in result.stdout
+
+
+@pytest.mark.parametrize("columns", [80, 100])
+def test_the_terminal_table_fits_the_terminal(report_cli, scope_sweep, tmp_path, columns):
+    result = report_cli(str(scope_sweep), cwd=tmp_path, env={**os.environ, "COLUMNS": str(columns)})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= columns
+    header = next(line for line in lines if "job" in line and "cuda_graph" in line)
+    assert "speedup" in header and "status" in header and "…" not in result.stdout
+
+
+def test_a_profiled_sweep_says_what_graphs_can_buy(tmp_path):
+    sweep = tmp_path / "sweep"
+    for num, (choice, median, busy) in enumerate([("none", 40.0, 0.2), ("full_iteration", 8.0, 0.95)]):
+        job_dir = add_job(sweep, num, choice, median=median, peak_gb=1.0)
+        result = json.loads((job_dir / "result.json").read_text())
+        result["profile"] = {"gpu_busy": busy}
+        (job_dir / "result.json").write_text(json.dumps(result))
+    rows = build_summary(sweep).rows
+    assert rows[1]["bound"] == "launch-bound (20% busy eager): graphs can buy up to 5.0x"
+    compute = expected_gain(0.99)
+    assert compute.startswith("compute-bound (99% busy eager)") and "neutral, as expected" in compute

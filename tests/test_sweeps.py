@@ -13,8 +13,12 @@ from bridge.config.store import register
 
 SWEEPS = {
     "dense_scopes": ["none", "full_iteration", "local_layer", "te_layer", "te_attn", "te_attn_mlp"],
-    "moe_scopes": ["none", "full_iteration", "te_attn_moe_router", "te_moe_router", "local_layer"],
+    "moe_scopes": ["none", "te_attn", "te_moe_router", "te_attn_moe_router"],
+    "moe_drop_and_pad_scopes": ["none", "full_iteration", "te_layer", "te_moe", "te_attn_moe_router"],
 }
+PRESET_RECIPES = {"dense_scopes": ["llama/tiny"],
+                  "moe_scopes": ["qwen/tiny", "deepseek/tiny", "gpt_oss/tiny"],
+                  "moe_drop_and_pad_scopes": ["qwen/tiny", "deepseek/tiny", "gpt_oss/tiny"]}
 TINY = ["recipe=llama/tiny", "model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64"]
 
 
@@ -55,17 +59,25 @@ def read_summary(sweep_dir: Path):
 
 
 @pytest.mark.slow
-def test_cpu_multirun_ends_with_a_summary_of_every_job(cli, tmp_path):
+def test_cpu_multirun_ends_with_a_summary_of_every_job_and_a_failing_status(cli, tmp_path):
     sweep_dir = tmp_path / "sweep"
     # One warmup step leaves two timed steps of the three: enough for a median, flagged as noisy.
+    # full_iteration's three warmup steps leave no replay in three steps: refused, and the sweep goes on.
     result = cli("-m", *TINY, "engine=torch", "cuda_graph=none,full_iteration", "train.train_iters=3",
-                         "perf.warmup_steps=1", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
+                 "perf.warmup_steps=1", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr  # a refused job: exit 2, after the report
     rows = read_summary(sweep_dir)
     assert [row["cuda_graph"] for row in rows] == ["none", "full_iteration"]
     assert rows[0]["status"] == "completed" and rows[0]["speedup"] == "1.0"
-    assert rows[1]["status"] in ("completed", "invalid")
+    assert rows[1]["status"] == "invalid" and "[warmup_steps]" in rows[1]["note"]
     assert "timed steps (< 30): noisy" in rows[0]["note"]
+
+
+def test_a_sweep_of_good_jobs_exits_0(cli, tmp_path):
+    result = cli("-m", *TINY, "engine=torch", "cuda_graph=none,local_layer", "train.train_iters=3",
+                 "perf.warmup_steps=1", "model.cuda_graph_warmup_steps=1", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                 cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
 
 
 @pytest.mark.gpu
@@ -89,3 +101,11 @@ def test_gpu_sweep_measures_a_full_iteration_speedup(cli, tmp_path):
     busy = {choice: float(row["gpu_busy"]) for choice, row in rows.items()}
     assert all(0.0 < value <= 1.05 for value in busy.values()), busy
     assert busy["full_iteration"] > 2 * busy["none"], busy
+
+
+@pytest.mark.parametrize("preset, recipe", [(p, r) for p, recipes in sorted(PRESET_RECIPES.items()) for r in recipes])
+def test_every_job_of_a_sweep_preset_is_valid_on_the_recipes_it_is_for(cli, tmp_path, preset, recipe):
+    result = cli(f"sweep={preset}", f"recipe={recipe}", "mode=plan", "plan.format=json",
+                 f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count('"valid": true') == len(SWEEPS[preset]), result.stderr
