@@ -4,10 +4,9 @@ configuration, so planning for a cluster from a laptop works."""
 
 from bridge.config.schema import Device, EngineChoice
 from bridge.machine import version_tuple
+from bridge.translate.versions import SUPPORTED, release
 from bridge.validation.graph_facts import FULL_ITERATION, IMPL, TE, impl_of
 from bridge.validation.registry import rule, violation
-
-SUPPORTED_MEGATRON_CORE = ("0.16.1",)
 
 
 @rule("engine_device",
@@ -63,36 +62,51 @@ def process_count(cfg, target):
     return None
 
 
-@rule("megatron_core_installed", environment=True,
-      rejects="the megatron engine where megatron-core is not installed",
-      fix="`pip install megatron-core==0.16.1`, or `engine=torch`")
-def megatron_core_installed(cfg, target):
-    if target.engine == "megatron" and not target.machine.has("megatron-core"):
-        return violation("megatron_core_installed", ["engine"],
-                         f"engine=megatron needs megatron-core, which is not installed here; pip install "
-                         f"megatron-core=={SUPPORTED_MEGATRON_CORE[-1]}, or engine=torch")
+@rule("megatron_core_version",
+      rejects="planning for a megatron-core release graphbridge does not support (`plan.megatron_core`)",
+      fix="a supported release (README, Versions): `plan.megatron_core=0.16.1` or `0.19.2`")
+def megatron_core_version(cfg, target):
+    planned = cfg.plan.megatron_core
+    if planned is not None and release(planned) is None:
+        return violation("megatron_core_version", ["plan.megatron_core"],
+                         f"plan.megatron_core={planned} is not a release graphbridge supports; use one of "
+                         f"{', '.join(SUPPORTED)} (or leave it unset for the installed one)")
     return None
 
 
-@rule("megatron_core_version",
-      rejects="planning for, or training on, a megatron-core version graphbridge does not support",
-      fix="a supported version (README, Versions)")
-def megatron_core_version(cfg, target):
+@rule("megatron_core_installed", environment=True,
+      rejects="the megatron engine where megatron-core is missing, is a release graphbridge does not support, "
+              "or is another release than `plan.megatron_core`",
+      fix="`pip install 'graphbridge[mcore016]'` or `'graphbridge[mcore019]'`, or `engine=torch`")
+def megatron_core_installed(cfg, target):
+    if target.engine != "megatron":
+        return None
+    wanted = release(target.megatron_core)
+    install = f"pip install 'graphbridge[{wanted.extra}]'" if wanted else "install a supported release"
     installed = target.machine.version("megatron-core")
-    planned = cfg.plan.megatron_core
-    if planned is not None and planned not in SUPPORTED_MEGATRON_CORE:
-        return violation("megatron_core_version", ["plan.megatron_core"],
-                         f"plan.megatron_core={planned} is not supported; use one of {list(SUPPORTED_MEGATRON_CORE)}")
-    if target.engine == "megatron" and installed not in (None, "unknown", *SUPPORTED_MEGATRON_CORE):
-        return violation("megatron_core_version", ["engine"],
+    if installed is None:
+        return violation("megatron_core_installed", ["engine"],
+                         f"engine=megatron needs megatron-core, which is not installed here; {install} "
+                         f"(megatron-core {target.megatron_core}), or engine=torch")
+    if installed == "unknown":  # a source checkout: its release cannot be read, so it is not judged
+        return None
+    if release(installed) is None:
+        return violation("megatron_core_installed", ["engine"],
                          f"megatron-core {installed} is installed here and graphbridge supports "
-                         f"{', '.join(SUPPORTED_MEGATRON_CORE)}; pip install megatron-core=="
-                         f"{SUPPORTED_MEGATRON_CORE[-1]}")
+                         f"{', '.join(SUPPORTED)}; {install}")
+    if installed != target.megatron_core:
+        return violation("megatron_core_installed", ["plan.megatron_core", "engine"],
+                         f"the plan is for megatron-core {target.megatron_core} (plan.megatron_core) and "
+                         f"{installed} is installed here; run it where {target.megatron_core} is installed, "
+                         f"{install}, or drop plan.megatron_core to train with {installed}")
     return None
 
 
 def transformer_engine_needs(cfg):
-    """(what needs Transformer Engine, the config keys, the lowest TE version it needs)."""
+    """(what needs Transformer Engine, the config keys, the lowest TE release it needs): the bounds
+    where megatron-core 0.16.1 and 0.19.2 gate the feature (is_te_min_version), or graphbridge's
+    tested floor (2.9) where they gate nothing. On top, each release accepts only the TE releases
+    its row in bridge.translate.versions names."""
     model, impl = cfg.model, impl_of(cfg)
     needs = []
     if impl == TE:
@@ -107,24 +121,35 @@ def transformer_engine_needs(cfg):
     if impl == FULL_ITERATION and model.cross_entropy_fusion_impl == "te":
         needs.append(("TE cross-entropy fusion in a full-iteration graph", ["model.cross_entropy_fusion_impl", IMPL],
                       (2, 7)))
+    if model.moe_router_fusion and model.moe_router_score_function == "sqrtsoftplus":
+        needs.append(("the fused sqrtsoftplus router", ["model.moe_router_fusion", "model.moe_router_score_function"],
+                      (2, 13)))
     return needs
 
 
 @rule("transformer_engine", environment=True,
-      rejects="TE graphs, fp8/fp4 or TE-only layers where Transformer Engine is missing or too old",
-      fix="install `graphbridge[te]` (Transformer Engine 2.9 to 2.11 with megatron-core 0.16.1)")
+      rejects="TE graphs, fp8/fp4 or TE-only layers where Transformer Engine is missing or too old, or a Transformer "
+              "Engine the target megatron-core release does not accept",
+      fix="`pip install 'graphbridge[te016]'` (megatron-core 0.16.1, TE 2.9 to 2.11) or `'graphbridge[te019]'` "
+          "(megatron-core 0.19.2, TE 2.10 to 2.20)")
 def transformer_engine(cfg, target):
-    if target.engine != "megatron":
+    if target.engine != "megatron" or release(target.megatron_core) is None:
         return None
+    row = release(target.megatron_core)
     installed = target.machine.version("transformer-engine")
-    found = []
-    for what, keys, lowest in transformer_engine_needs(cfg):
-        if installed is None:
-            found.append(violation("transformer_engine", keys,
-                                   f"{what} need Transformer Engine, which is not installed here; "
-                                   "pip install 'graphbridge[te]'"))
-        elif version_tuple(installed) and version_tuple(installed) < lowest:
-            found.append(violation("transformer_engine", keys,
-                                   f"{what} need Transformer Engine >= {'.'.join(map(str, lowest))} and {installed} "
-                                   "is installed here; pip install 'graphbridge[te]'"))
-    return found
+    install = f"pip install 'graphbridge[{row.te_extra}]' (Transformer Engine {row.transformer_engine_range})"
+    needs = transformer_engine_needs(cfg)
+    if installed is None:
+        return [violation("transformer_engine", keys, f"{what} need Transformer Engine, which is not installed "
+                          f"here; {install}") for what, keys, _ in needs]
+    if installed == "unknown":
+        return None
+    if (needs or cfg.model.transformer_impl == "transformer_engine") and not row.accepts_transformer_engine(installed):
+        other = "" if needs else ", or model.transformer_impl=local"
+        return violation("transformer_engine", [IMPL if needs else "model.transformer_impl"],
+                         f"megatron-core {row.version} accepts Transformer Engine {row.transformer_engine_range} and "
+                         f"{installed} is installed here; {install}{other}")
+    return [violation("transformer_engine", keys,
+                      f"{what} need Transformer Engine >= {'.'.join(map(str, lowest))} and {installed} is installed "
+                      f"here; {install}")
+            for what, keys, lowest in needs if version_tuple(installed) < lowest]
