@@ -223,7 +223,7 @@ RULE_CASES.update({
                                Case({**local(), "model.transformer_impl": "local"})),
     "attention_variant_needs_te_spec": (
         Case({"model.experimental_attention_variant": "gated_delta_net", "model.transformer_impl": "local"}),
-        Case({"model.experimental_attention_variant": "gated_delta_net"})),
+        Case({"model.experimental_attention_variant": "gated_delta_net", "model.linear_attention_freq": 2})),
     # This machine.
     "engine_device": (Case({"engine": "megatron", "device": "cpu"}), Case({"engine": "torch", "device": "cpu"})),
     "cuda_device": (Case({"device": "cuda"}, machine=LAPTOP), Case({"device": "auto"}, machine=LAPTOP)),

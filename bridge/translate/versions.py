@@ -28,6 +28,8 @@ class MegatronCoreRelease:
     """The extra that pins it together with the Transformer Engine releases it accepts."""
     transformer_engine: Tuple[str, str]
     """The Transformer Engine releases it accepts: (lowest, first one too new)."""
+    tested_transformer_engine: Optional[str]
+    """The Transformer Engine the GPU suite and the benchmarks ran with; None: not measured yet."""
     carriers: Dict[str, Optional[str]]
     """graphbridge key -> the megatron-core field that carries it; None: this release has none."""
     full_iteration: Tuple[str, Tuple[str, ...]]
@@ -62,28 +64,26 @@ LEGACY_GROUPED_GEMM = "model.moe_use_legacy_grouped_gemm"
 RELEASES: Dict[str, MegatronCoreRelease] = {release.version: release for release in (
     MegatronCoreRelease(
         version="0.16.1", python=(3, 11), extra="mcore016", te_extra="te016", transformer_engine=("2.9", "2.12"),
+        tested_transformer_engine="2.10.0",
         carriers={"model.cuda_graph_modules": "cuda_graph_scope", INFERENCE_SCOPE: None},
         full_iteration=("local", ("full_iteration",)),
         inference_scopes={},
         differences=(
-            "full_iteration is a scope of the local impl: cuda_graph_impl=local, cuda_graph_scope=[full_iteration]",
-            "cuda_graph_use_single_mempool: local per-layer graphs share one pool (megatron-core default false)",
-            "EP A2A overlap only with Transformer Engine graphs; delay_wgrad_compute refuses the legacy grouped "
-            "GEMM; CPU offloading with no graph at all",
+            "cuda_graph_use_single_mempool: local per-layer graphs share one memory pool",
+            "EP A2A overlap only with Transformer Engine graphs; CPU offloading with no graph at all",
         )),
     MegatronCoreRelease(
         version="0.19.2", python=(3, 12), extra="mcore019", te_extra="te019", transformer_engine=("2.10", "2.21"),
+        tested_transformer_engine=None,
         carriers={LEGACY_GROUPED_GEMM: None},
         full_iteration=("full_iteration", ()),
         inference_scopes={"none": ("none",), "local": ("layer", "block"), "transformer_engine": ("none",),
                           "full_iteration": ("none",)},
         differences=(
-            "full_iteration is an impl; cuda_graph_modules (cuda_graph_scope is its deprecated name) must be empty",
-            "inference_cuda_graph_scope: layer (the default) or block for local, none for every other impl",
             "cuda_graph_use_single_mempool: full-iteration training, evaluation and optimizer graphs share one "
-            "pool (megatron-core default true; graphbridge passes its own, false)",
-            "EP A2A overlap also with local and full_iteration graphs (it refuses moe recompute); CPU offloading "
-            "with full_iteration; no legacy grouped GEMM (model.moe_use_legacy_grouped_gemm)",
+            "pool (megatron-core's default is true; graphbridge passes its own, false)",
+            "EP A2A overlap also with full_iteration graphs, and it refuses moe recompute; CPU offloading with "
+            "full_iteration",
         )),
 )}
 SUPPORTED = tuple(RELEASES)

@@ -2,9 +2,12 @@
 and graphs need. A violation here means "cannot run on this machine"; the plan still judges the
 configuration, so planning for a cluster from a laptop works."""
 
+from dataclasses import dataclass
+from typing import Callable, List, Tuple
+
 from bridge.config.schema import Device, EngineChoice
 from bridge.machine import version_tuple
-from bridge.translate.versions import SUPPORTED, release
+from bridge.translate.versions import RELEASES, SUPPORTED, release
 from bridge.validation.graph_facts import FULL_ITERATION, IMPL, TE, impl_of
 from bridge.validation.registry import rule, violation
 
@@ -64,7 +67,7 @@ def process_count(cfg, target):
 
 @rule("megatron_core_version",
       rejects="planning for a megatron-core release graphbridge does not support (`plan.megatron_core`)",
-      fix="a supported release (README, Versions): `plan.megatron_core=0.16.1` or `0.19.2`")
+      fix="a supported release (README, Versions): " + " or ".join(f"`plan.megatron_core={v}`" for v in SUPPORTED))
 def megatron_core_version(cfg, target):
     planned = cfg.plan.megatron_core
     if planned is not None and release(planned) is None:
@@ -77,7 +80,7 @@ def megatron_core_version(cfg, target):
 @rule("megatron_core_installed", environment=True,
       rejects="the megatron engine where megatron-core is missing, is a release graphbridge does not support, "
               "or is another release than `plan.megatron_core`",
-      fix="`pip install 'graphbridge[mcore016]'` or `'graphbridge[mcore019]'`, or `engine=torch`")
+      fix=" or ".join(f"`pip install 'graphbridge[{row.extra}]'`" for row in RELEASES.values()) + ", or `engine=torch`")
 def megatron_core_installed(cfg, target):
     if target.engine != "megatron":
         return None
@@ -102,36 +105,47 @@ def megatron_core_installed(cfg, target):
     return None
 
 
-def transformer_engine_needs(cfg):
-    """(what needs Transformer Engine, the config keys, the lowest TE release it needs): the bounds
-    where megatron-core 0.16.1 and 0.19.2 gate the feature (is_te_min_version), or graphbridge's
-    tested floor (2.9) where they gate nothing. On top, each release accepts only the TE releases
-    its row in bridge.translate.versions names."""
-    model, impl = cfg.model, impl_of(cfg)
-    needs = []
-    if impl == TE:
-        needs.append(("Transformer Engine graphs", [IMPL], (2, 9)))
-    if model.fp8 or model.fp4:
-        needs.append(("fp8/fp4 training", ["model.fp8" if model.fp8 else "model.fp4"], (2, 9)))
-    if model.experimental_attention_variant is not None:
-        needs.append((f"{model.experimental_attention_variant} layers", ["model.experimental_attention_variant"],
-                      (2, 9)))
-    if model.delay_wgrad_compute and impl == TE:
-        needs.append(("delay_wgrad_compute with partial CUDA graphs", ["model.delay_wgrad_compute", IMPL], (2, 10)))
-    if impl == FULL_ITERATION and model.cross_entropy_fusion_impl == "te":
-        needs.append(("TE cross-entropy fusion in a full-iteration graph", ["model.cross_entropy_fusion_impl", IMPL],
-                      (2, 7)))
-    if model.moe_router_fusion and model.moe_router_score_function == "sqrtsoftplus":
-        needs.append(("the fused sqrtsoftplus router", ["model.moe_router_fusion", "model.moe_router_score_function"],
-                      (2, 13)))
-    return needs
+@dataclass(frozen=True)
+class TransformerEngineNeed:
+    """Something a config can ask for that needs Transformer Engine, from release ``lowest`` on: where
+    megatron-core 0.16.1 and 0.19.2 gate it (is_te_min_version), or graphbridge's tested floor (2.9)
+    where they gate nothing. On top, each megatron-core release accepts only the TE releases its
+    row in bridge.translate.versions names."""
+
+    what: str
+    keys: Tuple[str, ...]
+    lowest: str
+    asked: Callable[[object], bool]
+
+
+TRANSFORMER_ENGINE_NEEDS = (
+    TransformerEngineNeed("Transformer Engine graphs (cuda_graph=te_*)", (IMPL,), "2.9",
+                          lambda cfg: impl_of(cfg) == TE),
+    TransformerEngineNeed("fp8/fp4 training", ("model.fp8", "model.fp4"), "2.9",
+                          lambda cfg: bool(cfg.model.fp8 or cfg.model.fp4)),
+    TransformerEngineNeed("linear-attention layers (model.experimental_attention_variant)",
+                          ("model.experimental_attention_variant",), "2.9",
+                          lambda cfg: cfg.model.experimental_attention_variant is not None),
+    TransformerEngineNeed("delay_wgrad_compute with Transformer Engine graphs", ("model.delay_wgrad_compute", IMPL),
+                          "2.10", lambda cfg: cfg.model.delay_wgrad_compute and impl_of(cfg) == TE),
+    TransformerEngineNeed("TE cross-entropy fusion in a full-iteration graph",
+                          ("model.cross_entropy_fusion_impl", IMPL), "2.7",
+                          lambda cfg: impl_of(cfg) == FULL_ITERATION and cfg.model.cross_entropy_fusion_impl == "te"),
+    TransformerEngineNeed("the fused sqrtsoftplus router (megatron-core 0.19)",
+                          ("model.moe_router_fusion", "model.moe_router_score_function"), "2.13",
+                          lambda cfg: cfg.model.moe_router_fusion and cfg.model.moe_router_score_function == "sqrtsoftplus"),
+)
+
+
+def transformer_engine_needs(cfg) -> List[TransformerEngineNeed]:
+    return [need for need in TRANSFORMER_ENGINE_NEEDS if need.asked(cfg)]
 
 
 @rule("transformer_engine", environment=True,
       rejects="TE graphs, fp8/fp4 or TE-only layers where Transformer Engine is missing or too old, or a Transformer "
               "Engine the target megatron-core release does not accept",
-      fix="`pip install 'graphbridge[te016]'` (megatron-core 0.16.1, TE 2.9 to 2.11) or `'graphbridge[te019]'` "
-          "(megatron-core 0.19.2, TE 2.10 to 2.20)")
+      fix=" or ".join(f"`pip install 'graphbridge[{row.te_extra}]'` (megatron-core {row.version}, TE "
+                      f"{row.transformer_engine_range})" for row in RELEASES.values()))
 def transformer_engine(cfg, target):
     if target.engine != "megatron" or release(target.megatron_core) is None:
         return None
@@ -140,8 +154,8 @@ def transformer_engine(cfg, target):
     install = f"pip install 'graphbridge[{row.te_extra}]' (Transformer Engine {row.transformer_engine_range})"
     needs = transformer_engine_needs(cfg)
     if installed is None:
-        return [violation("transformer_engine", keys, f"{what} need Transformer Engine, which is not installed "
-                          f"here; {install}") for what, keys, _ in needs]
+        return [violation("transformer_engine", list(need.keys), f"{need.what} need Transformer Engine, which is "
+                          f"not installed here; {install}") for need in needs]
     if installed == "unknown":
         return None
     if (needs or cfg.model.transformer_impl == "transformer_engine") and not row.accepts_transformer_engine(installed):
@@ -149,7 +163,7 @@ def transformer_engine(cfg, target):
         return violation("transformer_engine", [IMPL if needs else "model.transformer_impl"],
                          f"megatron-core {row.version} accepts Transformer Engine {row.transformer_engine_range} and "
                          f"{installed} is installed here; {install}{other}")
-    return [violation("transformer_engine", keys,
-                      f"{what} need Transformer Engine >= {'.'.join(map(str, lowest))} and {installed} is installed "
-                      f"here; {install}")
-            for what, keys, lowest in needs if version_tuple(installed) < lowest]
+    return [violation("transformer_engine", list(need.keys),
+                      f"{need.what} need Transformer Engine >= {need.lowest} and {installed} is installed here; "
+                      f"{install}")
+            for need in needs if version_tuple(installed) < version_tuple(need.lowest)]

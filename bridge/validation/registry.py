@@ -43,8 +43,11 @@ class Rule:
     megatron_core: Optional[str] = None
     """The megatron-core releases the rule holds for (a range such as ``>=0.19``); None: all."""
 
+    def holds_for(self, megatron_core: str) -> bool:
+        return in_range(megatron_core, self.megatron_core)
+
     def applies(self, target) -> bool:
-        if not in_range(target.megatron_core, self.megatron_core):
+        if not self.holds_for(target.megatron_core):
             return False
         if self.engine == "megatron":
             return target.written_for_megatron
