@@ -222,7 +222,7 @@ class ModelConfig:
     moe_permute_fusion: bool = False
     """Transformer Engine's fused token permutation."""
     moe_use_legacy_grouped_gemm: bool = False
-    """The older grouped GEMM implementation (no delayed wgrad)."""
+    """The older grouped GEMM implementation (no delayed wgrad); megatron-core 0.19 removed it."""
     mtp_num_layers: Optional[int] = None
     """Multi-token prediction layers (DeepSeek-V3); None: off."""
     mtp_loss_scaling_factor: float = 0.1
