@@ -92,7 +92,6 @@ def graph_vocabulary() -> dict:
 
 
 def fixture() -> dict:
-    import megatron.core
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.models.gpt import GPTModel
     from megatron.core.optimizer import OptimizerConfig
