@@ -10,7 +10,7 @@
     print(bridge.plan(cfg).to_text())
 """
 
-from typing import List, Optional, Sequence, Union
+from typing import List, Sequence, Union
 
 from omegaconf import DictConfig
 

@@ -4,7 +4,8 @@ It holds the catalogue's verdict in two parts: violations in the configuration (
 nowhere) and violations on this machine (it can run elsewhere: planning for a cluster from a
 laptop still says VALID), the migration notes, the derived values, what is graphed and when, the
 engine and device it would train on here, and the arguments megatron-core would be given. A run
-refuses exactly what the plan reports.
+refuses exactly what the plan reports. The arguments are those of the target megatron-core release
+(plan.megatron_core, else the installed one), in that release's spelling (bridge.translate.versions).
 """
 
 import dataclasses
@@ -17,11 +18,9 @@ from bridge.config.migration import scope_names
 from bridge.config.schema import GraphBridgeConfig
 from bridge.machine import Machine
 from bridge.prepare import Prepared
-from bridge.translate import megatron_arguments
+from bridge.translate import cuda_graph_arguments, megatron_arguments, release
 from bridge.validation import Target, resolve_target, validate
 from bridge.validation.violation import Violation
-
-TC_GRAPH_FIELDS = ("cuda_graph_impl", "cuda_graph_scope", "cuda_graph_warmup_steps", "use_te_rng_tracker")
 
 
 @dataclass
@@ -56,7 +55,18 @@ class Plan:
         return describe_graphs(self.config, "megatron" if self.target.written_for_megatron else "torch")
 
     def megatron(self) -> Dict[str, Any]:
-        return megatron_arguments(self.config)
+        return megatron_arguments(self.config, self.target.megatron_core)
+
+    def megatron_core_source(self) -> str:
+        """Where the target release comes from, in words."""
+        installed = self.target.machine.version("megatron-core")
+        if self.config.plan.megatron_core is not None:
+            return f"plan.megatron_core; installed here: {installed or 'none'}"
+        if installed == self.target.megatron_core:
+            return "installed here"
+        if installed in (None, "unknown"):
+            return "not installed here: the newest release this Python installs"
+        return f"megatron-core {installed} is installed here, which graphbridge does not support"
 
     def as_dict(self) -> Dict[str, Any]:
         return {
@@ -65,7 +75,8 @@ class Plan:
             "runnable_here": self.runnable_here,
             "machine_violations": [v.as_dict() for v in self.machine_violations],
             "target": {"engine": self.target.engine, "device": self.target.device,
-                       "megatron_core": self.target.megatron_core, "machine": self.target.machine.describe()},
+                       "megatron_core": self.target.megatron_core, "megatron_core_source": self.megatron_core_source(),
+                       "machine": self.target.machine.describe()},
             "notes": self.notes,
             "machine_notes": self.machine_notes,
             "derived": _jsonable(self.derived),
@@ -99,10 +110,11 @@ class Plan:
         ]
         if self.derived:
             lines += wrapped("  derived:   ", [f"{key}={value}" for key, value in self.derived.items()])
+        lines.append(f"  target:    megatron-core {self.target.megatron_core} ({self.megatron_core_source()})")
         if self.valid:
-            tc = self.megatron()["transformer_config"]
+            graph_fields = cuda_graph_arguments(cfg, self.target.megatron_core)
             lines.append(f"  megatron-core {self.target.megatron_core} TransformerConfig (CUDA-graph fields):")
-            lines += [f"    {key} = {tc[key]!r}" for key in TC_GRAPH_FIELDS]
+            lines += [f"    {key} = {value!r}" for key, value in graph_fields.items()]
         lines.append(f"  env:       {dict(cfg.env_vars) or '{}'}")
         lines.append(f"  here:      {self.target.engine} engine on {self.target.device} "
                      f"({self.target.machine.describe()})")
@@ -140,6 +152,10 @@ def machine_notes(cfg: GraphBridgeConfig, target: Target) -> List[str]:
                      "the job trains eagerly (result.json records effective_impl: none)")
     if target.device == "cpu" and cfg.model.bf16:
         notes.append("no CUDA device here: model.bf16 trains in fp32 on the CPU")
+    installed = target.machine.version("megatron-core")
+    if installed not in (None, "unknown") and release(installed) is None:
+        notes.append(f"megatron-core {installed} is installed here, which graphbridge does not support: the plan "
+                     f"speaks megatron-core {target.megatron_core}")
     if (target.engine == "megatron" and cfg.model.transformer_impl == "transformer_engine"
             and not target.machine.has("transformer-engine")):
         notes.append("Transformer Engine is not installed here: the megatron engine builds megatron-core's local "

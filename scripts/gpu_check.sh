@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# On the GPU machine, after `bash .gpu/bin/setup.sh` (see ../shared/gpu/README.md):
-#   bash scripts/gpu_check.sh tests      # every gpu-marked test that needs one GPU
+# On the GPU machine, after `bash .gpu/bin/setup.sh` (scripts/gpu/README.md), with the megatron-core and
+# Transformer Engine releases to run on (default 0.16.1 and 2.10.0; TE= for none):
+#   MCORE=0.19.2 TE=2.10.0 bash scripts/gpu_check.sh tests
+#   MCORE=0.19.2 TE= bash scripts/gpu_check.sh fixture   # the release's fixture regenerated here (without TE,
+#                                        # as CI records it) and compared with tests/fixtures/; the new one in $out
+#   bash scripts/gpu_check.sh tests      # every gpu-marked test that needs one GPU (or: tests <paths>)
 #   bash scripts/gpu_check.sh sweep      # the dense-scope sweep (profiled)
 #   bash scripts/gpu_check.sh suite W... # the benchmark suite's workloads W (python benchmarks/suite.py --list)
 #   bash scripts/gpu_check.sh overhead   # trainer vs minimal megatron-core loop; torch engine vs torch.compile
 #   bash scripts/gpu_check.sh nan        # the in-graph NaN check's overhead
 #   bash scripts/gpu_check.sh multigpu   # two GPUs: the multigpu tests
 #   bash scripts/gpu_check.sh dp2        # two GPUs: the dense-scope sweep at data parallel 2
-# Logs, summaries and JSON land in $OUT (the device tool brings that folder back).
+# Logs, summaries and JSON land in $OUT/mcore-<release> (the device tool brings that folder back);
+# benchmarks/results/<gpu>/mcore-<release>/ keeps them.
 set -uo pipefail
-source /tmp/gpu/env.sh
+mcore=${MCORE:-0.16.1}
+source /tmp/gpu/env.sh "$mcore" "${TE-2.10.0}"
 export PYTHONUNBUFFERED=1
-out=${OUT:-/tmp/gpu-out}
+out=${OUT:-/tmp/gpu-out}/mcore-$mcore
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 
@@ -21,9 +27,24 @@ sweep() {  # sweep DIR OVERRIDES...: a graph-scope sweep through the CLI; its su
   for name in summary.md summary.csv summary.png; do cp "$dir/$name" "$out/$(basename "$dir")_$name"; done
 }
 
+python3 -W ignore -c "import megatron.core as m; print('megatron-core', m.__version__)" | tee -a "$out/gpu.txt"
+python3 -W ignore -c "import transformer_engine as te; print('transformer-engine', te.__version__)" 2>/dev/null \
+  | tee -a "$out/gpu.txt"
+
 case "${1:-tests}" in
+  fixture)
+    if python3 -W ignore scripts/megatron_fixture.py --check >"$out/fixture.log" 2>&1; then
+      echo "tests/fixtures/megatron_core_$mcore.json: recorded here the same" | tee -a "$out/fixture.log"
+    else
+      tail -3 "$out/fixture.log"
+    fi
+    python3 -W ignore scripts/megatron_fixture.py >/dev/null 2>&1
+    cp tests/fixtures/megatron_core_"$mcore".json "$out/"
+    ;;
   tests)
-    python3 -m pytest -m "gpu and not multigpu" tests -q -rA -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log" | tail -70
+    targets=("${@:2}")
+    python3 -m pytest -m "gpu and not multigpu" "${targets[@]:-tests}" -q -rA -p no:cacheprovider 2>&1 \
+      | tee "$out/gpu_tests.log" | tail -70
     ;;
   sweep)
     sweep /tmp/sweep_dense sweep=dense_scopes recipe=llama/tiny perf.profile=true

@@ -19,17 +19,26 @@ engine cannot run (megatron rules judge configs written for megatron-core: `engi
 `auto`); a *machine* rule refuses what this machine cannot run (GPUs, packages), which
 `mode=plan` reports as "cannot run on this machine" while still judging the config, so planning
 for a cluster works anywhere. A run refuses exactly what the plan reports, before a model is
-built or a rank started."""
+built or a rank started. *megatron-core* names the releases a rule holds for (the target release:
+`plan.megatron_core`, else the installed one); where 0.19 changed a rule of 0.16.1, each release's
+rule is its own row."""
 
 
 def judges(entry: Rule) -> str:
     return "machine" if entry.environment else entry.engine or "config"
 
 
+def releases(entry: Rule) -> str:
+    """``>=0.19`` -> ``>= 0.19``; every release -> ``all``."""
+    if entry.megatron_core is None:
+        return "all"
+    return ", ".join(clause.strip().replace(">=", ">= ").replace("<", "< ") for clause in entry.megatron_core.split(","))
+
+
 def markdown() -> str:
-    lines = [INTRO, "", "| rule | judges | rejects | fix |", "|---|---|---|---|"]
+    lines = [INTRO, "", "| rule | judges | megatron-core | rejects | fix |", "|---|---|---|---|---|"]
     for entry in sorted(RULES.values(), key=lambda rule: (judges(rule) != "config", judges(rule), rule.name)):
-        cells = (f"`{entry.name}`", judges(entry), entry.rejects, entry.fix)
+        cells = (f"`{entry.name}`", judges(entry), releases(entry), entry.rejects, entry.fix)
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     return "\n".join(lines)
 

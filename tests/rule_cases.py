@@ -3,12 +3,14 @@
 A case is a dict of dotted keys set on a fresh GraphBridgeConfig (a key set here is a value the
 user set: derived values follow only the keys left alone), judged on a machine: by default one
 H100 with megatron-core 0.16.1 and Transformer Engine 2.10, so that the verdicts do not depend on
-the machine the tests run on. Cases marked ``megatron=True`` exercise a rule that megatron-core
-0.16.1's TransformerConfig also checks: there both verdicts must agree
-(tests/test_megatron_agreement.py).
+the machine the tests run on; a case for a rule of megatron-core 0.19 runs on ONE_H100_019, where
+0.19.2 is installed. Cases marked ``megatron=True`` exercise a rule that megatron-core's
+TransformerConfig also checks: there both verdicts must agree, live on the installed release
+(tests/test_megatron_agreement.py) and, on 0.19.2, against the verdicts recorded from the real
+package (tests/test_versions.py, tests/fixtures/).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
 from bridge.config.schema import GraphBridgeConfig
@@ -23,6 +25,8 @@ EIGHT_H100 = Machine(gpus=(H100,) * 8, packages=PACKAGES)
 LAPTOP = Machine(gpus=(), packages={"torch": "2.13.0", "megatron-core": "0.16.1", "transformer-engine": None})
 NO_TE = Machine(gpus=(H100,), packages={**PACKAGES, "transformer-engine": None})
 NO_MEGATRON = Machine(gpus=(H100,), packages={**PACKAGES, "megatron-core": None})
+PACKAGES_019 = {"torch": "2.11.0", "megatron-core": "0.19.2", "transformer-engine": "2.20.2"}
+ONE_H100_019 = Machine(gpus=(H100,), packages=PACKAGES_019)
 
 MOE = {"model.num_moe_experts": 8, "model.moe_router_topk": 2, "model.moe_ffn_hidden_size": 128}
 DROP_AND_PAD = {"model.moe_expert_capacity_factor": 1.0, "model.moe_pad_expert_input_to_capacity": True}
@@ -128,6 +132,10 @@ RULE_CASES = {
                    Case({**EP_OVERLAP, **te("attn", "moe_router", "moe_preprocess")}, megatron=True)),
     "delay_wgrad": (Case({**MOE, "model.delay_wgrad_compute": True}, megatron=True),
                     Case({**EP_OVERLAP, "model.delay_wgrad_compute": True}, megatron=True)),
+    "delay_wgrad_legacy_gemm": (
+        Case({**EP_OVERLAP, "model.delay_wgrad_compute": True, "model.moe_use_legacy_grouped_gemm": True},
+             megatron=True),
+        Case({**EP_OVERLAP, "model.delay_wgrad_compute": True}, megatron=True)),
     "dropless_moe_capture": (Case({**MOE, **FULL_ITERATION}),
                              Case({**MOE, **DROP_AND_PAD, "model.moe_token_dispatcher_type": "alltoall",
                                    **FULL_ITERATION})),
@@ -215,7 +223,7 @@ RULE_CASES.update({
                                Case({**local(), "model.transformer_impl": "local"})),
     "attention_variant_needs_te_spec": (
         Case({"model.experimental_attention_variant": "gated_delta_net", "model.transformer_impl": "local"}),
-        Case({"model.experimental_attention_variant": "gated_delta_net"})),
+        Case({"model.experimental_attention_variant": "gated_delta_net", "model.linear_attention_freq": 2})),
     # This machine.
     "engine_device": (Case({"engine": "megatron", "device": "cpu"}), Case({"engine": "torch", "device": "cpu"})),
     "cuda_device": (Case({"device": "cuda"}, machine=LAPTOP), Case({"device": "auto"}, machine=LAPTOP)),
@@ -225,7 +233,7 @@ RULE_CASES.update({
                       Case({"train.num_gpus": 2, "train.global_batch_size": 2}, machine=EIGHT_H100, processes=2)),
     "megatron_core_installed": (Case({"engine": "megatron"}, machine=NO_MEGATRON),
                                 Case({"engine": "auto"}, machine=NO_MEGATRON)),
-    "megatron_core_version": (Case({"plan.megatron_core": "0.15.0"}), Case({"plan.megatron_core": "0.16.1"})),
+    "megatron_core_version": (Case({"plan.megatron_core": "0.15.0"}), Case({"plan.megatron_core": "0.19.2"})),
     "transformer_engine": (Case(te("attn"), machine=NO_TE), Case(local(), machine=NO_TE)),
     # megatron-core's MoE routing and dispatch checks outside the graph block.
     "flex_dispatcher": (Case({**MOE, "model.moe_token_dispatcher_type": "flex", "model.moe_flex_dispatcher_backend": "deepep"}),
@@ -252,6 +260,27 @@ RULE_CASES.update({
                         Case({**MOE, "model.moe_router_topk": 1, "model.moe_router_pre_softmax": True}, megatron=True)),
 })
 
+# What megatron-core 0.19 changed: rules that hold from 0.19 on, and the fields a release lacks.
+V19 = ONE_H100_019
+RULE_CASES.update({
+    "version_fields": (Case({**local(), "model.inference_cuda_graph_scope": "layer"}),
+                       Case({**local(), "model.inference_cuda_graph_scope": "layer"}, machine=V19)),
+    "inference_scope": (Case({**te("attn"), "model.inference_cuda_graph_scope": "layer"}, megatron=True, machine=V19),
+                        Case({**local(), "model.inference_cuda_graph_scope": "layer"}, megatron=True, machine=V19)),
+    "inference_block_training": (Case({**local(), "model.inference_cuda_graph_scope": "block"}, machine=V19),
+                                 Case({**local(), "model.inference_cuda_graph_scope": "layer"}, machine=V19)),
+    "ep_overlap_te_graphs": (Case({**EP_OVERLAP, **DROP_AND_PAD, **te("moe")}, megatron=True, machine=V19),
+                             Case({**EP_OVERLAP, **DROP_AND_PAD, **FULL_ITERATION}, megatron=True, machine=V19)),
+    "ep_overlap_local_graphs": (Case({**EP_OVERLAP, **local("moe_router")}, machine=V19),
+                                Case({**EP_OVERLAP, **te("attn", "moe_router", "moe_preprocess")}, machine=V19)),
+    "ep_overlap_moe_recompute": (Case({**EP_OVERLAP, "model.recompute_modules": ["moe"]}, megatron=True, machine=V19),
+                                 Case({**EP_OVERLAP, "model.recompute_modules": ["core_attn"]}, megatron=True,
+                                      machine=V19)),
+    "cpu_offloading_layer_graphs": (Case({**te("attn"), "model.cpu_offloading": True}, megatron=True, machine=V19),
+                                    Case({**FULL_ITERATION, "model.cpu_offloading": True}, megatron=True,
+                                         machine=V19)),
+})
+
 # Extra rejects for rules with more than one way to fail.
 EXTRA_REJECTS = {
     "dropless_moe_capture": [Case({**MOE, **local()}), Case({**MOE, **te()})],
@@ -263,10 +292,13 @@ EXTRA_REJECTS = {
                      Case({**local(), "model.cuda_graph_scope": "full,attn"}),
                      Case({**local(), "model.cuda_graph_modules": ["full_iteration", "attn"]})],
     "transformer_engine": [Case({"model.fp8": "e4m3"}, machine=NO_TE),
+                           Case(te("attn"), machine=Machine(gpus=(H100,), packages={**PACKAGES_019,
+                                                                                     "megatron-core": "0.16.1"})),
                            Case({**te("attn"), "model.delay_wgrad_compute": True},
                                 machine=Machine(gpus=(H100,), packages={**PACKAGES, "transformer-engine": "2.9.0"}))],
-    "megatron_core_version": [Case({"engine": "megatron"},
-                                   machine=Machine(gpus=(H100,), packages={**PACKAGES, "megatron-core": "0.14.0"}))],
+    "megatron_core_installed": [
+        Case({"engine": "megatron"}, machine=Machine(gpus=(H100,), packages={**PACKAGES, "megatron-core": "0.18.0"})),
+        Case({"engine": "megatron", "plan.megatron_core": "0.19.2"})],
     "recompute_settings": [Case({"model.recompute_granularity": "selective", "model.recompute_num_layers": 1}),
                            Case({"model.recompute_granularity": "block"}),
                            Case({"model.recompute_granularity": "selective", "model.recompute_modules": ["moe_act"]}),
@@ -292,5 +324,9 @@ EXTRA_REJECTS = {
     "nccl_graph_register": [Case({**te("attn"), "env_vars.PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
                                   "workload.gpu": "b200"})],
     "ep_overlap": [Case({**EP_OVERLAP, **te("attn", "mlp")})],
+    "ep_overlap_te_graphs": [Case({**EP_OVERLAP, **te()}, machine=V19)],
+    "version_fields": [Case({"model.moe_use_legacy_grouped_gemm": True}, machine=V19)],
+    "inference_scope": [Case({**FULL_ITERATION, "model.inference_cuda_graph_scope": "layer"}, machine=V19),
+                        Case({"model.inference_cuda_graph_scope": "block"}, machine=V19)],
     "static_shapes": [Case({**te("mlp"), "dataset.packed_sequence": True, "dataset.pad_to_max_length": False})],
 }

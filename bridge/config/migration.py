@@ -8,6 +8,9 @@ What each older input is, and what it becomes:
                                     full_iteration -> cuda_graph_impl=full_iteration
   model.cuda_graph_modules=[full_iteration]
                                     megatron-core 0.19's deprecated scope value -> cuda_graph_impl=full_iteration
+  model.cuda_graph_modules=[full]   megatron-core 0.19's deprecated whole layer -> []
+  full_iteration_inference          megatron-core 0.19's deprecated scope value (in either field) ->
+                                    inference_cuda_graph_scope=block under local; no effect under none
 Each migration is one info line. With impl none a 0.16.1 scope is a parked setting (inert, as in
 megatron-core 0.16.1) and stays. An input that cannot be migrated unambiguously (old and new
 spellings that disagree, unknown names) is left as it is: ``legacy_conflict`` says what is wrong,
@@ -24,7 +27,9 @@ from omegaconf import OmegaConf
 
 from bridge.config.schema import CUDA_GRAPH_MODULES, CudaGraphImpl
 
-LEGACY_SCOPE_NAMES = ("full", "full_iteration") + CUDA_GRAPH_MODULES
+DEPRECATED_VALUES = ("full_iteration", "full_iteration_inference")
+"""megatron-core 0.19's deprecated scope values: each stands for a setting of another field."""
+LEGACY_SCOPE_NAMES = ("full",) + DEPRECATED_VALUES + CUDA_GRAPH_MODULES
 SCOPE_FIELD = "model.cuda_graph_scope (megatron-core 0.16.1's name of model.cuda_graph_modules)"
 
 
@@ -74,16 +79,44 @@ def legacy_conflict(model) -> Optional[Conflict]:
 
 def _modules_conflict(model) -> Optional[Conflict]:
     modules = _plain(model.cuda_graph_modules)
-    if not isinstance(modules, list) or "full_iteration" not in modules:
-        return None
-    if modules != ["full_iteration"]:
+    if not isinstance(modules, list):
+        return None  # the module_names rule reports a malformed list
+    if "full" in modules and modules != ["full"]:
         return Conflict("legacy_scope", ["model.cuda_graph_modules"],
-                        f"full_iteration is the whole iteration and cannot be combined with modules {modules}; "
-                        "use cuda_graph=full_iteration alone")
-    if _impl(model) == CudaGraphImpl.transformer_engine:
-        return Conflict("legacy_scope", ["model.cuda_graph_modules", "model.cuda_graph_impl"],
-                        "cuda_graph_modules=[full_iteration] cannot be combined with "
-                        "cuda_graph_impl=transformer_engine; use cuda_graph=full_iteration")
+                        f"full scope cannot be used with other scopes: {modules}; model.cuda_graph_modules=[] is "
+                        "the whole layer")
+    return _deprecated_values_conflict(model, modules, "model.cuda_graph_modules")
+
+
+def _deprecated_values_conflict(model, names: List[str], key: str) -> Optional[Conflict]:
+    """megatron-core 0.19's checks of its deprecated scope values, in the field ``key`` holding ``names``."""
+    present = [value for value in DEPRECATED_VALUES if value in names]
+    if len(present) > 1:
+        return Conflict("legacy_scope", [key],
+                        f"{key} cannot contain multiple deprecated values at the same time: {present}; keep one")
+    scope = getattr(model.inference_cuda_graph_scope, "value", model.inference_cuda_graph_scope)
+    if "full_iteration" in names:
+        if names != ["full_iteration"]:
+            return Conflict("legacy_scope", [key],
+                            f"full_iteration is the whole iteration and cannot be combined with modules {names}; "
+                            "use cuda_graph=full_iteration alone")
+        if _impl(model) == CudaGraphImpl.transformer_engine:
+            return Conflict("legacy_scope", [key, "model.cuda_graph_impl"],
+                            f"{key}=[full_iteration] cannot be combined with cuda_graph_impl=transformer_engine; "
+                            "use cuda_graph=full_iteration")
+        if scope not in (None, "none"):
+            return Conflict("legacy_scope", [key, "model.inference_cuda_graph_scope"],
+                            f"{key}=[full_iteration] cannot be combined with inference_cuda_graph_scope={scope}; "
+                            "use cuda_graph=full_iteration with model.inference_cuda_graph_scope=null")
+    if "full_iteration_inference" in names:
+        if _impl(model) not in (CudaGraphImpl.none, CudaGraphImpl.local):
+            return Conflict("legacy_scope", [key, "model.cuda_graph_impl"],
+                            f"full_iteration_inference cannot be combined with cuda_graph_impl={_impl(model).value}; "
+                            "use model.cuda_graph_impl=local model.inference_cuda_graph_scope=block")
+        if scope not in (None, "block"):
+            return Conflict("legacy_scope", [key, "model.inference_cuda_graph_scope"],
+                            f"full_iteration_inference cannot be combined with inference_cuda_graph_scope={scope}; "
+                            "use model.inference_cuda_graph_scope=block alone")
     return None
 
 
@@ -119,7 +152,7 @@ def _scope_conflict(model) -> Optional[Conflict]:
         return Conflict("legacy_scope", ["model.cuda_graph_scope", "model.cuda_graph_impl"],
                         "To use full iteration cuda graph, please use cuda_graph_impl=local instead of "
                         "cuda_graph_impl=transformer_engine. Fix: cuda_graph=full_iteration")
-    return None
+    return _deprecated_values_conflict(model, names, "model.cuda_graph_scope")
 
 
 def migrate(model) -> MigrationReport:
@@ -132,13 +165,15 @@ def migrate(model) -> MigrationReport:
             model.cuda_graph_impl = CudaGraphImpl(impl)
             setattr(model, flag, False)
             report.notes.append(f"model.{flag}=true is deprecated: migrated to model.cuda_graph_impl={impl}")
-    if _plain(model.cuda_graph_modules) == ["full_iteration"]:
-        model.cuda_graph_impl, model.cuda_graph_modules = CudaGraphImpl.full_iteration, []
-        report.notes.append("model.cuda_graph_modules=[full_iteration] is megatron-core 0.19's deprecated spelling: "
-                            "migrated to model.cuda_graph_impl=full_iteration")
+    _migrate_scope(model, report)
+    _migrate_deprecated_modules(model, report)
+    return report
+
+
+def _migrate_scope(model, report: MigrationReport) -> None:
     names = scope_names(_plain(model.cuda_graph_scope))
     if not names or _impl(model) == CudaGraphImpl.none:
-        return report
+        return
     if names == ["full_iteration"]:
         model.cuda_graph_impl = CudaGraphImpl.full_iteration
         report.notes.append("model.cuda_graph_scope=full_iteration (megatron-core 0.16.1's spelling) is "
@@ -148,4 +183,25 @@ def migrate(model) -> MigrationReport:
         report.notes.append(f"model.cuda_graph_scope={names} (megatron-core 0.16.1's field) is "
                             f"model.cuda_graph_modules={list(model.cuda_graph_modules)} here: migrated")
     model.cuda_graph_scope = None
-    return report
+
+
+def _migrate_deprecated_modules(model, report: MigrationReport) -> None:
+    """megatron-core 0.19's deprecated values in cuda_graph_modules (also those a scope just moved there)."""
+    modules = _plain(model.cuda_graph_modules)
+    if modules == ["full_iteration"]:
+        model.cuda_graph_impl, model.cuda_graph_modules = CudaGraphImpl.full_iteration, []
+        report.notes.append("model.cuda_graph_modules=[full_iteration] is megatron-core 0.19's deprecated spelling: "
+                            "migrated to model.cuda_graph_impl=full_iteration")
+    elif modules == ["full"]:
+        model.cuda_graph_modules = []
+        report.notes.append("model.cuda_graph_modules=[full] is megatron-core's deprecated whole layer: migrated to "
+                            "model.cuda_graph_modules=[]")
+    elif isinstance(modules, list) and "full_iteration_inference" in modules:
+        model.cuda_graph_modules = [name for name in modules if name != "full_iteration_inference"]
+        if _impl(model) == CudaGraphImpl.local:
+            model.inference_cuda_graph_scope = "block"
+            report.notes.append("full_iteration_inference is megatron-core 0.19's deprecated scope value: migrated "
+                                "to model.inference_cuda_graph_scope=block")
+        else:
+            report.notes.append("full_iteration_inference has no effect with cuda_graph_impl=none: dropped (use "
+                                "model.cuda_graph_impl=local model.inference_cuda_graph_scope=block)")

@@ -1,7 +1,8 @@
 """The structured schema: one dataclass per Megatron-Bridge ConfigContainer section.
 
-Section names follow Bridge's ConfigContainer and field names follow megatron-core 0.16.1's
-TransformerConfig, so a Bridge user's ``cfg.model.x = y`` is ``model.x=y`` on the command
+Section names follow Bridge's ConfigContainer and field names follow megatron-core's
+TransformerConfig (0.19's CUDA-graph API; bridge.translate.versions says how each supported
+release spells them), so a Bridge user's ``cfg.model.x = y`` is ``model.x=y`` on the command
 line. Types stay OmegaConf-native (no Literal, no Union of containers); closed sets are
 string Enums, cross-field rules live in ``bridge.validation``.
 """
@@ -36,12 +37,21 @@ class PlanFormat(str, Enum):
 
 
 class CudaGraphImpl(str, Enum):
-    """Canonical (decomposed) CUDA-graph implementation; translated to 0.16.1's API."""
+    """Canonical (decomposed) CUDA-graph implementation, megatron-core 0.19's; translated to each
+    supported release's spelling (bridge.translate.versions)."""
 
     none = "none"
     local = "local"
     transformer_engine = "transformer_engine"
     full_iteration = "full_iteration"
+
+
+class InferenceCudaGraphScope(str, Enum):
+    """What owns a CUDA graph during inference (megatron-core 0.19's InferenceCudaGraphScope)."""
+
+    none = "none"
+    layer = "layer"
+    block = "block"
 
 
 # Per-layer capture regions, the names of megatron-core's CudaGraphScope minus full_iteration.
@@ -212,7 +222,7 @@ class ModelConfig:
     moe_permute_fusion: bool = False
     """Transformer Engine's fused token permutation."""
     moe_use_legacy_grouped_gemm: bool = False
-    """The older grouped GEMM implementation (no delayed wgrad)."""
+    """The older grouped GEMM implementation (no delayed wgrad); megatron-core 0.19 removed it."""
     mtp_num_layers: Optional[int] = None
     """Multi-token prediction layers (DeepSeek-V3); None: off."""
     mtp_loss_scaling_factor: float = 0.1
@@ -292,10 +302,15 @@ class ModelConfig:
     it with the modules)."""
     cuda_graph_modules: List[str] = field(default_factory=list)
     """Per-layer capture regions (see CUDA_GRAPH_MODULES); empty means the whole layer."""
+    inference_cuda_graph_scope: Optional[InferenceCudaGraphScope] = None
+    """megatron-core 0.19's inference CUDA-graph owner: layer or block for local, none for every
+    other impl; None is that release's default for the impl (layer for local, else none).
+    megatron-core 0.16.1 has no such field."""
     cuda_graph_warmup_steps: int = 3
     """Eager steps before capture (megatron-core's local graphs capture during the first step instead)."""
     cuda_graph_use_single_mempool: bool = False
-    """local: all graphs in one memory pool (each graph then runs once per step)."""
+    """One memory pool: on 0.16.1 for all local per-layer graphs (each graph then runs once per step), on
+    0.19 for the full-iteration training, evaluation and optimizer graphs."""
     cuda_graph_retain_backward_graph: bool = False
     """Capture the backward pass with retain_graph=True."""
     use_te_rng_tracker: bool = II("rng.te_rng_tracker")
@@ -425,7 +440,9 @@ class PlanConfig:
     format: PlanFormat = PlanFormat.text
     """text or json."""
     megatron_core: Optional[str] = None
-    """The megatron-core version to plan for; None: the installed one."""
+    """The megatron-core release to plan for (0.16.1 or 0.19.2, bridge.translate.versions); None:
+    the installed one when graphbridge supports it, else the newest this Python can install. A run
+    refuses a plan for a release other than the installed one."""
 
 
 @dataclass

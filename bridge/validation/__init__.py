@@ -18,6 +18,7 @@ from bridge.validation import (  # noqa: F401  (importing registers the rules)
     recompute_rules,
     training_rules,
     value_rules,
+    version_rules,
 )
 from bridge.validation.registry import RULES, Rule, run_rules
 from bridge.validation.target import Target, resolve_target

@@ -138,7 +138,7 @@ def local_scoped_modules(cfg, target):
     return None
 
 
-@rule("cpu_offloading",
+@rule("cpu_offloading", megatron_core="<0.19",
       rejects='any graph with CPU offloading',
       fix='`model.cpu_offloading=false`')
 def cpu_offloading(cfg, target):

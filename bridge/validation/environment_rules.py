@@ -2,12 +2,14 @@
 and graphs need. A violation here means "cannot run on this machine"; the plan still judges the
 configuration, so planning for a cluster from a laptop works."""
 
+from dataclasses import dataclass
+from typing import Callable, List, Tuple
+
 from bridge.config.schema import Device, EngineChoice
 from bridge.machine import version_tuple
-from bridge.validation.graph_facts import FULL_ITERATION, IMPL, TE, impl_of
+from bridge.translate.versions import RELEASES, SUPPORTED, release
+from bridge.validation.graph_facts import FULL_ITERATION, IMPL, MODULES, TE, impl_of
 from bridge.validation.registry import rule, violation
-
-SUPPORTED_MEGATRON_CORE = ("0.16.1",)
 
 
 @rule("engine_device",
@@ -63,74 +65,112 @@ def process_count(cfg, target):
     return None
 
 
-@rule("megatron_core_installed", environment=True,
-      rejects="the megatron engine where megatron-core is not installed",
-      fix="`pip install megatron-core==0.16.1`, or `engine=torch`")
-def megatron_core_installed(cfg, target):
-    if target.engine == "megatron" and not target.machine.has("megatron-core"):
-        return violation("megatron_core_installed", ["engine"],
-                         f"engine=megatron needs megatron-core, which is not installed here; pip install "
-                         f"megatron-core=={SUPPORTED_MEGATRON_CORE[-1]}, or engine=torch")
-    return None
-
-
 @rule("megatron_core_version",
-      rejects="planning for, or training on, a megatron-core version graphbridge does not support",
-      fix="a supported version (README, Versions)")
+      rejects="planning for a megatron-core release graphbridge does not support (`plan.megatron_core`)",
+      fix="a supported release (README, Versions): " + " or ".join(f"`plan.megatron_core={v}`" for v in SUPPORTED))
 def megatron_core_version(cfg, target):
-    installed = target.machine.version("megatron-core")
     planned = cfg.plan.megatron_core
-    if planned is not None and planned not in SUPPORTED_MEGATRON_CORE:
+    if planned is not None and release(planned) is None:
         return violation("megatron_core_version", ["plan.megatron_core"],
-                         f"plan.megatron_core={planned} is not supported; use one of {list(SUPPORTED_MEGATRON_CORE)}")
-    if target.engine == "megatron" and installed not in (None, "unknown", *SUPPORTED_MEGATRON_CORE):
-        return violation("megatron_core_version", ["engine"],
-                         f"megatron-core {installed} is installed here and graphbridge supports "
-                         f"{', '.join(SUPPORTED_MEGATRON_CORE)}; pip install megatron-core=="
-                         f"{SUPPORTED_MEGATRON_CORE[-1]}")
+                         f"plan.megatron_core={planned} is not a release graphbridge supports; use one of "
+                         f"{', '.join(SUPPORTED)} (or leave it unset for the installed one)")
     return None
 
 
-def transformer_engine_needs(cfg):
-    """(what needs Transformer Engine, the config keys, the lowest TE version it needs)."""
-    model, impl = cfg.model, impl_of(cfg)
-    needs = []
-    if impl == TE:
-        needs.append(("Transformer Engine graphs", [IMPL], (2, 9)))
-    if model.fp8 or model.fp4:
-        needs.append(("fp8/fp4 training", ["model.fp8" if model.fp8 else "model.fp4"], (2, 9)))
-    if model.experimental_attention_variant is not None:
-        needs.append((f"{model.experimental_attention_variant} layers", ["model.experimental_attention_variant"],
-                      (2, 9)))
-    if model.delay_wgrad_compute and impl == TE:
-        graphs_attention = not cfg.model.cuda_graph_modules or "attn" in cfg.model.cuda_graph_modules
-        needs.append(("delay_wgrad_compute with partial CUDA graphs", ["model.delay_wgrad_compute", IMPL],
-                      (2, 12) if graphs_attention else (2, 10)))
-    if model.moe_permute_fusion:
-        needs.append(("the fused MoE token permutation", ["model.moe_permute_fusion"], (2, 1)))
-    if model.cpu_offloading:
-        needs.append(("activation offloading to the CPU", ["model.cpu_offloading"], (2, 9)))
-    if impl == FULL_ITERATION and model.cross_entropy_fusion_impl == "te":
-        needs.append(("TE cross-entropy fusion in a full-iteration graph", ["model.cross_entropy_fusion_impl", IMPL],
-                      (2, 7)))
-    return needs
+@rule("megatron_core_installed", environment=True,
+      rejects="the megatron engine where megatron-core is missing, is a release graphbridge does not support, "
+              "or is another release than `plan.megatron_core`",
+      fix=" or ".join(f"`pip install 'graphbridge[{row.extra}]'`" for row in RELEASES.values()) + ", or `engine=torch`")
+def megatron_core_installed(cfg, target):
+    if target.engine != "megatron":
+        return None
+    wanted = release(target.megatron_core)
+    install = f"pip install 'graphbridge[{wanted.extra}]'" if wanted else "install a supported release"
+    installed = target.machine.version("megatron-core")
+    if installed is None:
+        return violation("megatron_core_installed", ["engine"],
+                         f"engine=megatron needs megatron-core, which is not installed here; {install} "
+                         f"(megatron-core {target.megatron_core}), or engine=torch")
+    if installed == "unknown":  # a source checkout: its release cannot be read, so it is not judged
+        return None
+    if release(installed) is None:
+        return violation("megatron_core_installed", ["engine"],
+                         f"megatron-core {installed} is installed here and graphbridge supports "
+                         f"{', '.join(SUPPORTED)}; {install}")
+    if installed != target.megatron_core:
+        return violation("megatron_core_installed", ["plan.megatron_core", "engine"],
+                         f"the plan is for megatron-core {target.megatron_core} (plan.megatron_core) and "
+                         f"{installed} is installed here; run it where {target.megatron_core} is installed, "
+                         f"{install}, or drop plan.megatron_core to train with {installed}")
+    return None
+
+
+@dataclass(frozen=True)
+class TransformerEngineNeed:
+    """Something a config can ask for that needs Transformer Engine, from release ``lowest`` on: where
+    megatron-core 0.16.1 and 0.19.2 gate it (is_te_min_version), or graphbridge's tested floor (2.9)
+    where they gate nothing. On top, each megatron-core release accepts only the TE releases its
+    row in bridge.translate.versions names."""
+
+    what: str
+    keys: Tuple[str, ...]
+    lowest: str
+    asked: Callable[[object], bool]
+
+
+TRANSFORMER_ENGINE_NEEDS = (
+    TransformerEngineNeed("Transformer Engine graphs (cuda_graph=te_*)", (IMPL,), "2.9",
+                          lambda cfg: impl_of(cfg) == TE),
+    TransformerEngineNeed("fp8/fp4 training", ("model.fp8", "model.fp4"), "2.9",
+                          lambda cfg: bool(cfg.model.fp8 or cfg.model.fp4)),
+    TransformerEngineNeed("linear-attention layers (model.experimental_attention_variant)",
+                          ("model.experimental_attention_variant",), "2.9",
+                          lambda cfg: cfg.model.experimental_attention_variant is not None),
+    TransformerEngineNeed("delay_wgrad_compute with Transformer Engine graphs", ("model.delay_wgrad_compute", IMPL),
+                          "2.10", lambda cfg: cfg.model.delay_wgrad_compute and impl_of(cfg) == TE),
+    TransformerEngineNeed("delay_wgrad_compute with graphed attention", ("model.delay_wgrad_compute", MODULES),
+                          "2.12", lambda cfg: cfg.model.delay_wgrad_compute and impl_of(cfg) == TE
+                          and (not cfg.model.cuda_graph_modules or "attn" in cfg.model.cuda_graph_modules)),
+    TransformerEngineNeed("the fused MoE token permutation", ("model.moe_permute_fusion",), "2.1",
+                          lambda cfg: cfg.model.moe_permute_fusion),
+    TransformerEngineNeed("activation offloading to the CPU", ("model.cpu_offloading",), "2.9",
+                          lambda cfg: cfg.model.cpu_offloading),
+    TransformerEngineNeed("TE cross-entropy fusion in a full-iteration graph",
+                          ("model.cross_entropy_fusion_impl", IMPL), "2.7",
+                          lambda cfg: impl_of(cfg) == FULL_ITERATION and cfg.model.cross_entropy_fusion_impl == "te"),
+    TransformerEngineNeed("the fused sqrtsoftplus router (megatron-core 0.19)",
+                          ("model.moe_router_fusion", "model.moe_router_score_function"), "2.13",
+                          lambda cfg: cfg.model.moe_router_fusion and cfg.model.moe_router_score_function == "sqrtsoftplus"),
+)
+
+
+def transformer_engine_needs(cfg) -> List[TransformerEngineNeed]:
+    return [need for need in TRANSFORMER_ENGINE_NEEDS if need.asked(cfg)]
 
 
 @rule("transformer_engine", environment=True,
-      rejects="TE graphs, fp8/fp4 or TE-only layers where Transformer Engine is missing or too old",
-      fix="install `graphbridge[te]` (Transformer Engine 2.9 to 2.11 with megatron-core 0.16.1)")
+      rejects="TE graphs, fp8/fp4 or TE-only layers where Transformer Engine is missing or too old, or a Transformer "
+              "Engine the target megatron-core release does not accept",
+      fix=" or ".join(f"`pip install 'graphbridge[{row.te_extra}]'` (megatron-core {row.version}, TE "
+                      f"{row.transformer_engine_range})" for row in RELEASES.values()))
 def transformer_engine(cfg, target):
-    if target.engine != "megatron":
+    if target.engine != "megatron" or release(target.megatron_core) is None:
         return None
+    row = release(target.megatron_core)
     installed = target.machine.version("transformer-engine")
-    found = []
-    for what, keys, lowest in transformer_engine_needs(cfg):
-        if installed is None:
-            found.append(violation("transformer_engine", keys,
-                                   f"{what} need Transformer Engine, which is not installed here; "
-                                   "pip install 'graphbridge[te]'"))
-        elif version_tuple(installed) and version_tuple(installed) < lowest:
-            found.append(violation("transformer_engine", keys,
-                                   f"{what} need Transformer Engine >= {'.'.join(map(str, lowest))} and {installed} "
-                                   "is installed here; pip install 'graphbridge[te]'"))
-    return found
+    install = f"pip install 'graphbridge[{row.te_extra}]' (Transformer Engine {row.transformer_engine_range})"
+    needs = transformer_engine_needs(cfg)
+    if installed is None:
+        return [violation("transformer_engine", list(need.keys), f"{need.what} need Transformer Engine, which is "
+                          f"not installed here; {install}") for need in needs]
+    if installed == "unknown":
+        return None
+    if (needs or cfg.model.transformer_impl == "transformer_engine") and not row.accepts_transformer_engine(installed):
+        other = "" if needs else ", or model.transformer_impl=local"
+        return violation("transformer_engine", [IMPL if needs else "model.transformer_impl"],
+                         f"megatron-core {row.version} accepts Transformer Engine {row.transformer_engine_range} and "
+                         f"{installed} is installed here; {install}{other}")
+    return [violation("transformer_engine", list(need.keys),
+                      f"{need.what} need Transformer Engine >= {need.lowest} and {installed} is installed here; "
+                      f"{install}")
+            for need in needs if version_tuple(installed) < version_tuple(need.lowest)]

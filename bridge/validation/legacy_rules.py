@@ -20,8 +20,9 @@ def legacy_flags(cfg, target):
 
 
 @rule("legacy_scope",
-      rejects="a `model.cuda_graph_scope` (0.16.1's field) that is malformed, mixes `full` or `full_iteration` "
-              "with other names, or disagrees with `model.cuda_graph_modules` / the impl",
+      rejects="a `model.cuda_graph_scope` (0.16.1's field) or a deprecated value of 0.19 (`full`, `full_iteration`, "
+              "`full_iteration_inference`) that is malformed, mixed with other names or with each other, or "
+              "disagrees with `model.cuda_graph_modules`, the impl or the inference scope",
       fix="`model.cuda_graph_modules=[...]` with `model.cuda_graph_impl`, or `cuda_graph=<choice>`")
 def legacy_scope(cfg, target):
     return _conflict_of(cfg, "legacy_scope")

@@ -152,7 +152,7 @@ def dropless_moe_capture(cfg, target):
             "model.moe_expert_capacity_factor=1.0 model.moe_pad_expert_input_to_capacity=true",
         )
     return None
-@rule("ep_overlap",
+@rule("ep_overlap", megatron_core="<0.19",
       rejects='EP A2A overlap with local or full_iteration graphs, or with moe, mlp or whole-layer TE graphs',
       fix='`cuda_graph=te_attn_moe_router`')
 def ep_overlap(cfg, target):
@@ -175,23 +175,16 @@ def ep_overlap(cfg, target):
 
 
 @rule("delay_wgrad",
-      rejects='delay_wgrad without EP A2A overlap, or with the legacy grouped GEMM',
-      fix='`model.overlap_moe_expert_parallel_comm=true`; `model.moe_use_legacy_grouped_gemm=false`')
+      rejects='delay_wgrad without EP A2A overlap',
+      fix='`model.overlap_moe_expert_parallel_comm=true`')
 def delay_wgrad(cfg, target):
     model = cfg.model
-    if not model.delay_wgrad_compute:
-        return None
-    if not model.overlap_moe_expert_parallel_comm:
+    # The legacy grouped GEMM conflict is 0.16.1's alone: version_rules.delay_wgrad_legacy_gemm.
+    if model.delay_wgrad_compute and not model.overlap_moe_expert_parallel_comm:
         return violation(
             "delay_wgrad", ["model.delay_wgrad_compute", "model.overlap_moe_expert_parallel_comm"],
             "overlap_moe_expert_parallel_comm must be enabled when enabling delay_wgrad_compute; "
             "set model.overlap_moe_expert_parallel_comm=true or model.delay_wgrad_compute=false",
-        )
-    if model.moe_use_legacy_grouped_gemm:
-        return violation(
-            "delay_wgrad", ["model.delay_wgrad_compute", "model.moe_use_legacy_grouped_gemm"],
-            "delay_wgrad_compute is not supported with legacy groupedgemm implementation; set "
-            "model.moe_use_legacy_grouped_gemm=false",
         )
     return None
 

@@ -12,6 +12,10 @@ lines of the README's rule table, and with what it judges:
 - an environment rule (``environment=True``) judges this machine: GPUs, installed packages and
   their versions. Its violations say the config cannot run here; planning for a cluster still works.
 
+A rule that holds for some megatron-core releases only declares them (``megatron_core=">=0.19"``,
+bridge.translate.versions.in_range): it applies when the target release is in that range. Where a
+release changed a rule, the catalogue holds one rule per range, and the README's table says which.
+
 ``mode=plan`` runs every rule, and a run refuses exactly what the plan reports, before a model is
 built or a rank is started. Engines define no rules of their own.
 """
@@ -19,6 +23,7 @@ built or a rank is started. Engines define no rules of their own.
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, Iterable, List, Optional, Union
 
+from bridge.translate.versions import in_range
 from bridge.validation.violation import CONFIG, HERE, Violation
 
 RuleResult = Union[None, Violation, Iterable[Violation]]
@@ -35,8 +40,15 @@ class Rule:
     environment: bool = False
     gate: bool = False
     """The other rules read what this one checks: while it fires, they do not run."""
+    megatron_core: Optional[str] = None
+    """The megatron-core releases the rule holds for (a range such as ``>=0.19``); None: all."""
+
+    def holds_for(self, megatron_core: str) -> bool:
+        return in_range(megatron_core, self.megatron_core)
 
     def applies(self, target) -> bool:
+        if not self.holds_for(target.megatron_core):
+            return False
         if self.engine == "megatron":
             return target.written_for_megatron
         if self.engine == "torch":
@@ -54,7 +66,7 @@ RULES: Dict[str, Rule] = {}
 
 
 def rule(name: str, *, rejects: str, fix: str, engine: Optional[str] = None, environment: bool = False,
-         gate: bool = False):
+         gate: bool = False, megatron_core: Optional[str] = None):
     """Register ``fn(cfg, target)`` under ``name``, with the README table's two cells."""
     if engine not in (None, *ENGINES):
         raise ValueError(f"rule {name!r}: engine must be one of {ENGINES}")
@@ -62,7 +74,8 @@ def rule(name: str, *, rejects: str, fix: str, engine: Optional[str] = None, env
     def register(fn):
         if name in RULES:
             raise ValueError(f"rule {name!r} registered twice")
-        RULES[name] = Rule(name, fn, rejects, fix, engine, environment, gate)
+        in_range("0", megatron_core)  # a malformed range fails at import, not while judging
+        RULES[name] = Rule(name, fn, rejects, fix, engine, environment, gate, megatron_core)
         return fn
 
     return register

@@ -12,9 +12,7 @@ from typing import Optional
 
 from bridge.config.schema import Device, EngineChoice
 from bridge.machine import Machine, probe
-
-DEFAULT_MEGATRON_CORE = "0.16.1"
-"""What translation speaks when megatron-core is not installed and plan.megatron_core is unset."""
+from bridge.translate.versions import default_release
 
 
 @dataclass(frozen=True)
@@ -25,7 +23,9 @@ class Target:
     """"cuda" or "cpu"."""
     machine: Machine
     megatron_core: str
-    """The megatron-core version the arguments are translated for."""
+    """The megatron-core release the arguments are translated for and the rules judged by:
+    plan.megatron_core, else bridge.translate.versions.default_release (the installed one when
+    supported)."""
     engine_is_auto: bool
     """engine=auto: the config is written for megatron-core; this machine may pick torch."""
     processes: Optional[int] = None
@@ -47,8 +47,6 @@ def resolve_target(cfg, machine: Optional[Machine] = None, processes: Optional[i
         engine = "megatron" if on_cuda and machine.has("megatron-core") else "torch"
     else:
         engine = choice.value
-    version = cfg.plan.megatron_core or machine.version("megatron-core")
-    if version in (None, "unknown"):
-        version = DEFAULT_MEGATRON_CORE
+    version = cfg.plan.megatron_core or default_release(machine).version
     return Target(engine=engine, device="cuda" if on_cuda else "cpu", machine=machine, megatron_core=version,
                   engine_is_auto=choice == EngineChoice.auto, processes=processes)

@@ -48,7 +48,6 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 from megatron.core.transformer.module import Float16Module
-from megatron.core.utils import get_batch_on_this_cp_rank
 
 from bridge.config.graphs import graph_impl
 from bridge.config.schema import CudaGraphImpl, GraphBridgeConfig
@@ -56,6 +55,7 @@ from bridge.data import MockData
 from bridge.diagnosis import graph_region
 from bridge.engines.finite_check import FiniteCheck
 from bridge.engines.megatron.capturable_optimizer import CapturableAdamW, ScheduleView
+from bridge.engines.megatron.compat import batch_on_this_cp_rank
 from bridge.engines.megatron.full_iteration import (
     FullIterationGraphs,
     full_iteration_state_is_clean,
@@ -134,7 +134,7 @@ class MegatronEngine:
         cfg, impl = self.cfg, CudaGraphImpl(self.cfg.model.cuda_graph_impl)
         if impl == CudaGraphImpl.full_iteration:
             optimizer_step = self.optimizer.step if self.optimizer_in_graph else None
-            return FullIterationGraphs(cfg.model.cuda_graph_warmup_steps, optimizer_step)
+            return FullIterationGraphs(self.transformer_config, optimizer_step)
         if impl == CudaGraphImpl.local:
             return LocalLayerGraphs(self.model_chunks)
         if impl == CudaGraphImpl.transformer_engine:
@@ -189,7 +189,7 @@ class MegatronEngine:
         if prefetched_step != step:
             microbatches = self.mock_data.microbatches(step)
         if parallel_state.get_context_parallel_world_size() > 1:
-            microbatches = [get_batch_on_this_cp_rank(batch) for batch in microbatches]
+            microbatches = [batch_on_this_cp_rank(batch) for batch in microbatches]
         return [iter(microbatches) for _ in self.model_chunks]
 
     def _step_loss(self, losses) -> torch.Tensor:

@@ -8,8 +8,9 @@ With ``optimizer_step`` (optimizer.optimizer_in_graph=true) the captured functio
 forward+backward followed by a sync-free optimizer step, so one replay is a whole training
 step. The optimizer must then be capturable (see bridge.engines.megatron.capturable_optimizer).
 
-All of the wrapper's state is class-level and megatron-core 0.16.1 never resets it; ``delete``
-does, so a later wrapper in the same process starts from call zero with empty buffers.
+All of the wrapper's state is class-level and megatron-core never resets it (0.19 has a reset that
+leaves the static buffers); ``delete`` does, so a later wrapper in the same process starts from
+call zero with empty buffers.
 """
 
 from functools import partial
@@ -17,6 +18,7 @@ from typing import Callable, Optional, Set
 
 from megatron.core.full_cuda_graph import FullCudaGraphWrapper, StaticBufferLoader
 
+from bridge.engines.megatron.compat import full_iteration_wrapper_arguments
 from bridge.engines.megatron.lifecycle import FirstStep
 
 STAGES = ("training", "validation")
@@ -25,8 +27,9 @@ STAGES = ("training", "validation")
 class FullIterationGraphs:
     region = "the full-iteration graph (megatron-core FullCudaGraphWrapper)"
 
-    def __init__(self, warmup_steps: int, optimizer_step: Optional[Callable[[], None]] = None):
-        self.warmup_steps = warmup_steps
+    def __init__(self, transformer_config, optimizer_step: Optional[Callable[[], None]] = None):
+        self.transformer_config = transformer_config
+        self.warmup_steps = transformer_config.cuda_graph_warmup_steps
         self.optimizer_step = optimizer_step
         self.first_step = FirstStep()
 
@@ -34,7 +37,8 @@ class FullIterationGraphs:
         captured = forward_backward_func
         if self.optimizer_step is not None:
             captured = partial(_forward_backward_then_step, forward_backward_func, self.optimizer_step)
-        return FullCudaGraphWrapper(captured, cuda_graph_warmup_steps=self.warmup_steps)
+        return FullCudaGraphWrapper(captured, cuda_graph_warmup_steps=self.warmup_steps,
+                                    **full_iteration_wrapper_arguments(self.transformer_config))
 
     def before_step(self, step: int) -> None:
         self.first_step.see(step)

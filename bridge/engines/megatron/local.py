@@ -8,16 +8,17 @@ one shared memory pool. Every later step replays. So the capture lands in the fi
 engine has nothing to trigger.
 
 megatron-core's ``delete_cuda_graphs()`` only resets runners still in the record (empty once
-graphs exist) and leaves the reuse pool's strong references alive; ``delete`` frees the
-runners' graphs itself, then resets the global record, mempool and buffer pool.
+graphs exist) and, in 0.16.1, leaves the reuse pool's strong references alive; ``delete`` frees
+the runners' graphs itself, then resets the global record, mempool and buffer pool.
 """
 
 from typing import Callable, List, Optional, Set
 
 import torch
 from megatron.core.transformer import cuda_graphs
-from megatron.core.transformer.cuda_graphs import CudaGraphManager, TensorReusePool, _CudagraphGlobalRecord
+from megatron.core.transformer.cuda_graphs import CudaGraphManager, _CudagraphGlobalRecord
 
+from bridge.engines.megatron.compat import clear_manager_lookup, reset_tensor_reuse_pool, tensor_reuse_pool_is_empty
 from bridge.engines.megatron.lifecycle import FirstStep
 
 
@@ -55,16 +56,14 @@ class LocalLayerGraphs:
                     if graph is not None:
                         graph.reset()
             manager.cudagraph_runners = []
-            manager.inference_cudagraphs_lookup_table.clear()
+            clear_manager_lookup(manager)
         reset_local_graph_state()
 
 
 def reset_local_graph_state() -> None:
     """megatron-core's global record, mempool and buffer-reuse pool back to their initial state."""
     cuda_graphs.delete_cuda_graphs()
-    TensorReusePool.tensor_strong_refs.clear()
-    TensorReusePool.tensor_strong_refs_dataptrs.clear()
-    TensorReusePool.pool.clear()
+    reset_tensor_reuse_pool()
     cuda_graphs.fwd_buffer_reuse_ref_count = 0
     cuda_graphs.bwd_buffer_reuse_ref_count = 0
 
@@ -74,6 +73,5 @@ def local_graph_state_is_clean() -> bool:
             and not _CudagraphGlobalRecord.cudagraph_record
             and not _CudagraphGlobalRecord.cudagraph_inference_record
             and CudaGraphManager.global_mempool is None
-            and not TensorReusePool.tensor_strong_refs
-            and not TensorReusePool.pool
+            and tensor_reuse_pool_is_empty()
             and not cuda_graphs.is_graph_capturing())

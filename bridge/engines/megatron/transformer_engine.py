@@ -14,6 +14,7 @@ import torch
 from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
 
 from bridge.diagnosis import graph_region
+from bridge.engines.megatron.compat import graph_module_names
 from bridge.engines.megatron.lifecycle import FirstStep
 
 
@@ -27,7 +28,7 @@ class TransformerEngineGraphs:
                                         micro_batch_size=micro_batch_size, optimizers=[optimizer])
         if not self.helper.flattened_callables:
             raise ValueError("model.cuda_graph_impl=transformer_engine found no layer matching "
-                             f"model.cuda_graph_modules={[s.name for s in transformer_config.cuda_graph_scope]}; "
+                             f"model.cuda_graph_modules={graph_module_names(transformer_config)}; "
                              "pick modules the model has (attn, mlp for dense layers, moe_router for MoE)")
         self.warmup_steps = transformer_config.cuda_graph_warmup_steps
         self.toggle_forward_pre_hook = toggle_forward_pre_hook

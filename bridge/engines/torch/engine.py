@@ -22,7 +22,7 @@ import contextlib
 import gc
 import logging
 import math
-from typing import Dict, List, Optional, Set
+from typing import Dict, Optional, Set
 
 import torch
 

@@ -1,19 +1,24 @@
-"""Translation to megatron-core 0.16.1.
+"""What megatron-core is given, as plain data, in the spelling of one supported release.
 
-``megatron_arguments`` computes the keyword arguments of TransformerConfig (or
-MLATransformerConfig), GPTModel, DistributedDataParallelConfig and OptimizerConfig as plain
-data, without importing megatron-core (that import costs seconds). Callables and dtypes are
-named by strings there; ``build_megatron_configs`` imports megatron-core and turns the data
-into the real objects, which is what the training process and the agreement tests use.
+``megatron_arguments(cfg, version)`` computes the keyword arguments of TransformerConfig (or
+MLATransformerConfig), GPTModel, DistributedDataParallelConfig and OptimizerConfig without
+importing megatron-core (that import costs seconds). Callables and dtypes are named by strings;
+bridge.translate.build turns the data into the real objects.
 
-The CUDA-graph fields are emitted in 0.16.1's API: full_iteration is ``cuda_graph_impl=local``
-with ``cuda_graph_scope=[full_iteration]``; modules parked behind impl none are not passed on.
+The release's row in bridge.translate.versions decides the spelling: on 0.16.1 a full-iteration
+graph is ``cuda_graph_impl=local`` with ``cuda_graph_scope=[full_iteration]`` and the modules
+travel as ``cuda_graph_scope``; on 0.19.2 it is ``cuda_graph_impl=full_iteration``, the modules
+travel as ``cuda_graph_modules`` and the inference scope is given explicitly. A field the release
+does not have is not passed (the catalogue's version_fields rule refuses a value set for it).
+Modules parked behind impl none are not passed on.
 """
 
 import dataclasses
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from bridge.config.schema import CudaGraphImpl, GraphBridgeConfig
+from bridge.machine import probe
+from bridge.translate.versions import MegatronCoreRelease, default_release, release
 
 # Our fields that GPTModel takes (TransformerConfig does not know them).
 GPT_MODEL_FIELDS = ("position_embedding_type", "rotary_base", "rotary_percent", "rope_scaling",
@@ -24,8 +29,8 @@ MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim
               "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
 # Ours alone, or emitted by translation below rather than copied.
 NOT_PASSED = ("vocab_size", "make_vocab_size_divisible_by", "seq_length", "cuda_graph_impl",
-              "cuda_graph_modules", "cuda_graph_scope", "enable_cuda_graph", "external_cuda_graph",
-              "use_te_rng_tracker", "window_size", "rope_scaling", "rope_scaling_factor",
+              "cuda_graph_modules", "cuda_graph_scope", "inference_cuda_graph_scope", "cuda_graph_use_single_mempool",
+              "enable_cuda_graph", "external_cuda_graph", "use_te_rng_tracker", "window_size", "rope_scaling", "rope_scaling_factor",
               "position_embedding_type", "share_embeddings_and_output_weights")
 OPTIMIZER_ONLY_OURS = ("lr_warmup_iters", "lr_decay_style", "optimizer_in_graph")
 
@@ -35,27 +40,49 @@ def padded_vocab_size(cfg: GraphBridgeConfig) -> int:
     return -(-cfg.model.vocab_size // multiple) * multiple
 
 
-def cuda_graph_arguments(cfg: GraphBridgeConfig) -> Dict[str, Any]:
-    """The CUDA-graph part of TransformerConfig in megatron-core 0.16.1's spelling."""
+def release_for(version: Optional[str] = None) -> MegatronCoreRelease:
+    """The table's row for ``version``; by default the release this machine's training would use."""
+    if version is None:
+        return default_release(probe())
+    row = release(version)
+    if row is None:
+        raise ValueError(f"megatron-core {version} is not supported by graphbridge")
+    return row
+
+
+def cuda_graph_arguments(cfg: GraphBridgeConfig, version: Optional[str] = None) -> Dict[str, Any]:
+    """The CUDA-graph part of TransformerConfig in the release's spelling."""
+    row = release_for(version)
     impl = CudaGraphImpl(cfg.model.cuda_graph_impl)
-    if impl == CudaGraphImpl.none:
-        mcore_impl, scope = "none", []
-    elif impl == CudaGraphImpl.full_iteration:
-        mcore_impl, scope = "local", ["full_iteration"]
+    if impl == CudaGraphImpl.full_iteration:
+        mcore_impl, modules = row.full_iteration[0], list(row.full_iteration[1])
     else:
-        mcore_impl, scope = impl.value, list(cfg.model.cuda_graph_modules)
-    return {
+        mcore_impl = impl.value
+        modules = list(cfg.model.cuda_graph_modules) if impl != CudaGraphImpl.none else []
+    arguments = {
         "cuda_graph_impl": mcore_impl,
-        "cuda_graph_scope": scope,
+        row.modules_field: modules,
         "cuda_graph_warmup_steps": cfg.model.cuda_graph_warmup_steps,
+        "cuda_graph_use_single_mempool": cfg.model.cuda_graph_use_single_mempool,
         "use_te_rng_tracker": bool(cfg.rng.te_rng_tracker or cfg.model.use_te_rng_tracker),
     }
+    if row.inference_scopes:
+        scope = cfg.model.inference_cuda_graph_scope
+        # Given explicitly, so the plan shows what megatron-core would otherwise derive from the impl.
+        arguments[row.carrier("model.inference_cuda_graph_scope")] = (
+            getattr(scope, "value", scope) if scope is not None else row.inference_scopes[mcore_impl][0])
+    return arguments
 
 
-def transformer_config_arguments(cfg: GraphBridgeConfig) -> Dict[str, Any]:
+def transformer_config_arguments(cfg: GraphBridgeConfig, version: Optional[str] = None) -> Dict[str, Any]:
+    row = release_for(version)
     model = cfg.model
     skip = set(NOT_PASSED) | (set() if model.multi_latent_attention else set(MLA_FIELDS))
-    args = {f.name: getattr(model, f.name) for f in dataclasses.fields(model) if f.name not in skip}
+    args = {}
+    for field in dataclasses.fields(model):
+        carrier = row.carrier(f"model.{field.name}")
+        if field.name not in skip and carrier is not None:
+            args[carrier] = getattr(model, field.name)
     args["moe_layer_freq"] = model.moe_layer_freq if isinstance(model.moe_layer_freq, int) else list(model.moe_layer_freq)
     args["recompute_modules"] = None if model.recompute_modules is None else list(model.recompute_modules)
     args["window_size"] = None if model.window_size is None else tuple(model.window_size)
@@ -64,7 +91,7 @@ def transformer_config_arguments(cfg: GraphBridgeConfig) -> Dict[str, Any]:
         args["pipeline_dtype"] = args["params_dtype"]
     if model.multi_latent_attention:
         args["rope_type"] = "yarn" if model.position_embedding_type == "yarn" else "rope"
-    args.update(cuda_graph_arguments(cfg))
+    args.update(cuda_graph_arguments(cfg, row.version))
     return args
 
 
@@ -98,59 +125,18 @@ def yarn_attributes(cfg: GraphBridgeConfig) -> Dict[str, Any]:
     }
 
 
-def megatron_arguments(cfg: GraphBridgeConfig) -> Dict[str, Dict[str, Any]]:
-    """Everything megatron-core is given, as plain data (no megatron-core import)."""
+def megatron_arguments(cfg: GraphBridgeConfig, version: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
+    """Everything megatron-core ``version`` is given, as plain data (no megatron-core import); by
+    default for the release this machine's training would use."""
     optimizer = {f.name: getattr(cfg.optimizer, f.name) for f in dataclasses.fields(cfg.optimizer)
                  if f.name not in OPTIMIZER_ONLY_OURS}
     optimizer.update(bf16=cfg.model.bf16, fp16=cfg.model.fp16,
                      use_distributed_optimizer=cfg.ddp.use_distributed_optimizer)
     ddp = dataclasses.asdict(cfg.ddp)
     return {
-        "transformer_config": transformer_config_arguments(cfg),
+        "transformer_config": transformer_config_arguments(cfg, version),
         "gpt_model": gpt_model_arguments(cfg),
         "config_attributes": yarn_attributes(cfg),
         "ddp_config": ddp,
         "optimizer_config": optimizer,
     }
-
-
-def build_megatron_configs(cfg: GraphBridgeConfig) -> Dict[str, Any]:
-    """Construct the real megatron-core config objects (imports torch and megatron-core).
-
-    TransformerConfig's ``__post_init__`` runs here, so every megatron-core rule fires.
-    """
-    import torch
-    import torch.nn.functional as F
-    from megatron.core.distributed import DistributedDataParallelConfig
-    from megatron.core.optimizer import OptimizerConfig
-    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
-
-    activations = {"silu": F.silu, "gelu": F.gelu, "quick_gelu": _quick_gelu, "squared_relu": _squared_relu}
-    arguments = megatron_arguments(cfg)
-    tc_args = dict(arguments["transformer_config"])
-    tc_args["activation_func"] = activations[tc_args["activation_func"]]
-    for key in ("params_dtype", "pipeline_dtype"):
-        if key in tc_args:
-            tc_args[key] = getattr(torch, tc_args[key])
-    config_class = MLATransformerConfig if cfg.model.multi_latent_attention else TransformerConfig
-    transformer_config = config_class(**tc_args)
-    for name, value in arguments["config_attributes"].items():
-        setattr(transformer_config, name, value)
-    return {
-        "transformer_config": transformer_config,
-        "gpt_model": arguments["gpt_model"],
-        "ddp_config": DistributedDataParallelConfig(**arguments["ddp_config"]),
-        "optimizer_config": OptimizerConfig(**arguments["optimizer_config"]),
-    }
-
-
-def _quick_gelu(x):
-    import torch
-
-    return x * torch.sigmoid(1.702 * x)
-
-
-def _squared_relu(x):
-    import torch
-
-    return torch.pow(torch.nn.functional.relu(x), 2)

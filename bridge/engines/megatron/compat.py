@@ -1,0 +1,64 @@
+"""What differs between the megatron-core releases the engine runs on (0.16.1 and 0.19.2), in one
+place: the engine and its graph lifecycles call these instead of asking the version themselves.
+How each release spells the config is translation's business (bridge.translate.versions).
+
+0.19 changed, for the engine:
+- get_batch_on_this_cp_rank takes ``is_hybrid_cp`` (positional, no default);
+- FullCudaGraphWrapper takes ``use_single_mempool`` (the config's cuda_graph_use_single_mempool);
+- the local graphs' TensorReusePool is gone, and CudaGraphManager's inference lookup table is named
+  ``custom_cudagraphs_lookup_table``;
+- the per-layer module list lives in ``cuda_graph_modules`` (``cuda_graph_scope`` before).
+"""
+
+from typing import Dict, List
+
+from megatron.core import __version__ as MEGATRON_CORE_VERSION
+from megatron.core.transformer import cuda_graphs
+from megatron.core.utils import get_batch_on_this_cp_rank
+
+from bridge.machine import release, version_tuple
+from bridge.translate.versions import release as table_row
+
+SINCE_0_19 = version_tuple(MEGATRON_CORE_VERSION) >= (0, 19)
+
+
+def batch_on_this_cp_rank(batch: Dict) -> Dict:
+    """This context-parallel rank's slice of ``batch`` (graphbridge has no hybrid CP)."""
+    if SINCE_0_19:
+        return get_batch_on_this_cp_rank(batch, False)
+    return get_batch_on_this_cp_rank(batch)
+
+
+def full_iteration_wrapper_arguments(transformer_config) -> Dict:
+    """Keyword arguments of FullCudaGraphWrapper beyond the function and the warmup steps."""
+    if SINCE_0_19:
+        return {"use_single_mempool": transformer_config.cuda_graph_use_single_mempool}
+    return {}
+
+
+def graph_module_names(transformer_config) -> List[str]:
+    """The per-layer modules the config captures, as names (the catalogue refused an unsupported release)."""
+    field = table_row(release(MEGATRON_CORE_VERSION)).modules_field
+    return [module.name for module in getattr(transformer_config, field)]
+
+
+def clear_manager_lookup(manager) -> None:
+    """Drop a CudaGraphManager's inference graph lookup table."""
+    table = manager.custom_cudagraphs_lookup_table if SINCE_0_19 else manager.inference_cudagraphs_lookup_table
+    table.clear()
+
+
+def reset_tensor_reuse_pool() -> None:
+    """Release the local graphs' buffer-reuse pool (0.16.1 only; 0.19 has none)."""
+    if not SINCE_0_19:
+        pool = cuda_graphs.TensorReusePool
+        pool.tensor_strong_refs.clear()
+        pool.tensor_strong_refs_dataptrs.clear()
+        pool.pool.clear()
+
+
+def tensor_reuse_pool_is_empty() -> bool:
+    if SINCE_0_19:
+        return True
+    pool = cuda_graphs.TensorReusePool
+    return not pool.tensor_strong_refs and not pool.pool
