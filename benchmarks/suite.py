@@ -177,14 +177,24 @@ def main(argv=None) -> int:
         for name, workload in WORKLOADS.items():
             print(f"{name:24} {workload.gpus} GPU  {workload.description}: {', '.join(workload.variants)}")
         return 2 if unknown else 0
+    starts = subprocess.run([*GRAPHBRIDGE, "--help"], cwd=ROOT, capture_output=True, text=True)
+    if starts.returncode != 0:
+        reason = (starts.stderr.strip().splitlines() or ["no output"])[-1]
+        print(f"graphbridge does not start here ({reason}): install it (README) before measuring", file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
+    unmeasured = []
     for name in args.workloads:
         record = run_workload(name, args.steps, args.scratch / time.strftime("%H%M%S"))
+        if not any(row["status"] == "completed" for row in record["variants"].values()):
+            print(f"{name}: no variant completed; nothing written (the job logs are under {args.scratch})")
+            unmeasured.append(name)
+            continue
         (args.out / result_name(record)).write_text(json.dumps(record, indent=2) + "\n")
         print(f"{name}: " + ", ".join(f"{v} {r['median_ms'] or float('nan'):.2f} ms ({r['status']})"
                                       for v, r in record["variants"].items()), flush=True)
     print(f"python {platform.python_version()}; results in {args.out}")
-    return 0
+    return 1 if unmeasured else 0
 
 
 if __name__ == "__main__":

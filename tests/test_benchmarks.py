@@ -1,7 +1,9 @@
 """The benchmark suite plans every variant it would run, and the docs table is built from its raw
 results (a synthetic result here; the committed ones in benchmarks/results/)."""
 
+import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -48,3 +50,14 @@ def test_the_docs_table_is_up_to_date_with_the_committed_results():
     docs = (ROOT / "docs" / "benchmarks.md").read_text()
     assert with_section(docs, "suite", benchmark_table.markdown()) == docs, (
         "docs/benchmarks.md's suite section is out of date: run python scripts/benchmark_table.py")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None, reason="TE installed: variants run")
+def test_a_workload_where_nothing_completes_writes_no_result_and_fails(tmp_path):
+    """On a machine without Transformer Engine every TE-spec variant is refused: no JSON of misses."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "suite.py"), "llama_tiny_te", "--steps", "4",
+                           "--out", str(tmp_path / "results"), "--scratch", str(tmp_path / "scratch")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert "llama_tiny_te: no variant completed; nothing written" in done.stdout
+    assert not list((tmp_path / "results").glob("*.json"))
