@@ -9,7 +9,7 @@ Python) replaces the interpolation: it is never flipped by a derivation.
 
 from typing import Optional
 
-from omegaconf import OmegaConf
+from omegaconf import ListConfig, OmegaConf
 
 from bridge.config.graphs import graph_impl
 
@@ -42,6 +42,15 @@ def global_batch(*, _root_) -> int:
     return train.micro_batch_size * max(1, train.num_gpus // max(1, model_parallel))
 
 
+def dense_first(dense: int, layers: int) -> ListConfig:
+    """A moe_layer_freq pattern of ``dense`` dense layers, then MoE layers up to ``layers`` (DeepSeek's
+    first_k_dense_replace): it follows model.num_layers, so a shorter model keeps its dense layers.
+    A ListConfig, not a list: OmegaConf.resolve (Hydra's --cfg job --resolve) cannot put a plain
+    list into the schema's Any-typed field."""
+    dense, layers = int(dense), int(layers)
+    return OmegaConf.create([0] * min(dense, layers) + [1] * max(0, layers - dense))
+
+
 def gpus_per_node(gpus: int, nodes: int) -> int:
     """conf/hydra/launcher/submitit_slurm.yaml asks Slurm for the GPUs of one node."""
     return gpus // max(1, nodes)
@@ -57,6 +66,7 @@ RESOLVERS = {
     "graphbridge.host_checks": host_checks,
     "graphbridge.lr_warmup": lr_warmup,
     "graphbridge.global_batch": global_batch,
+    "graphbridge.dense_first": dense_first,
     "graphbridge.gpus_per_node": gpus_per_node,
     "graphbridge.hydra_subdir": hydra_subdir,
 }
