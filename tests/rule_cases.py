@@ -224,6 +224,10 @@ RULE_CASES.update({
     "attention_variant_needs_te_spec": (
         Case({"model.experimental_attention_variant": "gated_delta_net", "model.transformer_impl": "local"}),
         Case({"model.experimental_attention_variant": "gated_delta_net", "model.linear_attention_freq": 2})),
+    "gated_delta_net_layout": (
+        Case({"model.experimental_attention_variant": "gated_delta_net"}, megatron=True),
+        Case({"model.experimental_attention_variant": "gated_delta_net", "model.linear_attention_freq": 4},
+             megatron=True)),
     # This machine.
     "engine_device": (Case({"engine": "megatron", "device": "cpu"}), Case({"engine": "torch", "device": "cpu"})),
     "cuda_device": (Case({"device": "cuda"}, machine=LAPTOP), Case({"device": "auto"}, machine=LAPTOP)),

@@ -162,3 +162,17 @@ def pipeline_split(cfg, target):
                          f"{max(layers, 0)} layers remain for {max(stages, 0)} middle stage(s), which must split them "
                          "evenly; change the first/last stage layers")
     return None
+
+
+@rule("gated_delta_net_layout",
+      rejects="gated delta net attention without `model.linear_attention_freq`",
+      fix="`model.linear_attention_freq=4` (every 4th layer full attention, as Qwen3-Next)")
+def gated_delta_net_layout(cfg, target):
+    model = cfg.model
+    if model.experimental_attention_variant == "gated_delta_net" and model.linear_attention_freq is None:
+        return violation(
+            "gated_delta_net_layout", ["model.experimental_attention_variant", "model.linear_attention_freq"],
+            "model.experimental_attention_variant=gated_delta_net needs model.linear_attention_freq, which layers "
+            "keep full attention; set model.linear_attention_freq=4 (every 4th layer, as Qwen3-Next) or a 0/1 list",
+        )
+    return None
