@@ -23,6 +23,7 @@ from bridge.planning import build_plan
 from bridge.prepare import prepare
 from bridge.result import write_invalid_result
 from perf import callbacks
+from perf.help import register_help
 from perf.joblog import echo, job_log_path
 from perf.launch import job_record, run_job
 from perf.preflight import check
@@ -81,6 +82,7 @@ def main() -> None:
         print(f"graphbridge: {problem}", file=sys.stderr)
         sys.exit(INVALID)
     register()
+    register_help()
     try:
         app()
     except SystemExit as exit:
