@@ -1,5 +1,6 @@
-"""What this machine offers a job: its CUDA GPUs and the installed versions of the packages an
-engine needs, found without importing torch or megatron-core (the planning process stays light).
+"""What this machine offers a job: its CUDA GPUs, the installed versions of the packages an
+engine needs and the command-line tools a run may start (nsys), found without importing torch or
+megatron-core (the planning process stays light).
 
 GPUs come from the CUDA driver API through ctypes (it honours CUDA_VISIBLE_DEVICES, as torch
 does); versions from the installed distributions' metadata. The environment rules of the
@@ -10,6 +11,7 @@ import ctypes
 import importlib.metadata
 import importlib.util
 import re
+import shutil
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Dict, Optional, Tuple
@@ -21,6 +23,8 @@ PACKAGES = {
     "megatron-core": ("megatron-core", "megatron.core"),
     "transformer-engine": ("transformer-engine-torch", "transformer_engine_torch"),
 }
+TOOLS = ("nsys",)
+"""Programs a run may start the training process under (perf.nsys), looked up on PATH."""
 # CUdevice_attribute values of the compute capability.
 COMPUTE_CAPABILITY_MAJOR, COMPUTE_CAPABILITY_MINOR = 75, 76
 
@@ -36,6 +40,8 @@ class Machine:
     gpus: Tuple[GPU, ...] = ()
     packages: Dict[str, Optional[str]] = field(default_factory=dict)
     """Package name (see PACKAGES) -> installed version, or None when it is not installed."""
+    tools: Dict[str, Optional[str]] = field(default_factory=dict)
+    """Tool name (see TOOLS) -> its path on PATH, or None when it is not there."""
 
     @property
     def gpu_count(self) -> int:
@@ -56,7 +62,8 @@ class Machine:
 @lru_cache(maxsize=1)
 def probe() -> Machine:
     """This machine's facts, looked up once per process."""
-    return Machine(gpus=cuda_gpus(), packages={name: installed_version(name) for name in PACKAGES})
+    return Machine(gpus=cuda_gpus(), packages={name: installed_version(name) for name in PACKAGES},
+                   tools={name: shutil.which(name) for name in TOOLS})
 
 
 def installed_version(package: str) -> Optional[str]:

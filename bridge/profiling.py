@@ -1,4 +1,5 @@
-"""perf.profile: torch.profiler over the last ``perf.profile_steps`` steps of a run.
+"""perf.profile: torch.profiler over the profiling window of a run (by default its last
+``perf.profile_steps`` steps; bridge.config.schema.profiling_window).
 
 The trace goes to ``<job_dir>/trace.json`` (Perfetto or chrome://tracing open it). From it the
 run reports the GPU time per step: the union of the intervals in which a kernel, copy or

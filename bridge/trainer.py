@@ -23,9 +23,10 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from bridge.config.schema import GraphBridgeConfig
+from bridge.config.schema import GraphBridgeConfig, profiling_window
 from bridge.diagnosis import NonFiniteError
 from bridge.engines import build_engine
+from bridge.observers import CudaProfilerWindow, StepRanges, capture_step
 from bridge.profiling import StepProfiler
 from bridge.result import RunRecord, build_result, failure, write_result
 from bridge.validation import Target, resolve_target
@@ -76,10 +77,13 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats(self.engine.device)
         self.record = RunRecord(engine=self.engine.name, device=self.engine.device.type,
                                 effective_impl=self.engine.effective_impl)
+        window = profiling_window(cfg.perf, cfg.train.train_iters)
         self.profiler: Optional[StepProfiler] = None
         if cfg.perf.profile:
-            self.profiler = StepProfiler(self.job_dir, cfg.train.train_iters - cfg.perf.profile_steps,
-                                         cfg.perf.profile_steps, self.engine.device)
+            self.profiler = StepProfiler(self.job_dir, window.start, cfg.perf.profile_steps, self.engine.device)
+        self.nsys_window = CudaProfilerWindow(window) if cfg.perf.nsys else None
+        self.ranges = StepRanges(nvtx=cfg.perf.nsys, trace=cfg.perf.profile, capture_at=capture_step(
+            self.engine.effective_impl, self.engine.name, cfg.model.cuda_graph_warmup_steps))
         self._closed = False
 
     def run(self) -> dict:
@@ -147,16 +151,21 @@ class Trainer:
         return (f"{self.stopped_by.name} received: stopped at the step boundary after {step} of "
                 f"{self.cfg.train.train_iters} steps")
 
+    def _windows(self):
+        """The profilers that record a window of steps, which are then left out of the timing."""
+        return [window for window in (self.profiler, self.nsys_window) if window is not None]
+
     def _timed_step(self, step: int):
-        if self.profiler is not None:
-            self.profiler.before_step(step)
+        for window in self._windows():
+            window.before_step(step)
         start = time.perf_counter()
-        loss = self.engine.train_step(step)
-        if self.engine.device.type == "cuda":
-            torch.cuda.synchronize(self.engine.device)  # the clock must see the GPU work
+        with self.ranges.step(step):
+            loss = self.engine.train_step(step)
+            if self.engine.device.type == "cuda":
+                torch.cuda.synchronize(self.engine.device)  # the clock must see the GPU work
         seconds = time.perf_counter() - start
-        if self.profiler is not None:
-            self.profiler.after_step(step)
+        for window in self._windows():
+            window.after_step(step)
         return float(loss), seconds
 
     def _check_finite(self, step: int, loss: float) -> None:
@@ -194,12 +203,12 @@ class Trainer:
                 pass
         if status == "completed" or self.stopped_by is not None:  # every rank is at the same step boundary
             self._take_slowest_rank()
-        if self.profiler is not None:
+        for window in self._windows():
             try:
-                self.profiler.stop()
+                window.stop()
             except RuntimeError as error:  # after a sticky CUDA error; the result matters more
                 reason = f"{reason}; the profile was not written: {error}" if reason else str(error)
-            self.record.profiled_steps = list(self.profiler.traced_steps)
+        self.record.profiled_steps = sorted({step for window in self._windows() for step in window.traced_steps})
         result = build_result(self.cfg, self.job_dir, status, reason, self.record)
         if self.profiler is not None:
             result["profile"] = self.profiler.summary(result["step_time_ms"]["median"])

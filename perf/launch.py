@@ -64,12 +64,16 @@ def write_job(config: GraphBridgeConfig, job_dir: Path, job: dict) -> None:
 
 def training_command(config: GraphBridgeConfig, job_dir: Path, environ: Mapping[str, str]) -> List[str]:
     """The command that trains ``job_dir`` on this node: plain python for one GPU, else torchrun
-    with one rank per GPU of the node; the nodes of a multi-node job meet at node 0."""
+    with one rank per GPU of the node; the nodes of a multi-node job meet at node 0. With
+    perf.nsys each training process runs under ``nsys profile``."""
     train = ["-m", "bridge.run", str(job_dir)]
     gpus, nodes = config.train.num_gpus, config.train.num_nodes
     if gpus <= 1:
-        return [sys.executable, *train]
+        return [*nsys_profile(config, job_dir, "0"), sys.executable, *train]
     torchrun = [sys.executable, "-m", "torch.distributed.run"]
+    if config.perf.nsys:  # each rank under its own nsys, which torchrun starts as a program
+        torchrun.append("--no-python")
+        train = [*nsys_profile(config, job_dir, "%q{RANK}"), sys.executable, *train]
     per_node = f"--nproc-per-node={gpus // nodes}"
     node = node_rank(config, environ)
     # Every rank's output goes to its own file; only local rank 0 also prints, one stream per node.
@@ -79,6 +83,17 @@ def training_command(config: GraphBridgeConfig, job_dir: Path, environ: Mapping[
     address, port = rendezvous(config, environ)
     return [*torchrun, f"--nnodes={nodes}", per_node, f"--node-rank={node}", f"--master-addr={address}",
             f"--master-port={port}", *logs, *train]
+
+
+def nsys_profile(config: GraphBridgeConfig, job_dir: Path, rank: str) -> List[str]:
+    """With perf.nsys, the ``nsys profile`` that runs one training process: it records only between
+    the trainer's cudaProfilerStart and cudaProfilerStop, into ``<job_dir>/profile_<rank>.nsys-rep``
+    (``%q{RANK}``: nsys reads the rank torchrun gave the process). Without it, nothing."""
+    perf = config.perf
+    if not perf.nsys:
+        return []
+    return ["nsys", "profile", "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
+            "-t", ",".join(perf.nsys_trace), "-o", str(job_dir / f"profile_{rank}"), *perf.nsys_extra_args]
 
 
 def node_rank(config: GraphBridgeConfig, environ: Mapping[str, str]) -> int:
@@ -127,10 +142,10 @@ def _unplaced(config: GraphBridgeConfig, unknown: str) -> str:
             f"MASTER_PORT=<port, default {MASTER_PORT}> and NODE_RANK=<0..{nodes - 1}> on every node")
 
 
-def run_job(config: GraphBridgeConfig, job_dir: Path, job: dict, log: Optional[Path] = None) -> int:
+def run_job(config: GraphBridgeConfig, job_dir: Path, job: dict, job_log: Optional[Path] = None) -> int:
     """Write the job's files, train in a fresh process, return its exit code (128 + N for
     signal N). A signal forwarded to the job raises SystemExit with that code instead, which
-    ends a sweep too. ``log``: the job log that also receives the training process's output."""
+    ends a sweep too. ``job_log``: the file that also receives the training process's output."""
     env = dict(os.environ)
     try:
         node = node_rank(config, env)
@@ -147,7 +162,7 @@ def run_job(config: GraphBridgeConfig, job_dir: Path, job: dict, log: Optional[P
         log.error("%s", error)
         return LAUNCH_FAILED
     with SignalForwarding() as forwarding:
-        code = forwarding.run(command, env, log)
+        code = forwarding.run(command, env, job_log)
         # Node 0 alone stands in for a missing result.json: another node's torchrun may end before
         # rank 0 has written it, or before the shared filesystem shows it there.
         if node == 0 and not (job_dir / RESULT_FILE).exists():
@@ -184,18 +199,18 @@ class SignalForwarding:
         if self._deadline is not None:
             self._deadline.cancel()
 
-    def run(self, command: List[str], env: Dict[str, str], log: Optional[Path] = None) -> int:
+    def run(self, command: List[str], env: Dict[str, str], job_log: Optional[Path] = None) -> int:
         """Start the process (unless a signal came first) and wait for it; its exit code. With a
-        ``log``, its stdout and stderr go to this process's and into the log too (perf.joblog)."""
+        ``job_log``, its stdout and stderr go to this process's and into the log too (perf.joblog)."""
         if self.received:
             return 128 + self.received
-        piped = subprocess.PIPE if log is not None else None
+        piped = subprocess.PIPE if job_log is not None else None
         # Its own process group: a terminal's Ctrl-C reaches it once, through _forward, not twice
         # (torchrun would start its shutdown twice). torchrun passes signals on to its workers.
-        self._child = subprocess.Popen(command, env=tee_environment(env) if log is not None else env,
+        self._child = subprocess.Popen(command, env=tee_environment(env) if job_log is not None else env,
                                        process_group=0, stdout=piped, stderr=piped)
-        tees = [Tee(self._child.stdout, sys.stdout.buffer, log),
-                Tee(self._child.stderr, sys.stderr.buffer, log)] if log is not None else []
+        tees = [Tee(self._child.stdout, sys.stdout.buffer, job_log),
+                Tee(self._child.stderr, sys.stderr.buffer, job_log)] if job_log is not None else []
         if self.received:  # came while it was starting
             self._forward(self.received, None)
         code = self._child.wait()

@@ -27,6 +27,7 @@ NO_TE = Machine(gpus=(H100,), packages={**PACKAGES, "transformer-engine": None})
 NO_MEGATRON = Machine(gpus=(H100,), packages={**PACKAGES, "megatron-core": None})
 PACKAGES_019 = {"torch": "2.11.0", "megatron-core": "0.19.2", "transformer-engine": "2.20.2"}
 ONE_H100_019 = Machine(gpus=(H100,), packages=PACKAGES_019)
+WITH_NSYS = Machine(gpus=(H100,), packages=PACKAGES, tools={"nsys": "/opt/nvidia/nsight-systems/bin/nsys"})
 
 MOE = {"model.num_moe_experts": 8, "model.moe_router_topk": 2, "model.moe_ffn_hidden_size": 128}
 DROP_AND_PAD = {"model.moe_expert_capacity_factor": 1.0, "model.moe_pad_expert_input_to_capacity": True}
@@ -196,6 +197,10 @@ RULE_CASES = {
         Case({**FULL_ITERATION, **PP2})),  # the helper turns the sync off
     "profile_window": (Case({**FULL_ITERATION, "perf.profile": True, "train.train_iters": 8}),
                        Case({**FULL_ITERATION, "perf.profile": True, "train.train_iters": 10})),
+    "nsys_with_profile": (Case({"perf.nsys": True, "perf.profile": True, "train.train_iters": 20}, machine=WITH_NSYS),
+                          Case({"perf.nsys": True, "train.train_iters": 20}, machine=WITH_NSYS)),
+    "nsys_available": (Case({"perf.nsys": True, "train.train_iters": 20}),
+                       Case({"perf.nsys": True, "train.train_iters": 20}, machine=WITH_NSYS)),
 }
 
 TORCH = {"engine": "torch"}
@@ -324,7 +329,15 @@ EXTRA_REJECTS = {
                     Case({"optimizer.lr": -1.0}),
                     Case({"optimizer.lr_warmup_iters": -1})],
     "warmup_steps": [Case({**te("attn"), "model.cuda_graph_warmup_steps": 50})],
-    "profile_window": [Case({"perf.profile": True, "perf.profile_steps": 0})],
+    "profile_window": [Case({"perf.profile": True, "perf.profile_steps": 0}),
+                       # a start step over the capture, one past the run's end, one that leaves no timed step
+                       Case({**FULL_ITERATION, "perf.profile": True, "perf.profile_start_step": 2,
+                             "train.train_iters": 20}),
+                       Case({"perf.nsys": True, "perf.profile_start_step": 17, "train.train_iters": 20},
+                            machine=WITH_NSYS),
+                       Case({"perf.profile": True, "perf.profile_start_step": 3, "perf.profile_steps": 7,
+                             "train.train_iters": 10})],
+    "nsys_available": [Case({"perf.nsys": True, "train.train_iters": 20, "device": "cpu"}, machine=WITH_NSYS)],
     "nccl_graph_register": [Case({**te("attn"), "env_vars.PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
                                   "workload.gpu": "b200"})],
     "ep_overlap": [Case({**EP_OVERLAP, **te("attn", "mlp")})],

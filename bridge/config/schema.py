@@ -455,11 +455,32 @@ class PerfConfig:
     inject_nan_at_step: Optional[int] = None
     """Testing aid: multiply the loss by NaN from this step on, inside the (graphed) step."""
     profile: bool = False
-    """Trace the last ``profile_steps`` steps with torch.profiler (trace.json in the job
-    directory) and report GPU kernel time per step and the GPU-busy fraction in result.json.
-    Those steps are left out of the step-time statistics: the profiler slows the host."""
+    """Trace the profiling window (``profile_start_step``, ``profile_steps``) with torch.profiler
+    (trace.json in the job directory) and report GPU kernel time per step and the GPU-busy
+    fraction in result.json. Those steps are left out of the step-time statistics: the profiler
+    slows the host."""
     profile_steps: int = 5
-    """How many of the last steps perf.profile traces."""
+    """Length of the profiling window of perf.profile and perf.nsys, in steps."""
+    profile_start_step: Optional[int] = None
+    """First step of the profiling window (0-based, as the trainer counts); None: the window is the
+    last ``profile_steps`` steps. It must start after the warmup and capture steps."""
+    nsys: bool = False
+    """Profile with Nsight Systems: the launcher starts the training process under ``nsys profile``
+    (one report per rank, ``<job_dir>/profile_<rank>.nsys-rep``), which records only between the
+    trainer's cudaProfilerStart/Stop around the profiling window; each step is an NVTX range
+    "step N" (with "capture" or "replay" inside where the step captures or replays graphs). Needs
+    ``nsys`` on PATH; not with perf.profile (both use CUPTI). The window's steps are not timed."""
+    nsys_trace: List[str] = field(default_factory=lambda: ["cuda", "nvtx"])
+    """What nsys traces (its ``--trace``): e.g. cuda, nvtx, osrt, cublas, cudnn."""
+    nsys_extra_args: List[str] = field(default_factory=list)
+    """More ``nsys profile`` arguments, as written on its command line (e.g. ["--cuda-graph-trace=node"])."""
+
+
+def profiling_window(perf: PerfConfig, train_iters: int) -> range:
+    """The steps perf.profile and perf.nsys record: ``profile_steps`` from ``profile_start_step``,
+    by default the last ones."""
+    start = perf.profile_start_step if perf.profile_start_step is not None else train_iters - perf.profile_steps
+    return range(start, start + perf.profile_steps)
 
 
 @dataclass

@@ -174,3 +174,23 @@ def transformer_engine(cfg, target):
                       f"{need.what} need Transformer Engine >= {need.lowest} and {installed} is installed here; "
                       f"{install}")
             for need in needs if version_tuple(installed) < version_tuple(need.lowest)]
+
+
+@rule("nsys_available", environment=True,
+      rejects="`perf.nsys=true` where Nsight Systems' `nsys` is not on PATH, or where the job would train on the CPU",
+      fix="install Nsight Systems and put its `nsys` on PATH (on a GPU machine), or `perf.nsys=false` "
+          "(`perf.profile=true` traces with torch.profiler)")
+def nsys_available(cfg, target):
+    if not cfg.perf.nsys:
+        return None
+    if not target.machine.tools.get("nsys"):
+        return violation("nsys_available", ["perf.nsys"],
+                         "perf.nsys=true starts the training process under nsys, which is not on PATH here; install "
+                         "Nsight Systems and add its bin directory to PATH, or set perf.nsys=false (perf.profile=true "
+                         "traces with torch.profiler instead)")
+    if target.device != "cuda":
+        return violation("nsys_available", ["perf.nsys", "device"],
+                         "perf.nsys=true records CUDA between cudaProfilerStart and cudaProfilerStop, but this job "
+                         "trains on the CPU; run it on a GPU machine, or set perf.nsys=false (perf.profile=true "
+                         "traces the CPU with torch.profiler)")
+    return None
