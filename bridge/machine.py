@@ -33,6 +33,8 @@ COMPUTE_CAPABILITY_MAJOR, COMPUTE_CAPABILITY_MINOR = 75, 76
 class GPU:
     name: str
     capability: Tuple[int, int]
+    memory_bytes: Optional[int] = None
+    """Total device memory (cuDeviceTotalMem), for the plan's memory estimate."""
 
 
 @dataclass(frozen=True)
@@ -105,12 +107,13 @@ def _load_driver():
 
 def _gpu(driver, index: int) -> GPU:
     device, name = ctypes.c_int(), ctypes.create_string_buffer(256)
-    major, minor = ctypes.c_int(), ctypes.c_int()
+    major, minor, memory = ctypes.c_int(), ctypes.c_int(), ctypes.c_size_t()
     driver.cuDeviceGet(ctypes.byref(device), index)
     driver.cuDeviceGetName(name, len(name), device)
     driver.cuDeviceGetAttribute(ctypes.byref(major), COMPUTE_CAPABILITY_MAJOR, device)
     driver.cuDeviceGetAttribute(ctypes.byref(minor), COMPUTE_CAPABILITY_MINOR, device)
-    return GPU(name.value.decode(errors="replace"), (major.value, minor.value))
+    known = driver.cuDeviceTotalMem_v2(ctypes.byref(memory), device) == 0
+    return GPU(name.value.decode(errors="replace"), (major.value, minor.value), memory.value if known else None)
 
 
 def version_tuple(version: Optional[str]) -> Tuple[int, ...]:

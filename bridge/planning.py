@@ -17,6 +17,7 @@ from bridge.config.graphs import graph_impl
 from bridge.config.migration import scope_names
 from bridge.config.schema import GraphBridgeConfig
 from bridge.machine import Machine
+from bridge.memory import MemoryEstimate, estimate_memory
 from bridge.prepare import Prepared
 from bridge.translate import cuda_graph_arguments, megatron_arguments, release
 from bridge.validation import Target, resolve_target, validate
@@ -57,6 +58,15 @@ class Plan:
     def megatron(self) -> Dict[str, Any]:
         return megatron_arguments(self.config, self.target.megatron_core)
 
+    def memory(self) -> Optional[MemoryEstimate]:
+        """Peak memory per GPU (bridge.memory), on workload.gpu or else this machine's GPU; none for an
+        invalid config."""
+        if not self.valid:
+            return None
+        gpus = self.target.machine.gpus
+        here = gpus[0] if gpus and gpus[0].memory_bytes else None
+        return estimate_memory(self.config, here.memory_bytes / 2**30 if here else None, here.name if here else None)
+
     def megatron_core_source(self) -> str:
         """Where the target release comes from, in words."""
         installed = self.target.machine.version("megatron-core")
@@ -81,6 +91,7 @@ class Plan:
             "machine_notes": self.machine_notes,
             "derived": _jsonable(self.derived),
             "graphs": self.graphs(),
+            "memory": self.memory().as_dict() if self.valid else None,
             # asdict, not OmegaConf: an invalid config may hold values its schema would refuse.
             "config": _jsonable(dataclasses.asdict(self.config)),
             # An invalid config is never handed to megatron-core, so there is nothing to show.
@@ -110,6 +121,8 @@ class Plan:
         ]
         if self.derived:
             lines += wrapped("  derived:   ", [f"{key}={value}" for key, value in self.derived.items()])
+        if self.valid:
+            lines.append(f"  memory:    {self.memory().to_text()}")
         lines.append(f"  target:    megatron-core {self.target.megatron_core} ({self.megatron_core_source()})")
         if self.valid:
             graph_fields = cuda_graph_arguments(cfg, self.target.megatron_core)
