@@ -182,7 +182,8 @@ def layer_activation_terms(model, seq: int) -> Dict[str, float]:
     # Fused and flash attention keep no s x s scores: only the unfused local path does (5as bytes per token).
     scores = 5 * heads * seq if model.transformer_impl == "local" else 0
     mlp = 2 * glu * ffn + 2 * ffn
-    moe = topk * (2 * h + 2 * glu * moe_ffn + 2 * moe_ffn) + 4 * (model.num_moe_experts or 0) + 2 * glu * shared + 2 * shared
+    # Routed: each of the top-k copies of a token through an expert; the fp32 router logits; the shared expert.
+    moe = topk * (2 * h + 2 * glu * moe_ffn + 2 * moe_ffn) + 4 * (model.num_moe_experts or 0) + (2 * glu + 2) * shared
     return {
         "replicated": 4 * h + 2 * h + 2 * h + 2 * masks,  # two norm inputs, attention and MLP inputs, dropout masks
         "core_attn": scores + 2 * q,  # the attention output; scores when not fused

@@ -29,10 +29,12 @@ MEASURED = [
 ]
 
 
-@pytest.mark.parametrize("overrides, measured, source", MEASURED, ids=[" ".join(row[0]) or "eager" for row in MEASURED])
+@pytest.mark.parametrize("overrides, measured, source", MEASURED,
+                         ids=[" ".join(row[0]) or "eager" for row in MEASURED])
 def test_the_estimate_is_within_15_percent_of_the_measured_peak(overrides, measured, source):
     estimate = estimate_memory(bridge.load(["recipe=llama/tiny", *overrides])).total_gib
-    assert abs(estimate - measured) <= 0.15 * measured, f"{estimate:.3f} GiB estimated, {measured:.3f} measured ({source})"
+    assert abs(estimate - measured) <= 0.15 * measured, (
+        f"{estimate:.3f} GiB estimated, {measured:.3f} measured ({source})")
 
 
 def test_graphs_cost_memory_and_the_optimizer_in_the_graph_costs_more():
@@ -55,7 +57,8 @@ def test_parallelism_and_recompute_shrink_what_one_gpu_holds():
     assert estimate("ddp.use_distributed_optimizer=true").optimizer_gib == pytest.approx(plain.optimizer_gib / 4)
     tp = estimate("model.tensor_model_parallel_size=4", "model.sequence_parallel=true")
     assert tp.weights_gib < plain.weights_gib / 3 and tp.activations_gib < plain.activations_gib / 3
-    full = estimate("model.recompute_granularity=full", "model.recompute_method=uniform", "model.recompute_num_layers=1")
+    full = estimate("model.recompute_granularity=full", "model.recompute_method=uniform",
+                    "model.recompute_num_layers=1")
     assert full.activations_gib < plain.activations_gib / 2
 
 
