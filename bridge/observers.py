@@ -1,4 +1,5 @@
-"""What profilers see of the training loop: named step ranges and the Nsight Systems window.
+"""What profilers and TensorBoard see of the training loop: named step ranges, the Nsight Systems
+window, and per-step scalars.
 
 Each step is a range "step N", with "capture" inside on the step that captures the graphs and
 "replay" on the steps after it (from bridge.config.graphs, for the impl that really runs). With
@@ -8,12 +9,16 @@ trace.json. perf.nsys also brackets the profiling window with cudaProfilerStart/
 range the launcher starts ``nsys profile`` with (perf/launch.py).
 """
 
+import logging
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import Iterator, List, Optional
 
 import torch
 
 from bridge.config.graphs import graph_impl
+
+log = logging.getLogger(__name__)
 
 
 def capture_step(effective_impl: str, engine: str, warmup_steps: int) -> Optional[int]:
@@ -83,3 +88,43 @@ class CudaProfilerWindow:
         if self._recording:
             self._recording = False
             torch.cuda.profiler.stop()
+
+
+class Scalars:
+    """perf.tensorboard: loss, step time and memory per step (and the GPU-busy fraction of a profiled
+    run) as TensorBoard scalars in ``<job_dir>/tensorboard/``, next to result.json. It needs the
+    ``tensorboard`` package (``pip install 'graphbridge[tensorboard]'``); without it one line says so
+    and the run goes on."""
+
+    DIRECTORY = "tensorboard"
+
+    def __init__(self, job_dir: Path, device: torch.device):
+        self.device = device
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            log.warning("perf.tensorboard: the tensorboard package is not installed, so no scalars are written; "
+                        "pip install 'graphbridge[tensorboard]', or set perf.tensorboard=false")
+            self._writer = None
+            return
+        self._writer = SummaryWriter(log_dir=str(Path(job_dir) / self.DIRECTORY))
+
+    def after_step(self, step: int, loss: float, seconds: float) -> None:
+        if self._writer is None:
+            return
+        self._writer.add_scalar("train/loss", loss, step)
+        self._writer.add_scalar("train/step_time_ms", seconds * 1e3, step)
+        if self.device.type == "cuda":
+            self._writer.add_scalar("memory/allocated_gib", torch.cuda.memory_allocated(self.device) / 2**30, step)
+            self._writer.add_scalar("memory/peak_allocated_gib",
+                                    torch.cuda.max_memory_allocated(self.device) / 2**30, step)
+
+    def close(self, result: dict) -> None:
+        """The run's summary scalars, then flush the event file."""
+        if self._writer is None:
+            return
+        busy = (result.get("profile") or {}).get("gpu_busy")
+        if busy is not None:
+            self._writer.add_scalar("profile/gpu_busy", busy, result["steps_completed"])
+        self._writer.close()
+        self._writer = None

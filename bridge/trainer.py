@@ -26,7 +26,7 @@ from tqdm import tqdm
 from bridge.config.schema import GraphBridgeConfig, profiling_window
 from bridge.diagnosis import NonFiniteError
 from bridge.engines import build_engine
-from bridge.observers import CudaProfilerWindow, StepRanges, capture_step
+from bridge.observers import CudaProfilerWindow, Scalars, StepRanges, capture_step
 from bridge.profiling import StepProfiler
 from bridge.result import RunRecord, build_result, failure, write_result
 from bridge.validation import Target, resolve_target
@@ -84,6 +84,8 @@ class Trainer:
         self.nsys_window = CudaProfilerWindow(window) if cfg.perf.nsys else None
         self.ranges = StepRanges(nvtx=cfg.perf.nsys, trace=cfg.perf.profile, capture_at=capture_step(
             self.engine.effective_impl, self.engine.name, cfg.model.cuda_graph_warmup_steps))
+        reports = cfg.perf.tensorboard and self.is_reporting_rank
+        self.scalars = Scalars(self.job_dir, self.engine.device) if reports else None
         self._closed = False
 
     def run(self) -> dict:
@@ -99,6 +101,8 @@ class Trainer:
                 loss, seconds = self._timed_step(step)
                 self.record.losses.append(loss)
                 self.record.step_times_s.append(seconds)
+                if self.scalars is not None:
+                    self.scalars.after_step(step, loss, seconds)
                 self._check_finite(step, loss)
                 self._show_progress(progress, step, loss, seconds)
         except (Exception, KeyboardInterrupt) as error:
@@ -214,6 +218,8 @@ class Trainer:
             result["profile"] = self.profiler.summary(result["step_time_ms"]["median"])
         if self.is_reporting_rank:
             self.result_path = write_result(self.job_dir, result)
+        if self.scalars is not None:
+            self.scalars.close(result)
         return result
 
 

@@ -474,6 +474,10 @@ class PerfConfig:
     """What nsys traces (its ``--trace``): e.g. cuda, nvtx, osrt, cublas, cudnn."""
     nsys_extra_args: List[str] = field(default_factory=list)
     """More ``nsys profile`` arguments, as written on its command line (e.g. ["--cuda-graph-trace=node"])."""
+    tensorboard: bool = True
+    """Write loss, step time and memory per step (and the GPU-busy fraction with perf.profile) as
+    TensorBoard scalars to ``<job_dir>/tensorboard/``; needs the tensorboard package
+    (``pip install 'graphbridge[tensorboard]'``), without which a run says so in one line."""
 
 
 def profiling_window(perf: PerfConfig, train_iters: int) -> range:

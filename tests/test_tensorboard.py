@@ -1,0 +1,59 @@
+"""perf.tensorboard: loss, step time (and on a GPU memory) per step as TensorBoard scalars in
+<job_dir>/tensorboard/, next to result.json; without the tensorboard package one line says so."""
+
+import builtins
+import logging
+
+import pytest
+import torch
+
+event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+
+SMALL = ("engine=torch", "model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64")
+
+
+def scalars(directory):
+    events = event_accumulator.EventAccumulator(str(directory))
+    events.Reload()
+    return {tag: [(event.step, event.value) for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_a_cpu_run_writes_loss_and_step_time_per_step(cli, read_result, tmp_path):
+    run = tmp_path / "run"
+    result = cli(*SMALL, "train.train_iters=4", f"hydra.run.dir={run}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    written = scalars(run / "tensorboard")
+    losses = read_result(run)["loss"]
+    assert [step for step, _ in written["train/loss"]] == [0, 1, 2, 3]
+    assert [value for _, value in written["train/loss"]] == pytest.approx(losses)
+    assert len(written["train/step_time_ms"]) == 4 and all(value > 0 for _, value in written["train/step_time_ms"])
+    assert "memory/allocated_gib" not in written  # no CUDA device: no memory to report
+
+
+def test_gpu_busy_of_a_profiled_run_is_a_scalar_too(tmp_path):
+    from bridge.observers import Scalars
+
+    Scalars(tmp_path, torch.device("cpu")).close({"profile": {"gpu_busy": 0.25}, "steps_completed": 4})
+    assert scalars(tmp_path / "tensorboard")["profile/gpu_busy"] == [(4, 0.25)]
+
+
+def test_off_writes_nothing(scripted, scripted_engine, tmp_path):
+    scripted(tmp_path, scripted_engine([1.0, 1.0]), "train.train_iters=2", "perf.tensorboard=false").run()
+    assert not (tmp_path / "tensorboard").exists()
+
+
+def test_without_the_package_one_line_says_so_and_the_run_goes_on(scripted, scripted_engine, tmp_path, monkeypatch,
+                                                                  caplog):
+    real_import = builtins.__import__
+
+    def no_tensorboard(name, *args, **kwargs):
+        if name.startswith("torch.utils.tensorboard"):
+            raise ImportError("No module named 'tensorboard'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
+    with caplog.at_level(logging.WARNING):
+        result = scripted(tmp_path, scripted_engine([1.0, 1.0]), "train.train_iters=2").run()
+    assert result["status"] == "completed" and not (tmp_path / "tensorboard").exists()
+    warnings = [record.getMessage() for record in caplog.records if "tensorboard" in record.getMessage()]
+    assert len(warnings) == 1 and "pip install 'graphbridge[tensorboard]'" in warnings[0]
