@@ -20,6 +20,7 @@ SIGUSR2, submitit's notice that the Slurm time limit is near, goes on as SIGTERM
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from omegaconf import OmegaConf
 from bridge.atomic import WriteError, write_json_atomic, write_text_atomic
 from bridge.config.schema import GraphBridgeConfig
 from bridge.result import RESULT_FILE, write_missing_result
+from perf.joblog import Tee
 
 RESOLVED = "resolved.yaml"
 JOB = "job.json"
@@ -125,10 +127,10 @@ def _unplaced(config: GraphBridgeConfig, unknown: str) -> str:
             f"MASTER_PORT=<port, default {MASTER_PORT}> and NODE_RANK=<0..{nodes - 1}> on every node")
 
 
-def run_job(config: GraphBridgeConfig, job_dir: Path, job: dict) -> int:
+def run_job(config: GraphBridgeConfig, job_dir: Path, job: dict, log: Optional[Path] = None) -> int:
     """Write the job's files, train in a fresh process, return its exit code (128 + N for
     signal N). A signal forwarded to the job raises SystemExit with that code instead, which
-    ends a sweep too."""
+    ends a sweep too. ``log``: the job log that also receives the training process's output."""
     env = dict(os.environ)
     try:
         node = node_rank(config, env)
@@ -145,7 +147,7 @@ def run_job(config: GraphBridgeConfig, job_dir: Path, job: dict) -> int:
         log.error("%s", error)
         return LAUNCH_FAILED
     with SignalForwarding() as forwarding:
-        code = forwarding.run(command, env)
+        code = forwarding.run(command, env, log)
         # Node 0 alone stands in for a missing result.json: another node's torchrun may end before
         # rank 0 has written it, or before the shared filesystem shows it there.
         if node == 0 and not (job_dir / RESULT_FILE).exists():
@@ -182,16 +184,23 @@ class SignalForwarding:
         if self._deadline is not None:
             self._deadline.cancel()
 
-    def run(self, command: List[str], env: Dict[str, str]) -> int:
-        """Start the process (unless a signal came first) and wait for it; its exit code."""
+    def run(self, command: List[str], env: Dict[str, str], log: Optional[Path] = None) -> int:
+        """Start the process (unless a signal came first) and wait for it; its exit code. With a
+        ``log``, its stdout and stderr go to this process's and into the log too (perf.joblog)."""
         if self.received:
             return 128 + self.received
+        piped = subprocess.PIPE if log is not None else None
         # Its own process group: a terminal's Ctrl-C reaches it once, through _forward, not twice
         # (torchrun would start its shutdown twice). torchrun passes signals on to its workers.
-        self._child = subprocess.Popen(command, env=env, process_group=0)
+        self._child = subprocess.Popen(command, env=tee_environment(env) if log is not None else env,
+                                       process_group=0, stdout=piped, stderr=piped)
+        tees = [Tee(self._child.stdout, sys.stdout.buffer, log),
+                Tee(self._child.stderr, sys.stderr.buffer, log)] if log is not None else []
         if self.received:  # came while it was starting
             self._forward(self.received, None)
         code = self._child.wait()
+        for tee in tees:
+            tee.join()
         return 128 - code if code < 0 else code
 
     def why_no_result(self, code: int) -> str:
@@ -223,6 +232,15 @@ class SignalForwarding:
             os.killpg(self._child.pid, signum)
         except ProcessLookupError:  # it has exited already
             pass
+
+
+def tee_environment(env: Dict[str, str]) -> Dict[str, str]:
+    """A piped training process streams its lines as they come (no block buffering) and lays out
+    its summary table for the terminal this process writes to."""
+    env = {**env, "PYTHONUNBUFFERED": "1"}
+    if sys.stdout.isatty() and "COLUMNS" not in env:
+        env["COLUMNS"] = str(shutil.get_terminal_size().columns)
+    return env
 
 
 def signal_name(number: int) -> str:

@@ -23,6 +23,8 @@ from bridge.planning import build_plan
 from bridge.prepare import prepare
 from bridge.result import write_invalid_result
 from perf import callbacks
+from perf.help import register_help
+from perf.joblog import echo, job_log_path
 from perf.launch import job_record, run_job
 from perf.preflight import check
 
@@ -59,19 +61,19 @@ def app(composed: DictConfig) -> None:
     else:
         for note in plan.notes + plan.machine_notes:
             log.info(note)
-        code = run_job(plan.config, job_dir, job)
+        code = run_job(plan.config, job_dir, job, log=job_log_path())
     if code and not multirun:  # a sweep records the failure and goes on with its other jobs
         sys.exit(code)
 
 
 def report_violations(plan) -> None:
     """Every problem at once on stderr: the config's, then (for a run, which refuses them too; a
-    plan shows them in itself) this machine's."""
+    plan shows them in itself) this machine's. A run's job log keeps them too; a plan writes nothing."""
+    train = plan.config.mode == Mode.train
     if plan.config_violations:
-        print("invalid configuration:\n" + "\n".join(f"  {v}" for v in plan.config_violations), file=sys.stderr)
-    if plan.machine_violations and plan.config.mode == Mode.train:
-        print("cannot run on this machine:\n" + "\n".join(f"  {v}" for v in plan.machine_violations),
-              file=sys.stderr)
+        echo("invalid configuration:\n" + "\n".join(f"  {v}" for v in plan.config_violations), sys.stderr, logged=train)
+    if plan.machine_violations and train:
+        echo("cannot run on this machine:\n" + "\n".join(f"  {v}" for v in plan.machine_violations), sys.stderr)
 
 
 def main() -> None:
@@ -80,6 +82,7 @@ def main() -> None:
         print(f"graphbridge: {problem}", file=sys.stderr)
         sys.exit(INVALID)
     register()
+    register_help()
     try:
         app()
     except SystemExit as exit:

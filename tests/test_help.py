@@ -1,0 +1,48 @@
+"""`graphbridge --help`: every group with its choices as typed, five example commands that work, the docs."""
+
+import re
+import shlex
+
+import pytest
+
+from bridge.recipes import recipe_names
+
+
+@pytest.fixture
+def help_text(cli, tmp_path):
+    result = cli("--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def choices(help_text: str) -> dict:
+    section = help_text.split("== Choices (group=option) ==")[1].split("==")[0]
+    return {group: values.split(", ") for group, values in re.findall(r"^(\w+): (.+)$", section, re.M)}
+
+
+def test_help_lists_every_group_with_its_choices_as_a_user_types_them(help_text):
+    groups = choices(help_text)
+    assert groups["recipe"] == recipe_names()  # nested options as family/name, every one of them
+    assert "llama/tiny" in groups["recipe"]
+    assert {"gpu", "precision", "cuda_graph", "sweep"} <= set(groups)
+    assert "full_iteration" in groups["cuda_graph"] and "h100" in groups["gpu"]
+    assert not any(group.startswith(("preset", "hydra")) for group in groups)  # picked for the user
+
+
+def test_help_shows_five_examples_and_where_the_docs_are(help_text):
+    examples = [line.split("#")[0] for line in help_text.split("== Examples ==")[1].split("==")[0].strip().splitlines()]
+    assert len(examples) == 5
+    tools = [shlex.split(line)[0] for line in examples]
+    assert tools == ["graphbridge"] * 3 + ["graphbridge-workload", "graphbridge-report"]
+    assert "mode=plan" in examples[0] and "-m" in shlex.split(examples[2])
+    assert "README.md" in help_text and "docs/schema.md" in help_text and "--hydra-help" in help_text
+
+
+def test_the_plan_examples_of_help_plan_valid(help_text, cli, workload_cli, tmp_path):
+    examples = [shlex.split(line.split("#")[0]) for line in help_text.split("== Examples ==")[1].splitlines()]
+    plan = next(args for args in examples if args[:2] == ["graphbridge", "mode=plan"])
+    assert cli(*plan[1:], cwd=tmp_path).returncode == 0
+    dryrun = next(args for args in examples if args and args[0] == "graphbridge-workload")
+    done = workload_cli(*dryrun[1:], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "graphbridge plan: VALID" in done.stdout
