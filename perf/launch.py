@@ -127,10 +127,10 @@ def _unplaced(config: GraphBridgeConfig, unknown: str) -> str:
             f"MASTER_PORT=<port, default {MASTER_PORT}> and NODE_RANK=<0..{nodes - 1}> on every node")
 
 
-def run_job(config: GraphBridgeConfig, job_dir: Path, job: dict, log: Optional[Path] = None) -> int:
+def run_job(config: GraphBridgeConfig, job_dir: Path, job: dict, job_log: Optional[Path] = None) -> int:
     """Write the job's files, train in a fresh process, return its exit code (128 + N for
     signal N). A signal forwarded to the job raises SystemExit with that code instead, which
-    ends a sweep too. ``log``: the job log that also receives the training process's output."""
+    ends a sweep too. ``job_log``: the job log that also receives the training process's output."""
     env = dict(os.environ)
     try:
         node = node_rank(config, env)
@@ -147,7 +147,7 @@ def run_job(config: GraphBridgeConfig, job_dir: Path, job: dict, log: Optional[P
         log.error("%s", error)
         return LAUNCH_FAILED
     with SignalForwarding() as forwarding:
-        code = forwarding.run(command, env, log)
+        code = forwarding.run(command, env, job_log)
         # Node 0 alone stands in for a missing result.json: another node's torchrun may end before
         # rank 0 has written it, or before the shared filesystem shows it there.
         if node == 0 and not (job_dir / RESULT_FILE).exists():

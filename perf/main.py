@@ -61,7 +61,7 @@ def app(composed: DictConfig) -> None:
     else:
         for note in plan.notes + plan.machine_notes:
             log.info(note)
-        code = run_job(plan.config, job_dir, job, log=job_log_path())
+        code = run_job(plan.config, job_dir, job, job_log=job_log_path())
     if code and not multirun:  # a sweep records the failure and goes on with its other jobs
         sys.exit(code)
 
