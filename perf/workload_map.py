@@ -2,7 +2,7 @@
 
 ``flag_overrides`` takes the flags the user gave, by their long names, and returns overrides in
 a fixed order; flags that only mean something together (-m with -mr, -ng with -gn, the graph
-impl with its scope, the profiling window) are translated together. A combination with no
+impl with its scope) are translated together. A combination with no
 meaning raises ValueError with the flags to change.
 """
 
@@ -35,14 +35,12 @@ ONE_KEY = {  # flags that set exactly one key to their value
     "warmup_iters": "optimizer.lr_warmup_iters",
     "vocab_size": "model.vocab_size",
     "pytorch_profiler": "perf.profile",
-    "nsys_trace": "perf.nsys_trace",
     "account": "hydra.launcher.account",
     "partition": "hydra.launcher.partition",
     "time_limit": "hydra.launcher.timeout_min",
     "gres": "hydra.launcher.gres",
 }
 SLURM_FLAGS = ("account", "partition", "time_limit", "gres", "additional_slurm_params", "custom_bash_cmds")
-BRIDGE_PROFILE_WINDOW = (10, 11)  # Bridge's defaults of --profiling_start_step and --profiling_stop_step
 
 
 def flag_overrides(given: Given) -> List[str]:
@@ -59,7 +57,7 @@ def flag_overrides(given: Given) -> List[str]:
         # Quoted: Hydra's override grammar does not take a resolver call with arguments unquoted.
         dense_first = f"${{graphbridge.dense_first:{given['first_k_dense_replace']},${{model.num_layers}}}}"
         overrides.append(f"model.moe_layer_freq={quoted(dense_first, literal_text=False)}")
-    for part in (_data, _nodes, _slurm, _profiling, _graphs, _recompute, _moe, _log_dir):
+    for part in (_data, _nodes, _slurm, _graphs, _recompute, _moe, _log_dir):
         overrides += part(given)
     if given.get("dryrun"):
         overrides.append("mode=plan")
@@ -122,22 +120,6 @@ def _slurm(given: Given) -> List[str]:
     commands = [" ".join(group) for group in given.get("custom_bash_cmds", []) if group]
     if commands:
         overrides.append(f"hydra.launcher.setup={value_text(commands)}")
-    return overrides
-
-
-def _profiling(given: Given) -> List[str]:
-    overrides = ["perf.nsys=true"] if given.get("enable_nsys") else []
-    if "profiling_start_step" in given or "profiling_stop_step" in given:
-        start = given.get("profiling_start_step", BRIDGE_PROFILE_WINDOW[0])
-        stop = given.get("profiling_stop_step", BRIDGE_PROFILE_WINDOW[1])
-        if stop <= start:
-            raise ValueError(f"--profiling_stop_step {stop} must come after --profiling_start_step {start}")
-        overrides += [f"perf.profile_start_step={start}", f"perf.profile_steps={stop - start}"]
-    extra = list(given.get("nsys_extra_args", []))
-    if given.get("profiling_gpu_metrics"):
-        extra.append("--gpu-metrics-devices=all")
-    if extra:
-        overrides.append(f"perf.nsys_extra_args={value_text(extra)}")
     return overrides
 
 

@@ -74,7 +74,7 @@ RELEASES: Dict[str, MegatronCoreRelease] = {release.version: release for release
         )),
     MegatronCoreRelease(
         version="0.19.2", python=(3, 12), extra="mcore019", te_extra="te019", transformer_engine=("2.10", "2.21"),
-        tested_transformer_engine=None,
+        tested_transformer_engine="2.10.0",
         carriers={LEGACY_GROUPED_GEMM: None},
         full_iteration=("full_iteration", ()),
         inference_scopes={"none": ("none",), "local": ("layer", "block"), "transformer_engine": ("none",),
