@@ -47,7 +47,7 @@ from bridge.translate import padded_vocab_size
 from bridge.validation.model_facts import moe_layer_pattern, recompute_modules
 
 GIB = 2 ** 30
-GPU_MEMORY_GB = {"h100": 80, "h200": 141, "b200": 180, "b300": 288, "gb200": 186, "gb300": 288}
+GPU_MEMORY_GB = {"h100": 80, "b200": 180, "b300": 288, "gb200": 186, "gb300": 288}
 """Memory of each preset GPU in GB (10^9 bytes), as NVIDIA specifies it."""
 USABLE_FRACTION = 0.9
 """What a job may plan to allocate: the rest is the CUDA context, NCCL buffers, fragmentation."""
@@ -85,7 +85,7 @@ class MemoryEstimate:
                  f"{self.optimizer_gib:.2f} + max(activations {self.activations_gib:.2f}, optimizer step "
                  f"{self.optimizer_step_gib:.2f}) + graphs {self.graphs_gib:.2f} + workspace {self.workspace_gib:.2f}")
         if self.capacity_gib is None:
-            verdict = "GPU memory unknown (set gpu=<h100|h200|b200|...>)"
+            verdict = f"GPU memory unknown (set gpu=<{'|'.join(GPU_MEMORY_GB)}>)"
         else:
             verdict = (f"{'fits' if self.fits else 'does not fit'} in {self.capacity_gib:.0f} GiB ({self.gpu}; "
                        f"{USABLE_FRACTION:.0%} usable)")

@@ -166,11 +166,6 @@ NO_SRUN = ("graphbridge runs in the Python environment it is started from and Hy
 NOT_DGXC = "DGX Cloud launching is not supported; use -p/-a (Hydra's Slurm launcher) or run on the node"
 GOLDEN_VALUES = "Bridge's golden-value check is not part of graphbridge; compare runs with graphbridge-report"
 NO_WANDB = "graphbridge logs no Weights & Biases; every job's result.json holds its step times, losses and memory"
-NO_NSYS = ("graphbridge has no nsys switch yet; profile with -pyp true (perf.profile=true: a torch.profiler trace), "
-           "or start graphbridge under your own `nsys profile` command")
-PROFILE_WINDOW = ("perf.profile traces the last perf.profile_steps steps (5); set perf.profile_steps=N instead "
-                  "of a start and stop step")
-
 FLAGS: List[Flag] = [
     mapped(["--domain"], WORKLOAD, "llm only: graphbridge's recipes are language models",
            type=lower_str, choices=["llm"]),
@@ -268,14 +263,20 @@ FLAGS: List[Flag] = [
         "cluster", "base_url", "kube_apiserver_url", "app_id", "app_secret", "project_name", "pvc_claim_name",
         "pvc_mount_path")),
 
-    refused(["-en", "--enable_nsys"], PROFILE, NO_NSYS, keeps=is_false, action="store_true"),
-    mapped(["-pyp", "--pytorch_profiler"], PROFILE, "-> perf.profile (torch.profiler trace of the last steps)",
+    mapped(["-en", "--enable_nsys"], PROFILE, "-> perf.nsys: each training process under `nsys profile`, "
+           "NVTX step ranges, recording the profiling window", action="store_true"),
+    mapped(["-pyp", "--pytorch_profiler"], PROFILE, "-> perf.profile (torch.profiler trace of the profiling window)",
            type=bool_arg),
-    refused(["--profiling_start_step"], PROFILE, PROFILE_WINDOW, type=non_negative_int),
-    refused(["--profiling_stop_step"], PROFILE, PROFILE_WINDOW, type=positive_int),
-    refused(["--profiling_gpu_metrics"], PROFILE, NO_NSYS, action="store_true"),
-    refused(["--nsys_trace"], PROFILE, NO_NSYS, type=comma_list),
-    refused(["--nsys_extra_args"], PROFILE, NO_NSYS, type=comma_list),
+    mapped(["--profiling_start_step"], PROFILE, "-> perf.profile_start_step (Bridge's default 10 when only the stop "
+           "step is given; without either, the window is the last perf.profile_steps steps)",
+           type=non_negative_int),
+    mapped(["--profiling_stop_step"], PROFILE, "-> perf.profile_steps = stop - start: steps start..stop-1 "
+           "(Bridge's default 11 when only the start step is given)", type=positive_int),
+    mapped(["--profiling_gpu_metrics"], PROFILE, "-> perf.nsys_extra_args += --gpu-metrics-devices=all",
+           action="store_true"),
+    mapped(["--nsys_trace"], PROFILE, "comma list -> perf.nsys_trace (nsys --trace)", type=comma_list),
+    mapped(["--nsys_extra_args"], PROFILE, "comma list -> perf.nsys_extra_args (more `nsys profile` arguments)",
+           type=comma_list),
     refused(["--profiling_ranks"], PROFILE,
             "perf.nsys traces every rank of the job and perf.profile rank 0; drop the flag", type=comma_ints),
     refused(["-mh", "--record_memory_history"], PROFILE,

@@ -40,6 +40,8 @@ ONE_KEY = {  # flags that set exactly one key to their value
     "time_limit": "hydra.launcher.timeout_min",
     "gres": "hydra.launcher.gres",
 }
+BRIDGE_PROFILING_WINDOW = (10, 11)
+"""Bridge's --profiling_start_step and --profiling_stop_step defaults: it profiles steps start..stop-1."""
 SLURM_FLAGS = ("account", "partition", "time_limit", "gres", "additional_slurm_params", "custom_bash_cmds")
 
 
@@ -57,7 +59,7 @@ def flag_overrides(given: Given) -> List[str]:
         # Quoted: Hydra's override grammar does not take a resolver call with arguments unquoted.
         dense_first = f"${{graphbridge.dense_first:{given['first_k_dense_replace']},${{model.num_layers}}}}"
         overrides.append(f"model.moe_layer_freq={quoted(dense_first, literal_text=False)}")
-    for part in (_data, _nodes, _slurm, _graphs, _recompute, _moe, _log_dir):
+    for part in (_data, _nodes, _slurm, _profiling, _graphs, _recompute, _moe, _log_dir):
         overrides += part(given)
     if given.get("dryrun"):
         overrides.append("mode=plan")
@@ -120,6 +122,27 @@ def _slurm(given: Given) -> List[str]:
     commands = [" ".join(group) for group in given.get("custom_bash_cmds", []) if group]
     if commands:
         overrides.append(f"hydra.launcher.setup={value_text(commands)}")
+    return overrides
+
+
+def _profiling(given: Given) -> List[str]:
+    """-en and the window flags: Bridge profiles steps start..stop-1, graphbridge profile_steps
+    steps from profile_start_step (0-based, as Bridge counts iterations)."""
+    overrides = ["perf.nsys=true"] if given.get("enable_nsys") else []
+    if "profiling_start_step" in given or "profiling_stop_step" in given:
+        start = given.get("profiling_start_step", BRIDGE_PROFILING_WINDOW[0])
+        stop = given.get("profiling_stop_step", BRIDGE_PROFILING_WINDOW[1])
+        if stop <= start:
+            raise ValueError(f"--profiling_start_step {start} --profiling_stop_step {stop}: the window is steps "
+                             f"start..stop-1, so the stop step must be greater; e.g. --profiling_stop_step {start + 1}")
+        overrides += [f"perf.profile_start_step={start}", f"perf.profile_steps={stop - start}"]
+    if "nsys_trace" in given:
+        overrides.append(f"perf.nsys_trace={value_text(given['nsys_trace'])}")
+    extra = list(given.get("nsys_extra_args", []))
+    if given.get("profiling_gpu_metrics"):
+        extra.append("--gpu-metrics-devices=all")
+    if extra:
+        overrides.append(f"perf.nsys_extra_args={value_text(extra)}")
     return overrides
 
 

@@ -1,6 +1,7 @@
 """graphbridge-workload: Bridge's performance-script flags as Hydra overrides."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -80,6 +81,15 @@ FLAG_CASES = [
     (["--custom_env_vars", "A=1"], ["++env_vars.A='1'"]),
     (["-pyp", "true"], ["perf.profile=true"]),
     (["--pytorch_profiler", "false"], ["perf.profile=false"]),
+    (["-en"], ["perf.nsys=true"]),
+    (["--enable_nsys", "--profiling_start_step", "5", "--profiling_stop_step", "8"],
+     ["perf.nsys=true", "perf.profile_start_step=5", "perf.profile_steps=3"]),
+    # One end of the window given: Bridge's default for the other (10 and 11).
+    (["--profiling_start_step", "7"], ["perf.profile_start_step=7", "perf.profile_steps=4"]),
+    (["--profiling_stop_step", "12"], ["perf.profile_start_step=10", "perf.profile_steps=2"]),
+    (["--nsys_trace", "cuda,nvtx,osrt"], ["perf.nsys_trace=['cuda','nvtx','osrt']"]),
+    (["--nsys_extra_args=--cuda-graph-trace=node", "--profiling_gpu_metrics"],
+     ["perf.nsys_extra_args=['--cuda-graph-trace=node','--gpu-metrics-devices=all']"]),
     (["--cuda_graph_impl", "none"], ["model.cuda_graph_impl=none"]),
     (["--cuda_graph_impl", "local"], ["model.cuda_graph_impl=local"]),
     # No scope: the recipe's modules stay (Bridge v0.3.1 crashes here).
@@ -123,8 +133,8 @@ REFUSED_CASES.update({"--optimizer_type": ["--optimizer_type", "muon"], "--token
                       "-cv/--config_variant": ["-cv", "v2"], "--profiling_ranks": ["--profiling_ranks", "0,1"],
                       "--detach": ["--detach", "true"], "-mh/--record_memory_history": ["-mh", "true"],
                       "-vb/--enable_vboost": ["-vb", "true"], "--use_megatron_fsdp": ["--use_megatron_fsdp", "true"],
-                      "--nccl_ub": ["--nccl_ub", "true"], "--nsys_extra_args": ["--nsys_extra_args=--cuda-memory-usage=true"],
-                      "--profiling_start_step": ["--profiling_start_step", "5"], "--profiling_stop_step": ["--profiling_stop_step", "8"], "-cm/--custom_mounts": ["-cm", "/a:/b"],
+                      "--nccl_ub": ["--nccl_ub", "true"],
+                      "-cm/--custom_mounts": ["-cm", "/a:/b"],
                       "-cs/--custom_srun_args": ["--custom_srun_args=--mpi=pmix"]})
 # Refused flags accept graphbridge's own behaviour, so a pasted Bridge command line keeps working.
 KEPT = [["-cv", "v1"], ["--optimizer_type", "adam"], ["--tokenizer_type", "NullTokenizer"], ["--detach", "false"],
@@ -205,6 +215,9 @@ def test_flags_come_after_the_trailing_overrides_wherever_they_are_typed():
         (["-m", "deepseek", "-mr", "tiny", "--first_k_dense_replace", "2"], {"model.moe_layer_freq": [0, 0, 1, 1]}),
         (["-ce", "GREETING=it's ${HOME},EMPTY=", "+env_vars.GREETING=x"],
          {"env_vars": {"GREETING": "it's ${HOME}", "EMPTY": ""}}),
+        (["-pyp", "true", "--profiling_start_step", "3", "--profiling_stop_step", "5", "--profiling_gpu_metrics"],
+         {"perf.profile": True, "perf.profile_start_step": 3, "perf.profile_steps": 2,
+          "perf.nsys_extra_args": ["--gpu-metrics-devices=all"]}),
         (["--use_tokendrop", "false", "model.moe_expert_capacity_factor=2.0"],
          {"model.moe_expert_capacity_factor": None, "model.moe_router_force_load_balancing": True}),
     ],
@@ -234,6 +247,10 @@ def test_flags_win_in_the_composed_config(argv, expected):
         (["-m", "llama", "-mr", "tiny", "--task", "sft"], "-m llama -mr tiny --task sft: no recipe llama/tiny_sft;"),
         (["-m", "nofamily", "-mr", "x"], "no recipe nofamily/x; recipes: deepseek/deepseek_v3, "),
         (["-rl", "2", "--recompute_modules", "core_attn"], "-rl/--recompute_num_layers (full recompute) and"),
+        (["--profiling_start_step", "5", "--profiling_stop_step", "5"],
+         "--profiling_start_step 5 --profiling_stop_step 5: the window is steps start..stop-1, so the stop step "
+         "must be greater; e.g. --profiling_stop_step 6"),
+        (["--profiling_start_step", "12"], "--profiling_stop_step 11: the window is steps start..stop-1"),
         (["-rl", "0"], "argument -rl/--recompute_num_layers: must be >= 1, got 0"),
         (["-ol", "-1"], "argument -ol/--activation_offload_layers: must be >= 0, got -1"),
         (["-tp", "two"], "argument -tp/--tensor_model_parallel_size: expected a whole number, got 'two'"),
@@ -285,6 +302,22 @@ def test_dryrun_of_an_invalid_config_exits_2_with_the_violation(workload_cli, tm
     assert result.returncode == 2
     assert "graphbridge plan: INVALID" in result.stdout
     assert "[engine_impl]" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_dryrun_with_nsys_plans_the_window_and_names_the_missing_nsys(workload_cli, tmp_path):
+    # Without nsys on PATH the config is valid but cannot run here: the plan says which rule, as a run would.
+    result = workload_cli("--dryrun", "-en", "--profiling_start_step", "4", "--profiling_stop_step", "6",
+                          "-ms", "10", cwd=tmp_path, env={**os.environ, "PATH": os.path.dirname(sys.executable)})
+    assert result.returncode == 0, result.stderr
+    assert "perf.nsys=true perf.profile_start_step=4 perf.profile_steps=2" in result.stderr
+    assert "graphbridge plan: VALID" in result.stdout
+    assert "cannot run on this machine" in result.stdout and "[nsys_available] perf.nsys" in result.stdout
+
+
+def test_dryrun_of_a_window_over_the_warmup_exits_2_with_the_fix(workload_cli, tmp_path):
+    result = workload_cli("--dryrun", "-pyp", "true", "--profiling_start_step", "0", "-ms", "10", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "[profile_window]" in result.stderr and "set perf.profile_start_step=" in result.stderr
 
 
 def test_a_bad_flag_through_the_console_script_is_one_message_not_a_traceback(workload_cli, tmp_path):
