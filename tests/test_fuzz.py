@@ -193,11 +193,27 @@ def files_loaded(root: Path, overrides: Sequence[str]) -> List[Path]:
 
 
 KEY_OR_ITEM = re.compile(r"^\s*(- |[^\s#][^#]*?:(\s|$))")
+BLOCK_SCALAR_START = re.compile(r"^\s*(- |[^\s#][^#]*?:\s+)?[|>][-+0-9]*\s*(#.*)?$")
+
+
+def block_scalar_text(lines: Sequence[str]) -> set:
+    """The indices of the lines inside block scalars (``key: |``): text there is the value itself,
+    so a tab or a bracket in it is valid YAML (the --help template has such lines)."""
+    inside, parent_indent = set(), None
+    for index, line in enumerate(lines):
+        indent = len(line) - len(line.lstrip(" "))
+        if parent_indent is not None and (not line.strip() or indent > parent_indent):
+            inside.add(index)
+            continue
+        parent_indent = indent if BLOCK_SCALAR_START.match(line.rstrip("\n")) else None
+    return inside
 
 
 def damage(text: str, kind: str, draw) -> str:
     lines = text.splitlines(keepends=True)
-    content = [i for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("#")]
+    literal = block_scalar_text(lines) if kind in SYNTAX_BREAKING else set()
+    content = [i for i, line in enumerate(lines)
+               if line.strip() and not line.lstrip().startswith("#") and i not in literal]
     if kind == "truncate" or not content:
         return text[:draw(st.integers(0, max(0, len(text) - 1)))]
     index = draw(st.sampled_from(content))
