@@ -14,6 +14,7 @@ the eager variant of the same workload. A variant that fails is recorded with it
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -113,6 +114,7 @@ class Measured:
                 "p10_ms": step.get("p10"), "p90_ms": step.get("p90"), "timed_steps": step.get("count"),
                 "gpu_busy": (self.result.get("profile") or {}).get("gpu_busy"),
                 "peak_allocated_gb": memory.get("peak_allocated_gb"), "peak_reserved_gb": memory.get("peak_reserved_gb"),
+                "estimate_gb": memory.get("estimate_gb"),
                 "capture_time_s": self.result.get("capture_time_s"), "graph_count": self.result.get("graph_count"),
                 "tflops_per_gpu": self.result.get("tflops_per_gpu"), "command": " ".join(self.command)}
 
@@ -151,6 +153,10 @@ def driver_version() -> Optional[str]:
 
 
 def git_commit() -> Optional[str]:
+    """GRAPHBRIDGE_COMMIT when set (a copied tree's .git may be older than its files, as on the
+    device machine), else the checkout's HEAD."""
+    if os.environ.get("GRAPHBRIDGE_COMMIT"):
+        return os.environ["GRAPHBRIDGE_COMMIT"]
     try:
         done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     except OSError:

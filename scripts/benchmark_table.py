@@ -15,7 +15,7 @@ from sections import write_or_check
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 DOCS = ROOT / "docs" / "benchmarks.md"
-HEADER = ("| variant | step ms (median) | p10-p90 ms | speedup | GPU busy | peak alloc GiB | capture s | graphs |"
+HEADER = ("| variant | step ms (median) | p10-p90 ms | speedup | GPU busy | peak alloc GiB | plan's estimate GiB | capture s | graphs |"
           " status |")
 
 
@@ -39,6 +39,7 @@ def table(record: dict) -> List[str]:
         spread = f"{number(row['p10_ms'], '.2f')}-{number(row['p90_ms'], '.2f')}" if row["p10_ms"] else ""
         cells = (name, number(row["median_ms"], ".2f"), spread, number(row["speedup"], ".2f", "x"),
                  number(row["gpu_busy"], ".0%"), number(row["peak_allocated_gb"], ".2f"),
+                 number(row.get("estimate_gb"), ".2f"),
                  number(row["capture_time_s"], ".2f"), number(row["graph_count"], "d"),
                  row["status"] if row["status"] == "completed" else f"{row['status']}: {row['reason']}")
         lines.append("| " + " | ".join(str(cell).replace("|", "\\|") for cell in cells) + " |")

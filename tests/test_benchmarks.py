@@ -35,14 +35,14 @@ def test_the_table_is_built_from_raw_results(tmp_path):
                            "graphbridge": "abc1234", "python": "3.12"},
               "variants": {"eager": {"status": "completed", "reason": None, "median_ms": 40.0, "p10_ms": 39.0,
                                      "p90_ms": 41.0, "speedup": 1.0, "gpu_busy": 0.06, "peak_allocated_gb": 0.6,
-                                     "capture_time_s": None, "graph_count": 0},
+                                     "estimate_gb": 0.55, "capture_time_s": None, "graph_count": 0},
                            "full_iteration": {"status": "failed", "reason": "boom", "median_ms": None, "p10_ms": None,
                                               "p90_ms": None, "speedup": None, "gpu_busy": None,
                                               "peak_allocated_gb": None, "capture_time_s": None, "graph_count": 0}}}
     (tmp_path / suite.result_name(record)).write_text(json.dumps(record))
     text = benchmark_table.markdown(tmp_path)
-    assert "| eager | 40.00 | 39.00-41.00 | 1.00x | 6% | 0.60 |  | 0 | completed |" in text
-    assert "| full_iteration |  |  |  |  |  |  | 0 | failed: boom |" in text
+    assert "| eager | 40.00 | 39.00-41.00 | 1.00x | 6% | 0.60 | 0.55 |  | 0 | completed |" in text
+    assert "| full_iteration |  |  |  |  |  |  |  | 0 | failed: boom |" in text
     assert suite.result_name(record) == "llama_tiny_local_h100_mcore0.16.1.json"
 
 
