@@ -12,6 +12,7 @@ Keys of a full record (perf/report.py reads exactly these):
     step_time_ms {median, p10, p90, mean, count}: excludes the first perf.warmup_steps steps,
         every capture step and the profiled steps; values are null when no step is left.
         Under torchrun, each step's time is the slowest rank's,
+    profiled_steps (the steps perf.profile or perf.nsys recorded, untimed),
     capture_step (first capture step or null), capture_time_s (wall time of the capture steps),
     graph_count, tokens_per_s, tflops_per_gpu (null when bridge.flops is unavailable),
     memory {peak_allocated_gb, peak_reserved_gb} in GiB (2**30 bytes; null on the CPU; the
@@ -85,6 +86,7 @@ def build_result(cfg: Optional[GraphBridgeConfig], job_dir: Path, status: str, r
         "train_iters": cfg.train.train_iters if cfg else None,
         "steps_completed": len(record.losses),
         "step_time_ms": stats,
+        "profiled_steps": list(record.profiled_steps),
         "capture_step": min(record.capture_steps) if record.capture_steps else None,
         "capture_time_s": sum(capture_times) if capture_times else None,
         "graph_count": record.graph_count,

@@ -40,6 +40,7 @@ def test_nsys_ranges_every_step_and_records_only_the_window(nsys_calls, read_res
     assert [call for call in nsys_calls[start:stop] if call[0] == "push" and call[1].startswith("step")] == [
         ("push", "step 5"), ("push", "step 6")]
     result = read_result(tmp_path)
+    assert result["profiled_steps"] == [5, 6]
     # Timed: after warmup (1) and capture (3), outside the window: 1, 2, 4, 7, 8, 9.
     assert result["step_time_ms"]["count"] == 6
 
