@@ -250,7 +250,6 @@ def test_readme_plan_and_launcher_config_commands_work(cli, tmp_path):
     assert (launcher["nodes"], launcher["gpus_per_node"], launcher["tasks_per_node"]) == (8, 8, 1)
 
 
-@pytest.mark.slow
 def test_readme_local_sweep_runs_each_job_through_submitit_and_ends_with_a_summary(cli, tmp_path):
     [args] = [args for args in readme_commands() if kind(args) == "local sweep"]
     result = cli(*args, cwd=tmp_path)

@@ -58,7 +58,6 @@ def read_summary(sweep_dir: Path):
         return list(csv.DictReader(handle))
 
 
-@pytest.mark.slow
 def test_cpu_multirun_ends_with_a_summary_of_every_job_and_a_failing_status(cli, tmp_path):
     sweep_dir = tmp_path / "sweep"
     # One warmup step leaves two timed steps of the three: enough for a median, flagged as noisy.
@@ -81,7 +80,6 @@ def test_a_sweep_of_good_jobs_exits_0(cli, tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.slow
 def test_gpu_sweep_measures_a_full_iteration_speedup(cli, tmp_path):
     """The speedups the benchmark measures (docs/benchmarks.md: full_iteration 9-10x, local
     layer 3x on this shape), checked against the issue's floors, and the GPU-busy fraction:
