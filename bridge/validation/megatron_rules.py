@@ -1,6 +1,7 @@
 """megatron-core 0.16.1 checks outside the CUDA-graph block that a valid plan must not promise
 past: each one would otherwise surface as a bare exception in the training process."""
 
+from bridge.translate.versions import in_range
 from bridge.validation.model_facts import is_moe_model
 from bridge.validation.registry import rule, violation
 
@@ -90,15 +91,18 @@ def flex_dispatcher(cfg, target):
 
 
 @rule("shared_expert_overlap",
-      rejects="overlapping the shared expert with a dispatcher other than alltoall",
+      rejects="overlapping the shared expert with a dispatcher other than alltoall (from megatron-core 0.19 on: "
+              "alltoall or flex)",
       fix="`model.moe_token_dispatcher_type=alltoall` or `model.moe_shared_expert_overlap=false`")
 def shared_expert_overlap(cfg, target):
     model = cfg.model
+    overlapping = ["alltoall", "flex"] if in_range(target.megatron_core, ">=0.19") else ["alltoall"]
     if (is_moe_model(model) and model.moe_shared_expert_intermediate_size is not None
-            and model.moe_shared_expert_overlap and model.moe_token_dispatcher_type != "alltoall"):
+            and model.moe_shared_expert_overlap and model.moe_token_dispatcher_type not in overlapping):
         return violation("shared_expert_overlap", ["model.moe_shared_expert_overlap", "model.moe_token_dispatcher_type"],
-                         "moe_shared_expert_overlap only works with alltoall token dispatcher; set "
-                         "model.moe_token_dispatcher_type=alltoall or model.moe_shared_expert_overlap=false")
+                         f"moe_shared_expert_overlap only works with the {' or '.join(overlapping)} token dispatcher "
+                         f"in megatron-core {target.megatron_core}; set model.moe_token_dispatcher_type=alltoall or "
+                         "model.moe_shared_expert_overlap=false")
     return None
 
 
