@@ -15,8 +15,8 @@ is missing). Run it in its own process (megatron-core keeps global state):
 
     python -m tests.differential --seed 0 --count 100 [--json]
 
-GRAPHBRIDGE_MEGATRON_CORE_SITE=<site dir> puts another megatron-core install first on the path
-(e.g. megatron-core 0.19.2); the target then speaks that version.
+GRAPHBRIDGE_MEGATRON_CORE_PATH=<site dirs> puts another megatron-core install first on the path
+(e.g. megatron-core 0.19.2: /tmp/mc19/site:/tmp/mc19/tsite); the target then speaks that version.
 """
 
 import argparse
@@ -28,8 +28,8 @@ import warnings
 from collections import Counter
 from typing import Dict, List, Optional, Tuple
 
-if os.environ.get("GRAPHBRIDGE_MEGATRON_CORE_SITE"):
-    sys.path[:0] = os.environ["GRAPHBRIDGE_MEGATRON_CORE_SITE"].split(os.pathsep)
+if os.environ.get("GRAPHBRIDGE_MEGATRON_CORE_PATH"):
+    sys.path[:0] = os.environ["GRAPHBRIDGE_MEGATRON_CORE_PATH"].split(os.pathsep)
 
 BOTH_ACCEPT, BOTH_REFUSE, OURS_ONLY, MEGATRON_ONLY = "both accept", "both refuse", "graphbridge refuses", \
     "megatron-core refuses"
