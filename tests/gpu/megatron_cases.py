@@ -43,7 +43,7 @@ FROZEN_GAP = 20 * LOCAL_LAYER_TOLERANCE
 
 
 @dataclass(frozen=True)
-class Case:
+class TrainingCase:
     recipe: str
     cuda_graph: str
     extra: Tuple[str, ...] = ()
@@ -54,9 +54,9 @@ class Case:
                 LR_WARMUP) + self.extra
 
     @property
-    def eager(self) -> "Case":
+    def eager(self) -> "TrainingCase":
         """The eager run of the same model (the same model.* overrides) and default training settings."""
-        return Case(self.recipe, "none", tuple(o for o in self.extra if o.startswith("model.")))
+        return TrainingCase(self.recipe, "none", tuple(o for o in self.extra if o.startswith("model.")))
 
     @property
     def tolerance(self) -> float:
@@ -76,17 +76,19 @@ DROP_AND_PAD = ("model.moe_token_dispatcher_type=alltoall", "model.moe_expert_ca
                 "model.moe_pad_expert_input_to_capacity=true")
 MOE_RECIPES = ("qwen/tiny", "deepseek/tiny")
 CASES = (
-    [Case("llama/tiny", choice) for choice in DENSE_TE]
-    + [Case("llama/tiny", "full_iteration", (OPTIMIZER_IN_GRAPH,))]
-    + [Case("llama/tiny", choice, (LOCAL_SPEC,)) for choice in ("none", "full_iteration", "local_layer")]
-    + [Case("llama/tiny", "full_iteration", (LOCAL_SPEC, OPTIMIZER_IN_GRAPH))]
-    + [Case(recipe, choice) for recipe in MOE_RECIPES for choice in ("none", "te_attn_moe_router", "te_moe_router")]
-    + [Case(recipe, choice, DROP_AND_PAD) for recipe in MOE_RECIPES for choice in ("full_iteration", "local_layer")]
+    [TrainingCase("llama/tiny", choice) for choice in DENSE_TE]
+    + [TrainingCase("llama/tiny", "full_iteration", (OPTIMIZER_IN_GRAPH,))]
+    + [TrainingCase("llama/tiny", choice, (LOCAL_SPEC,)) for choice in ("none", "full_iteration", "local_layer")]
+    + [TrainingCase("llama/tiny", "full_iteration", (LOCAL_SPEC, OPTIMIZER_IN_GRAPH))]
+    + [TrainingCase(recipe, choice) for recipe in MOE_RECIPES
+       for choice in ("none", "te_attn_moe_router", "te_moe_router")]
+    + [TrainingCase(recipe, choice, DROP_AND_PAD) for recipe in MOE_RECIPES
+       for choice in ("full_iteration", "local_layer")]
 )
-FROZEN = Case("llama/tiny", "none", ("optimizer.lr=0.0", "optimizer.min_lr=0.0"))
+FROZEN = TrainingCase("llama/tiny", "none", ("optimizer.lr=0.0", "optimizer.min_lr=0.0"))
 
 
-def skip_reason(case: Case):
+def skip_reason(case: TrainingCase):
     if not torch.cuda.is_available():
         return "needs CUDA"
     if LOCAL_SPEC not in case.extra and not HAVE_TE:
@@ -99,7 +101,7 @@ def skip_reason(case: Case):
     return None
 
 
-def run_job(case: Case, directory: Path, master_port: int) -> dict:
+def run_job(case: TrainingCase, directory: Path, master_port: int) -> dict:
     out = job_file(case, directory)
     command = [sys.executable, "-m", "tests.gpu.megatron_job", str(out), str(STEPS), *case.overrides]
     # One port each: concurrent jobs picking free ports themselves can pick the same one.
@@ -110,7 +112,7 @@ def run_job(case: Case, directory: Path, master_port: int) -> dict:
     return json.loads(out.read_text())
 
 
-def job_file(case: Case, directory: Path) -> Path:
+def job_file(case: TrainingCase, directory: Path) -> Path:
     """Where the job of ``case`` writes its record: a file name made of the case."""
     return directory / (str(case).replace("/", "_").replace(" ", "__").replace("=", "-") + ".json")
 
@@ -124,7 +126,7 @@ def max_loss_difference(result: dict, other: dict) -> float:
     return max(abs(a - b) for a, b in zip(result["losses"], other["losses"]))
 
 
-def assert_captured_and_replayed(case: Case, result: dict, expected_graphs: Optional[int] = None) -> None:
+def assert_captured_and_replayed(case: TrainingCase, result: dict, expected_graphs: Optional[int] = None) -> None:
     assert len(result["capture_steps"]) == 1, result["capture_steps"]
     capture = result["capture_steps"][0]
     counts, replays = result["graph_counts"], result["replays"]
@@ -136,7 +138,7 @@ def assert_captured_and_replayed(case: Case, result: dict, expected_graphs: Opti
         assert counts[-1] == expected_graphs
 
 
-def assert_matches_eager(case: Case, result: dict, eager: dict) -> None:
+def assert_matches_eager(case: TrainingCase, result: dict, eager: dict) -> None:
     # Graph machinery is set up after the model, so every impl starts from the same weights and data.
     assert result["weights_sha256"] == eager["weights_sha256"]
     assert result["losses"][0] == pytest.approx(eager["losses"][0], abs=1e-6)

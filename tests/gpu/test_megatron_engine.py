@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.gpu.megatron_cases import (
-    CASES, CONCURRENT_JOBS, FIRST_PORT, FROZEN, FROZEN_GAP, LOCAL_SPEC, STEPS, Case, assert_captured_and_replayed,
-    assert_matches_eager, assert_memory_flat, max_loss_difference, run_job, skip_reason,
+    CASES, CONCURRENT_JOBS, FIRST_PORT, FROZEN, FROZEN_GAP, LOCAL_SPEC, STEPS, TrainingCase,
+    assert_captured_and_replayed, assert_matches_eager, assert_memory_flat, max_loss_difference, run_job, skip_reason,
 )
 
 pytestmark = pytest.mark.gpu
@@ -26,7 +26,7 @@ def jobs(request, tmp_path_factory):
     wanted = set()
     for item in request.session.items:
         case = getattr(item, "callspec", None) and item.callspec.params.get("case")
-        if isinstance(case, Case) and skip_reason(case) is None:
+        if isinstance(case, TrainingCase) and skip_reason(case) is None:
             wanted |= {case, case.eager}
     directory = tmp_path_factory.mktemp("megatron_jobs")
     wanted = sorted(wanted, key=str)
@@ -35,7 +35,7 @@ def jobs(request, tmp_path_factory):
         return dict(zip(wanted, results))
 
 
-def result_of(jobs, case: Case) -> dict:
+def result_of(jobs, case: TrainingCase) -> dict:
     result = jobs[case]
     assert "error" not in result, result.get("error")
     return result

@@ -24,8 +24,8 @@ import pytest
 import torch
 
 from tests.gpu.megatron_cases import (
-    DROP_AND_PAD, HAVE_TE, ROOT, STEPS, Case, assert_captured_and_replayed, assert_matches_eager, job_environment,
-    job_file, skip_reason,
+    DROP_AND_PAD, HAVE_TE, ROOT, STEPS, TrainingCase, assert_captured_and_replayed, assert_matches_eager,
+    job_environment, job_file, skip_reason,
 )
 
 GPUS = 2
@@ -54,19 +54,19 @@ LAYOUTS = {
 
 def layout_cases(name: str):
     recipe, layout, choices = LAYOUTS[name]
-    return [Case(recipe, choice, layout) for choice in choices]
+    return [TrainingCase(recipe, choice, layout) for choice in choices]
 
 
 CASES = [case for name in LAYOUTS for case in layout_cases(name)]
 CASE_IDS = {case: f"{name}-{case.cuda_graph}" for name in LAYOUTS for case in layout_cases(name)}
 
 
-def eager_of(case: Case) -> Case:
-    """The same layout and model without graphs (Case.eager keeps only model.* overrides)."""
-    return Case(case.recipe, "none", case.extra)
+def eager_of(case: TrainingCase) -> TrainingCase:
+    """The same layout and model without graphs (TrainingCase.eager keeps only model.* overrides)."""
+    return TrainingCase(case.recipe, "none", case.extra)
 
 
-def expected_graphs(case: Case):
+def expected_graphs(case: TrainingCase):
     """Graphs per rank on llama/tiny (8 layers): one for the whole iteration; else one per layer
     of this rank, and under pipeline parallelism one per layer and microbatch."""
     if case.recipe != "llama/tiny":
@@ -78,7 +78,7 @@ def expected_graphs(case: Case):
     return 8
 
 
-def run_torchrun_job(case: Case, directory: Path, port: int) -> dict:
+def run_torchrun_job(case: TrainingCase, directory: Path, port: int) -> dict:
     out = job_file(case, directory)
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={GPUS}",
                "--master-addr=127.0.0.1", f"--master-port={port}",
@@ -95,7 +95,7 @@ def multigpu_jobs(request, tmp_path_factory):
     wanted = set()
     for item in request.session.items:
         case = getattr(item, "callspec", None) and item.callspec.params.get("case")
-        if isinstance(case, Case) and case in CASE_IDS and skip_reason(case) is None:
+        if isinstance(case, TrainingCase) and case in CASE_IDS and skip_reason(case) is None:
             wanted |= {case, eager_of(case)}
     directory = tmp_path_factory.mktemp("multigpu_jobs")
     wanted = sorted(wanted, key=str)
@@ -105,7 +105,7 @@ def multigpu_jobs(request, tmp_path_factory):
         return dict(zip(wanted, results))
 
 
-def ranks_of(jobs, case: Case) -> list:
+def ranks_of(jobs, case: TrainingCase) -> list:
     result = jobs[case]
     assert "error" not in result, result.get("error")
     return result["ranks"]
