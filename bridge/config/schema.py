@@ -306,6 +306,11 @@ class ModelConfig:
     """megatron-core 0.19's inference CUDA-graph owner: layer or block for local, none for every
     other impl; None is that release's default for the impl (layer for local, else none).
     megatron-core 0.16.1 has no such field."""
+    moe_pad_experts_for_cuda_graph_inference: bool = False
+    """megatron-core 0.19's switch for MoE decoding under CUDA graphs: drop-and-pad routing at a
+    capacity no expert can exceed, so the decode step has no host sync (its inference engine requires
+    it for local graphs with expert parallelism). Training never reads it; graphbridge passes it on.
+    megatron-core 0.16.1 has no such field."""
     cuda_graph_warmup_steps: int = 3
     """Eager steps before capture (megatron-core's local graphs capture during the first step instead)."""
     cuda_graph_use_single_mempool: bool = False

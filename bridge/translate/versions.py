@@ -59,13 +59,15 @@ class MegatronCoreRelease:
 
 
 INFERENCE_SCOPE = "model.inference_cuda_graph_scope"
+INFERENCE_EXPERT_PADDING = "model.moe_pad_experts_for_cuda_graph_inference"
 LEGACY_GROUPED_GEMM = "model.moe_use_legacy_grouped_gemm"
 
 RELEASES: Dict[str, MegatronCoreRelease] = {release.version: release for release in (
     MegatronCoreRelease(
         version="0.16.1", python=(3, 11), extra="mcore016", te_extra="te016", transformer_engine=("2.9", "2.12"),
         tested_transformer_engine="2.10.0",
-        carriers={"model.cuda_graph_modules": "cuda_graph_scope", INFERENCE_SCOPE: None},
+        carriers={"model.cuda_graph_modules": "cuda_graph_scope", INFERENCE_SCOPE: None,
+                  INFERENCE_EXPERT_PADDING: None},
         full_iteration=("local", ("full_iteration",)),
         inference_scopes={},
         differences=(

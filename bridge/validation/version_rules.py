@@ -35,7 +35,8 @@ def _value(cfg: GraphBridgeConfig, dotted: str):
 
 @rule("version_fields",
       rejects="a value for a field the target megatron-core release does not have "
-              "(`model.inference_cuda_graph_scope` before 0.19, `model.moe_use_legacy_grouped_gemm` from 0.19 on)",
+              "(`model.inference_cuda_graph_scope` and `model.moe_pad_experts_for_cuda_graph_inference` before 0.19, "
+              "`model.moe_use_legacy_grouped_gemm` from 0.19 on)",
       fix="drop it (its default), or plan for a release that has it (`plan.megatron_core=...`)")
 def version_fields(cfg, target):
     row = release(target.megatron_core)
