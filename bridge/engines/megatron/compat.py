@@ -7,10 +7,15 @@ How each release spells the config is translation's business (bridge.translate.v
 - FullCudaGraphWrapper takes ``use_single_mempool`` (the config's cuda_graph_use_single_mempool);
 - the local graphs' TensorReusePool is gone, and CudaGraphManager's inference lookup table is named
   ``custom_cudagraphs_lookup_table``;
-- the per-layer module list lives in ``cuda_graph_modules`` (``cuda_graph_scope`` before).
+- the per-layer module list lives in ``cuda_graph_modules`` (``cuda_graph_scope`` before);
+- the local graphs keep a layer's boundary buffers alive from forward to backward only when the
+  eager first step saw them saved for backward (native_saves_observed says why that needs help).
 """
 
-from typing import Dict, List
+from contextlib import nullcontext
+from typing import ContextManager, Dict, List
+
+import torch
 
 from megatron.core import __version__ as MEGATRON_CORE_VERSION
 from megatron.core.transformer import cuda_graphs
@@ -62,3 +67,28 @@ def tensor_reuse_pool_is_empty() -> bool:
         return True
     pool = cuda_graphs.TensorReusePool
     return not pool.tensor_strong_refs and not pool.pool
+
+
+def native_saves_observed() -> ContextManager:
+    """While megatron-core 0.19 records the local graphs' first step, also tag the tensors native
+    autograd ops save for backward.
+
+    0.19 releases a layer graph's input and output buffers to the graph pool after capture unless
+    the recording step saw them saved for backward, and it sees only saves made by Python autograd
+    Functions (it patches FunctionCtx.save_for_backward). Native ops save in C++: megatron-core's
+    local layer spec starts each layer with torch's RMSNorm, so a layer's input buffer was released,
+    reused by later graphs and read back corrupted by the backward graph (on an H100 the graphed
+    losses left eager's by 1.4 within 8 steps; Transformer Engine's layers save through Python and
+    trained right). A saved-tensors hook tags those saves the same way, only while megatron-core's
+    own observer is on.
+    """
+    if not SINCE_0_19:
+        return nullcontext()
+    record = cuda_graphs._CudagraphGlobalRecord
+
+    def tag(tensor):
+        if record._saved_tensors_observer is not None:
+            cuda_graphs._tag_cudagraph_buffer_saved_for_backward(tensor)
+        return tensor
+
+    return torch.autograd.graph.saved_tensors_hooks(tag, lambda tensor: tensor)

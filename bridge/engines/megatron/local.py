@@ -12,13 +12,15 @@ graphs exist) and, in 0.16.1, leaves the reuse pool's strong references alive; `
 the runners' graphs itself, then resets the global record, mempool and buffer pool.
 """
 
+from contextlib import nullcontext
 from typing import Callable, List, Optional, Set
 
 import torch
 from megatron.core.transformer import cuda_graphs
 from megatron.core.transformer.cuda_graphs import CudaGraphManager, _CudagraphGlobalRecord
 
-from bridge.engines.megatron.compat import clear_manager_lookup, reset_tensor_reuse_pool, tensor_reuse_pool_is_empty
+from bridge.engines.megatron.compat import (clear_manager_lookup, native_saves_observed, reset_tensor_reuse_pool,
+                                           tensor_reuse_pool_is_empty)
 from bridge.engines.megatron.lifecycle import FirstStep
 
 
@@ -34,7 +36,11 @@ class LocalLayerGraphs:
         self.first_step = FirstStep()
 
     def wrap(self, forward_backward_func: Callable) -> Callable:
-        return forward_backward_func
+        def step(**kwargs):
+            # The first step records (and ends by capturing); later steps replay without the hook.
+            with native_saves_observed() if not _CudagraphGlobalRecord.cudagraph_created else nullcontext():
+                return forward_backward_func(**kwargs)
+        return step
 
     def before_step(self, step: int) -> None:
         self.first_step.see(step)
