@@ -26,6 +26,8 @@ STRICTER = {
     "mlp_needs_dense_layers": "as above",
     "flex_dispatcher": "megatron-core refuses at model build (token dispatcher), which one CPU process cannot reach",
     "transformer_engine": "this machine has no Transformer Engine: megatron-core builds it on a machine that has",
+    "ep_overlap_local_graphs": "0.19 builds it, but its EP-overlap schedule runs each layer's parts past the layer's "
+                               "CudaGraphManager: the local graphs would capture nothing",
     "version_fields": "a value for a field the target release lacks (0.19 has no moe_use_legacy_grouped_gemm): "
                       "the translation would have to drop what the user set",
 }
