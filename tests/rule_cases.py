@@ -285,8 +285,6 @@ RULE_CASES.update({
     "ep_overlap_moe_recompute": (Case({**EP_OVERLAP, "model.recompute_modules": ["moe"]}, megatron=True, machine=V19),
                                  Case({**EP_OVERLAP, "model.recompute_modules": ["core_attn"]}, megatron=True,
                                       machine=V19)),
-    "local_graphs_local_spec": (Case({**local(), "model.transformer_impl": "local"}, machine=V19),
-                                Case({**local(), "model.transformer_impl": "transformer_engine"}, machine=V19)),
     "cpu_offloading_layer_graphs": (Case({**te("attn"), "model.cpu_offloading": True}, megatron=True, machine=V19),
                                     Case({**FULL_ITERATION, "model.cpu_offloading": True}, megatron=True,
                                          machine=V19)),

@@ -161,16 +161,3 @@ def delay_wgrad_legacy_gemm(cfg, target):
         )
     return None
 
-
-@rule("local_graphs_local_spec", engine="megatron", megatron_core=">=0.19",
-      rejects="local per-layer graphs (`cuda_graph_impl=local`) on megatron-core's local layer spec, from 0.19 on: "
-              "measured on an H100 with 0.19.2, losses leave eager's after the first step (by 1.4 in 8 steps)",
-      fix="`model.transformer_impl=transformer_engine`, or `cuda_graph=full_iteration`")
-def local_graphs_local_spec(cfg, target):
-    if impl_of(cfg) == LOCAL and cfg.model.transformer_impl == "local":
-        return violation(
-            "local_graphs_local_spec", [IMPL, "model.transformer_impl", "plan.megatron_core"],
-            f"cuda_graph_impl=local with model.transformer_impl=local trains wrong on megatron-core "
-            f"{target.megatron_core} (graphed losses diverge from eager's; measured on 0.19.2); set "
-            "model.transformer_impl=transformer_engine, use cuda_graph=full_iteration, or plan for 0.16.1")
-    return None
