@@ -69,8 +69,15 @@ class StepProfiler:
 
 def gpu_busy_us(profile: torch.profiler.profile) -> float:
     """Microseconds in which the GPU ran anything during a finished profile."""
-    return busy_time_us([(event.time_range.start, event.time_range.end) for event in profile.events()
-                         if event.device_type == DeviceType.CUDA])
+    return busy_time_us(device_work_intervals(profile.events()))
+
+
+def device_work_intervals(events) -> List[Tuple[float, float]]:
+    """The [start, end) of every kernel, copy and memset among profiler events. Ranges named with
+    record_function (the trainer's "step N") also appear on the GPU timeline, as user annotations
+    spanning the first to the last kernel of the range, idle gaps included: they are not work."""
+    return [(event.time_range.start, event.time_range.end) for event in events
+            if event.device_type == DeviceType.CUDA and not event.is_user_annotation]
 
 
 def busy_time_us(intervals: List[Tuple[float, float]]) -> float:

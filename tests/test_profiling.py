@@ -6,7 +6,11 @@ import json
 
 import pytest
 
-from bridge.profiling import busy_time_us
+from types import SimpleNamespace
+
+from torch.autograd import DeviceType
+
+from bridge.profiling import busy_time_us, device_work_intervals
 from bridge.trainer import Trainer
 
 
@@ -18,6 +22,20 @@ from bridge.trainer import Trainer
 ])
 def test_gpu_busy_time_is_the_union_of_device_intervals(intervals, expected):
     assert busy_time_us(intervals) == expected
+
+
+def profiler_event(device_type, start, end, annotation=False):
+    return SimpleNamespace(device_type=device_type, is_user_annotation=annotation,
+                           time_range=SimpleNamespace(start=start, end=end))
+
+
+def test_gpu_work_is_kernels_and_copies_not_the_step_annotations():
+    """The trainer's record_function("step N") shows on the GPU timeline as a user annotation that
+    spans its kernels and the gaps between them: counted, a launch-bound step read as over 100 % busy."""
+    events = [profiler_event(DeviceType.CPU, 0, 100), profiler_event(DeviceType.CUDA, 10, 20),
+              profiler_event(DeviceType.CUDA, 50, 55), profiler_event(DeviceType.CUDA, 5, 95, annotation=True)]
+    assert device_work_intervals(events) == [(10, 20), (50, 55)]
+    assert busy_time_us(device_work_intervals(events)) == 15
 
 
 def test_profiled_steps_are_traced_and_left_out_of_step_times(read_result, small_config, write_job, tmp_path):
