@@ -81,9 +81,23 @@ def gpu_count(cfg, target):
         return violation(
             "gpu_count", ["train.num_gpus", "model.expert_model_parallel_size"],
             f"EP x ETP = {model.expert_model_parallel_size * expert_tp} must divide the "
-            f"{expert_world} GPUs of a pipeline stage; change model.expert_model_parallel_size",
+            f"{expert_world} GPUs of a pipeline stage; {expert_parallel_fix(model, expert_world, expert_tp)}",
         )
     return None
+
+
+def expert_parallel_fix(model, expert_world: int, expert_tp: int) -> str:
+    """The override(s) that fit the experts onto a pipeline stage's GPUs: the largest expert-parallel size
+    that divides them and the experts, and the dispatcher that works there (flex needs TP x EP > 1)."""
+    experts = model.num_moe_experts or 1
+    fitting = [ep for ep in range(model.expert_model_parallel_size, 0, -1)
+               if expert_world % (ep * expert_tp) == 0 and experts % ep == 0]
+    if not fitting:
+        return "change model.expert_model_parallel_size or model.expert_tensor_parallel_size"
+    fix = f"set model.expert_model_parallel_size={fitting[0]}"
+    if model.moe_token_dispatcher_type == "flex" and fitting[0] * model.tensor_model_parallel_size < 2:
+        fix += " model.moe_token_dispatcher_type=alltoall (the flex dispatcher needs TP x EP > 1)"
+    return fix
 
 
 @rule("node_count",
