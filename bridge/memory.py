@@ -47,7 +47,7 @@ from bridge.translate import padded_vocab_size
 from bridge.validation.model_facts import moe_layer_pattern, recompute_modules
 
 GIB = 2 ** 30
-GPU_MEMORY_GB = {"h100": 80, "b200": 180, "b300": 288, "gb200": 186, "gb300": 288}
+GPU_MEMORY_GB = {"h100": 80, "h200": 141, "b200": 180, "b300": 288, "gb200": 186, "gb300": 288}
 """Memory of each preset GPU in GB (10^9 bytes), as NVIDIA specifies it."""
 USABLE_FRACTION = 0.9
 """What a job may plan to allocate: the rest is the CUDA context, NCCL buffers, fragmentation."""

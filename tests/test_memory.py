@@ -74,3 +74,12 @@ def test_the_plan_says_whether_it_fits(cli, tmp_path):
     memory = json.loads(squeezed.stdout)["memory"]
     assert memory["fits"] is False and memory["capacity_gib"] == pytest.approx(GPU_MEMORY_GB["h100"] * 1e9 / 2**30)
     assert memory["total_gib"] > 0.9 * memory["capacity_gib"]
+
+
+def test_h200_plans_a_recipe_with_its_h100_preset_against_141_gb(cli, tmp_path):
+    result = cli("mode=plan", "plan.format=json", "recipe=llama/llama3_70b", "gpu=h200", "precision=fp8_cs", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["valid"] and plan["config"]["workload"]["gpu"] == "h200"
+    assert plan["config"]["model"]["pipeline_model_parallel_size"] == 8   # the H100 FP8 preset's layout
+    assert plan["memory"]["gpu"] == "h200" and plan["memory"]["capacity_gib"] == pytest.approx(141e9 / 2**30)

@@ -191,8 +191,28 @@ def prepared(composed):
 
 
 def test_preset_files_are_exactly_the_reference_rows():
-    found = {(recipe, gpu, precision) for recipe in recipe_names() for gpu, precision in presets(recipe)}
+    found = {(recipe, gpu, precision) for recipe in recipe_names() for gpu, precision in presets(recipe)
+             if gpu != "h200"}
     assert found == set(ROWS)
+
+
+def test_every_h100_preset_has_an_h200_twin_that_differs_only_in_the_gpu(composed):
+    """Bridge v0.3.1 has no H200 presets: gpu=h200 takes the recipe's H100 preset as it is."""
+    by_gpu = {gpu: {(recipe, precision) for recipe, g, precision in composed if g == gpu} for gpu in ("h100", "h200")}
+    assert by_gpu["h100"] and by_gpu["h200"] == by_gpu["h100"]
+    for recipe, precision in sorted(by_gpu["h100"]):
+        h100, h200 = (OmegaConf.to_container(composed[(recipe, gpu, precision)]) for gpu in ("h100", "h200"))
+        assert (h100["workload"].pop("gpu"), h200["workload"].pop("gpu")) == ("h100", "h200")
+        assert h200 == h100, recipe
+
+
+@pytest.mark.parametrize("key, connections", [
+    (("llama/llama3_8b", "h100", "bf16"), "1"),   # CP 2: communication kernels in issue order
+    (("qwen/qwen3_30b_a3b", "h200", "bf16"), "32"),   # the flex dispatcher's streams
+    (("llama/llama3_70b", "b200", "bf16"), "32"),   # Blackwell: always 32
+])
+def test_a_presets_stream_connections_win_over_the_gpus(composed, key, connections):
+    assert composed[key].env_vars.CUDA_DEVICE_MAX_CONNECTIONS == connections
 
 
 @pytest.mark.parametrize("key", sorted(ROWS), ids="-".join)

@@ -426,7 +426,7 @@ class WorkloadConfig:
     task: str = "pretrain"
     """pretrain, sft or lora: the Bridge task of the recipe."""
     gpu: Optional[str] = None
-    """h100, b200, b300, gb200 or gb300; None when the recipe has no preset."""
+    """h100, h200 (the H100 presets), b200, b300, gb200 or gb300; None when the recipe has no preset."""
     precision: Optional[str] = None
     """The preset's precision key (bf16, fp8_cs, fp8_mx, fp8_sc, nvfp4)."""
     preset_num_gpus: Optional[int] = None
