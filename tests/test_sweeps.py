@@ -59,7 +59,7 @@ def read_summary(sweep_dir: Path):
 
 
 @pytest.mark.slow
-def test_cpu_multirun_ends_with_a_summary_of_every_job_and_a_failing_status(cli, tmp_path):
+def test_cpu_multirun_ends_with_a_summary_of_every_job_and_a_failing_status(cli, report_cli, tmp_path):
     sweep_dir = tmp_path / "sweep"
     # One warmup step leaves two timed steps of the three: enough for a median, flagged as noisy.
     # full_iteration's three warmup steps leave no replay in three steps: refused, and the sweep goes on.
@@ -71,6 +71,16 @@ def test_cpu_multirun_ends_with_a_summary_of_every_job_and_a_failing_status(cli,
     assert rows[0]["status"] == "completed" and rows[0]["speedup"] == "1.0"
     assert rows[1]["status"] == "invalid" and "[warmup_steps]" in rows[1]["note"]
     assert "timed steps (< 30): noisy" in rows[0]["note"]
+    # A job that fails (a NaN loss here): exit 1, after its report. Its sweep lies inside the first one's
+    # directory, and each report keeps to its own sweep.
+    inner = sweep_dir / "inner"
+    failed = cli("-m", *TINY, "engine=torch", "train.train_iters=2", "perf.inject_nan_at_step=0",
+                 f"hydra.sweep.dir={inner}", cwd=tmp_path)
+    assert failed.returncode == 1, failed.stderr
+    assert [row["status"] for row in read_summary(inner)] == ["failed"]
+    again = report_cli(str(sweep_dir), cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert [row["job"] for row in read_summary(sweep_dir)] == ["0", "1"]
 
 
 def test_a_sweep_of_good_jobs_exits_0(cli, tmp_path):
