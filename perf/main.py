@@ -7,6 +7,7 @@ works anywhere.
 """
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -55,7 +56,7 @@ def app(composed: DictConfig) -> None:
         sys.exit(INVALID)
     report_violations(plan)
     if plan.config.mode == Mode.plan:  # the plan itself carries its notes
-        print(plan.to_json() if plan.config.plan.format == PlanFormat.json else plan.to_text())
+        show(plan.to_json() if plan.config.plan.format == PlanFormat.json else plan.to_text())
         code = 0 if plan.valid else INVALID
     elif not plan.runnable_here:
         if multirun:  # the sweep's summary lists every job; a single run leaves nothing (perf/outputs.py)
@@ -67,6 +68,15 @@ def app(composed: DictConfig) -> None:
         code = run_job(plan.config, job_dir, job, job_log=job_log_path())
     if code and not multirun:  # a sweep records the failure and goes on with its other jobs
         sys.exit(code)
+
+
+def show(text: str) -> None:
+    """Print the plan; a reader that stops early (``| head``) is no error and no traceback."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # Python would fail again flushing stdout at exit: the rest goes nowhere, the exit status stays.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def report_violations(plan) -> None:
