@@ -131,14 +131,20 @@ def test_with_another_swept_key_each_job_is_compared_with_the_eager_job_of_its_o
     assert rows[4]["note"] == "no eager job with the same other overrides"
 
 
-def test_a_graph_choice_that_ran_eagerly_shows_no_speedup_anywhere(tmp_path):
+def test_a_graph_choice_that_ran_eagerly_shows_no_speedup_anywhere(tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+
     sweep = tmp_path / "sweep"
     add_job(sweep, 0, "te_attn", median=8.8, effective_impl="none")  # an eager time: no speedup to claim
     add_job(sweep, 1, "none", median=10.0, effective_impl="none")
     summary = build_summary(sweep)
     assert [row["baseline_job"] for row in summary.rows] == ["1", "1"]
     assert summary.rows[0]["speedup"] is None and "ran eagerly" in summary.rows[0]["note"]
+    drawn, annotate = [], Axes.annotate  # the PNG's bar labels, as they are drawn
+    monkeypatch.setattr(Axes, "annotate", lambda axis, text, *args, **kwargs: (
+        drawn.append(text), annotate(axis, text, *args, **kwargs))[1])
     write_summary(summary)
+    assert drawn[:2] == ["ran eagerly", "baseline"] and not any("×" in text for text in drawn)
     fallback = next(line for line in (sweep / "summary.md").read_text().splitlines() if "| te_attn |" in line)
     assert "ran eagerly" in fallback and "×" not in fallback
     assert read_rows(sweep)[0]["speedup"] == ""
