@@ -278,7 +278,7 @@ FLAGS: List[Flag] = [
     mapped(["--profiling_gpu_metrics"], PROFILE, "-> perf.nsys_extra_args += --gpu-metrics-devices=all",
            action="store_true"),
     mapped(["--nsys_trace"], PROFILE, "comma list -> perf.nsys_trace (nsys --trace)", type=comma_list),
-    mapped(["--nsys_extra_args"], PROFILE, "comma list -> perf.nsys_extra_args (more `nsys profile` arguments)",
+    mapped(["--nsys_extra_args"], PROFILE, "comma list -> perf.nsys_extra_args: these, then its defaults (as Bridge)",
            type=comma_list),
     refused(["--profiling_ranks"], PROFILE,
             "perf.nsys traces every rank of the job and perf.profile rank 0; drop the flag", type=comma_ints),

@@ -11,7 +11,7 @@ from typing import Any, Dict, List
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
-from bridge.config.schema import CudaGraphImpl, GraphBridgeConfig
+from bridge.config.schema import CudaGraphImpl, GraphBridgeConfig, PerfConfig
 from bridge.overrides import set_cuda_graph_overrides
 from bridge.recipes import recipe_names
 from perf.bridge_flags import VALID_CUDA_GRAPH_SCOPES
@@ -145,8 +145,10 @@ def _profiling(given: Given) -> List[str]:
     extra = list(given.get("nsys_extra_args", []))
     if given.get("profiling_gpu_metrics"):
         extra.append("--gpu-metrics-devices=all")
-    if extra:
-        overrides.append(f"perf.nsys_extra_args={value_text(extra)}")
+    if extra:  # as in Bridge: the user's arguments first, then the launcher's defaults the user did not set
+        given_options = {argument.split("=")[0] for argument in extra}
+        defaults = [argument for argument in PerfConfig().nsys_extra_args if argument.split("=")[0] not in given_options]
+        overrides.append(f"perf.nsys_extra_args={value_text(extra + defaults)}")
     return overrides
 
 

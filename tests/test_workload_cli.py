@@ -90,7 +90,8 @@ FLAG_CASES = [
     (["--profiling_stop_step", "12"], ["perf.profile_start_step=10", "perf.profile_steps=2"]),
     (["--nsys_trace", "cuda,nvtx,osrt"], ["perf.nsys_trace=['cuda','nvtx','osrt']"]),
     (["--nsys_extra_args=--cuda-graph-trace=node", "--profiling_gpu_metrics"],
-     ["perf.nsys_extra_args=['--cuda-graph-trace=node','--gpu-metrics-devices=all']"]),
+     ["perf.nsys_extra_args=['--cuda-graph-trace=node','--gpu-metrics-devices=all','--sample=none',"
+      "'--cuda-event-trace=false']"]),
     (["--cuda_graph_impl", "none"], ["model.cuda_graph_impl=none"]),
     (["--cuda_graph_impl", "local"], ["model.cuda_graph_impl=local"]),
     # No scope: the recipe's modules stay (Bridge v0.3.1 crashes here).
@@ -218,7 +219,8 @@ def test_flags_come_after_the_trailing_overrides_wherever_they_are_typed():
          {"env_vars": {"GREETING": "it's ${HOME}", "EMPTY": ""}}),
         (["-pyp", "true", "--profiling_start_step", "3", "--profiling_stop_step", "5", "--profiling_gpu_metrics"],
          {"perf.profile": True, "perf.profile_start_step": 3, "perf.profile_steps": 2,
-          "perf.nsys_extra_args": ["--gpu-metrics-devices=all"]}),
+          "perf.nsys_extra_args": ["--gpu-metrics-devices=all", "--sample=none", "--cuda-graph-trace=node",
+                                   "--cuda-event-trace=false"]}),
         (["--use_tokendrop", "false", "model.moe_expert_capacity_factor=2.0"],
          {"model.moe_expert_capacity_factor": None, "model.moe_router_force_load_balancing": True}),
     ],
