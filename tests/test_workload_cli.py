@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import bridge
-from perf.bridge_flags import FLAGS
+from perf.bridge_flags import FLAGS, VALID_CUDA_GRAPH_SCOPES
 from perf.workload import build_parser, flags_to_overrides
 
 WORKLOAD = str(Path(sys.executable).with_name("graphbridge-workload"))
@@ -154,6 +154,26 @@ def test_the_tables_cover_every_flag_of_the_parser():
     refused = {name for flag in FLAGS if flag.refusal for name in flag.names}
     assert options - covered - refused == {"-h", "--help"}
     assert set(REFUSED_CASES) == {flag.label for flag in FLAGS if flag.refusal}
+
+
+# Recorded from Bridge's own parser by scripts/bridge_flags_fixture.py.
+BRIDGE_FLAGS = json.loads((Path(__file__).parent / "fixtures" / "megatron_bridge_v0.3.1_flags.json").read_text())
+OWN_CHOICES = {"--domain": {"vlm"}, "--gpu": {"h200"}}
+"""Choices graphbridge differs in on purpose: no vision-language recipes (a refused value); h200 is its own."""
+
+
+def test_every_flag_of_bridges_parser_by_its_real_names_kind_and_choices():
+    ours = {flag.names: flag for flag in FLAGS}
+    assert set(ours) == {tuple(bridge["names"]) for bridge in BRIDGE_FLAGS["flags"]}
+    checked_in_a_type_function = {"--cuda_graph_impl": BRIDGE_FLAGS["cuda_graph_impls"]}
+    for bridge in BRIDGE_FLAGS["flags"]:
+        flag = ours[tuple(bridge["names"])]
+        assert flag.parse.get("action", "store") == bridge["action"], flag.label
+        assert flag.parse.get("nargs") == (None if bridge["action"] == "store_true" else bridge["nargs"]), flag.label
+        choices = bridge["choices"] or checked_in_a_type_function.get(bridge["names"][-1]) or ()
+        differ = set(flag.parse.get("choices") or ()) ^ set(choices)
+        assert differ == OWN_CHOICES.get(bridge["names"][-1], set()), flag.label
+    assert VALID_CUDA_GRAPH_SCOPES == BRIDGE_FLAGS["cuda_graph_scopes"]
 
 
 @pytest.mark.parametrize("label", sorted(REFUSED_CASES))
