@@ -9,9 +9,9 @@ those of another sweep whose directory lies inside it, nor a single run made the
 is no sweep's (a date directory holding several) is refused, naming the sweeps. Jobs that failed,
 were refused, never wrote a result or left one that cannot be read stay in the table as rows with
 their status and blank measurements; a job that asked for graphs but ran eagerly (no CUDA device)
-gets no speedup. With
-perf.profile=true the eager job's GPU-busy fraction says what graphs can buy: a launch-bound step
-(GPU idle between kernels) gains up to 1/busy, a compute-bound one (busy >= 90 %) about nothing.
+gets no speedup. With perf.profile=true the eager job's GPU-busy fraction says what graphs can buy:
+a launch-bound step (GPU idle between kernels) gains up to 1/busy, a compute-bound one (busy >= 90 %)
+about nothing.
 """
 
 import argparse
@@ -93,13 +93,14 @@ def is_job(directory: Path) -> bool:
 
 def job_dirs(directory: Path, top: bool = True) -> List[Path]:
     """The job directories of one sweep: never below a job (its ranks/, tensorboard/), in another sweep's
-    directory (its own multirun.yaml) or in a single run Hydra made there (hydra.mode RUN)."""
+    directory (its own multirun.yaml), in a single run Hydra made there (hydra.mode RUN) or behind a link."""
     if not top and ((directory / SWEEP_RECORD).is_file() or _single_run(directory)):
         return []
     if is_job(directory):
         return [directory]
     try:
-        children = sorted(child for child in directory.iterdir() if child.is_dir() and not child.name.startswith("."))
+        children = sorted(child for child in directory.iterdir()
+                          if child.is_dir() and not child.is_symlink() and not child.name.startswith("."))
     except OSError:
         return []
     return [job for child in children for job in job_dirs(child, top=False)]
@@ -292,7 +293,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sweeps = sweeps_below(directory)
         listing = f"; it holds {len(sweeps)} sweeps, pass one: {', '.join(map(str, sweeps[:5]))}" if sweeps else ""
         refuse(f"{directory} is not a sweep directory (no {SWEEP_RECORD}, which Hydra writes into each) "
-                     f"nor a job directory{listing}")
+               f"nor a job directory{listing}")
     summary = build_summary(directory)
     if not summary.rows:
         refuse(f"no jobs under {directory}: no result.json and no .hydra/overrides.yaml found")

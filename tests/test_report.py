@@ -277,6 +277,7 @@ def test_a_report_holds_its_own_sweeps_jobs_only(report_cli, tmp_path):
     single = add_job(sweep / "probe", 0, "local_layer", median=6.0).parent  # a single run made here
     (single / "multirun.yaml").unlink()
     (single / "0" / ".hydra" / "hydra.yaml").write_text("hydra:\n  mode: RUN\n")
+    (sweep / "loop").symlink_to(sweep)  # a link back up is not followed
     result = report_cli(str(sweep), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert [(row["job"], row["cuda_graph"]) for row in read_rows(sweep)] == [("0", "none"), ("1", "full_iteration")]
