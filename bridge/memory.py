@@ -35,7 +35,8 @@ The model, per GPU (the pipeline stage with the most layers; bytes per parameter
 
 The estimate is of the peak the PyTorch allocator sees (``result.json``'s
 memory.peak_allocated_gb); the CUDA context, NCCL buffers and fragmentation come on top, so a
-job "fits" when the estimate leaves 10 % of the GPU free. Calibration: tests/test_memory.py.
+job "fits" when the estimate leaves 10 % of the GPU free, is "tight" within that 10 % and "does not
+fit" beyond the GPU. Calibration: tests/test_memory.py, against every row of benchmarks/results/.
 """
 
 import math
@@ -47,7 +48,7 @@ from bridge.translate import padded_vocab_size
 from bridge.validation.model_facts import moe_layer_pattern, recompute_modules
 
 GIB = 2 ** 30
-GPU_MEMORY_GB = {"h100": 80, "b200": 180, "b300": 288, "gb200": 186, "gb300": 288}
+GPU_MEMORY_GB = {"h100": 80, "h200": 141, "b200": 180, "b300": 288, "gb200": 186, "gb300": 288}
 """Memory of each preset GPU in GB (10^9 bytes), as NVIDIA specifies it."""
 USABLE_FRACTION = 0.9
 """What a job may plan to allocate: the rest is the CUDA context, NCCL buffers, fragmentation."""
@@ -77,8 +78,15 @@ class MemoryEstimate:
     def fits(self) -> Optional[bool]:
         return None if self.capacity_gib is None else self.total_gib <= USABLE_FRACTION * self.capacity_gib
 
+    @property
+    def verdict(self) -> Optional[str]:
+        """fits (leaves the headroom), tight (inside the headroom: it may or may not run), does not fit."""
+        if self.capacity_gib is None:
+            return None
+        return "fits" if self.fits else "tight" if self.total_gib <= self.capacity_gib else "does not fit"
+
     def as_dict(self) -> Dict[str, object]:
-        return {**asdict(self), "total_gib": self.total_gib, "fits": self.fits}
+        return {**asdict(self), "total_gib": self.total_gib, "fits": self.fits, "verdict": self.verdict}
 
     def to_text(self) -> str:
         parts = (f"weights {self.weights_gib:.2f} + grads {self.gradients_gib:.2f} + optimizer "
@@ -86,9 +94,11 @@ class MemoryEstimate:
                  f"{self.optimizer_step_gib:.2f}) + graphs {self.graphs_gib:.2f} + workspace {self.workspace_gib:.2f}")
         if self.capacity_gib is None:
             verdict = f"GPU memory unknown (set gpu=<{'|'.join(GPU_MEMORY_GB)}>)"
+        elif self.verdict == "tight":
+            verdict = (f"tight in {self.capacity_gib:.0f} GiB ({self.gpu}): above the {USABLE_FRACTION:.0%} a job "
+                       "can count on, the rest is the CUDA context's, NCCL's and fragmentation's")
         else:
-            verdict = (f"{'fits' if self.fits else 'does not fit'} in {self.capacity_gib:.0f} GiB ({self.gpu}; "
-                       f"{USABLE_FRACTION:.0%} usable)")
+            verdict = f"{self.verdict} in {self.capacity_gib:.0f} GiB ({self.gpu}; {USABLE_FRACTION:.0%} usable)"
         return f"~{self.total_gib:.2f} GiB per GPU = {parts}: {verdict}"
 
 

@@ -134,6 +134,8 @@ class Flag:
     """For a refused flag: why, and what to use instead."""
     keeps: Callable[[Any], bool] = lambda value: False
     """For a refused flag: the values that are already graphbridge's behaviour."""
+    secret: bool = False
+    """A credential: its value is never echoed (the terminal, main.log, a shared screen)."""
 
     @property
     def dest(self) -> str:
@@ -148,8 +150,8 @@ def mapped(names, group, help, **parse) -> Flag:
     return Flag(tuple(names), group, help, parse)
 
 
-def refused(names, group, refusal, keeps=lambda value: False, **parse) -> Flag:
-    return Flag(tuple(names), group, f"refused: {refusal}", parse, refusal, keeps)
+def refused(names, group, refusal, keeps=lambda value: False, secret=False, **parse) -> Flag:
+    return Flag(tuple(names), group, f"refused: {refusal}", parse, refusal, keeps, secret)
 
 
 def is_false(value) -> bool:
@@ -174,7 +176,8 @@ FLAGS: List[Flag] = [
            type=lower_str),
     mapped(["--task"], WORKLOAD, "-> workload.task; sft and lora pick the recipe <mr>_<task>",
            choices=["pretrain", "sft", "lora"]),
-    mapped(["-g", "--gpu"], WORKLOAD, "-> gpu=<preset>", choices=group_options("gpu")),
+    mapped(["-g", "--gpu"], WORKLOAD, "-> gpu=<preset>; h200 is graphbridge's (the H100 presets, 141 GB)",
+           choices=group_options("gpu")),
     mapped(["-c", "--compute_dtype"], WORKLOAD, "-> precision=<preset>", choices=group_options("precision")),
     refused(["-cv", "--config_variant"], WORKLOAD,
             "graphbridge's presets are Bridge's v1 workload configs; pass -cv v1 or set the keys that differ",
@@ -233,7 +236,7 @@ FLAGS: List[Flag] = [
             choices=["NullTokenizer", "HuggingFaceTokenizer", "SentencePieceTokenizer"]),
     refused(["--tokenizer_model"], DATA, "graphbridge uses a null tokenizer over mock data; set --vocab_size"),
     mapped(["--vocab_size"], DATA, "-> model.vocab_size", type=positive_int),
-    refused(["-hf", "--hf_token"], DATA, "graphbridge downloads nothing from Hugging Face; drop the flag"),
+    refused(["-hf", "--hf_token"], DATA, "graphbridge downloads nothing from Hugging Face; drop the flag", secret=True),
 
     mapped(["-a", "--account"], SLURM, "-> hydra.launcher.account"),
     mapped(["-p", "--partition"], SLURM, "-> hydra.launcher.partition"),
@@ -259,7 +262,7 @@ FLAGS: List[Flag] = [
     refused(["--max_retries"], SLURM,
             "graphbridge retries nothing; hydra.launcher.max_num_timeout requeues a job that hit its time limit",
             type=int),
-    *(refused([f"--dgxc_{name}"], SLURM, NOT_DGXC) for name in (
+    *(refused([f"--dgxc_{name}"], SLURM, NOT_DGXC, secret=name == "app_secret") for name in (
         "cluster", "base_url", "kube_apiserver_url", "app_id", "app_secret", "project_name", "pvc_claim_name",
         "pvc_mount_path")),
 
@@ -275,7 +278,7 @@ FLAGS: List[Flag] = [
     mapped(["--profiling_gpu_metrics"], PROFILE, "-> perf.nsys_extra_args += --gpu-metrics-devices=all",
            action="store_true"),
     mapped(["--nsys_trace"], PROFILE, "comma list -> perf.nsys_trace (nsys --trace)", type=comma_list),
-    mapped(["--nsys_extra_args"], PROFILE, "comma list -> perf.nsys_extra_args (more `nsys profile` arguments)",
+    mapped(["--nsys_extra_args"], PROFILE, "comma list -> perf.nsys_extra_args: these, then its defaults (as Bridge)",
            type=comma_list),
     refused(["--profiling_ranks"], PROFILE,
             "perf.nsys traces every rank of the job and perf.profile rank 0; drop the flag", type=comma_ints),
@@ -310,7 +313,7 @@ FLAGS: List[Flag] = [
     mapped(["-l", "--log_dir"], LOGGING, "-> hydra.run.dir and hydra.sweep.dir under this directory"),
     refused(["--save_config_filepath"], LOGGING,
             "the composed config is saved as .hydra/config.yaml in the run directory; drop the flag"),
-    *(refused(name.split("/"), LOGGING, NO_WANDB) for name in (
+    *(refused(name.split("/"), LOGGING, NO_WANDB, secret=name.endswith("wandb_key")) for name in (
         "-wdk/--wandb_key", "-wdp/--wandb_project_name", "-wde/--wandb_entity_name",
         "-wdj/--wandb_experiment_name", "-wds/--wandb_save_dir")),
     refused(["--is_long_convergence_run"], LOGGING, GOLDEN_VALUES, action="store_true"),

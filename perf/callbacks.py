@@ -27,9 +27,11 @@ class SummaryCallback(Callback):
         from bridge.atomic import WriteError
         from perf.report import build_summary, exit_code, print_summary, write_summary
 
+        if config.get("mode") == "plan":
+            return  # a plan sweep printed its plans and wrote nothing: nothing to summarise
         summary = build_summary(Path(config.hydra.sweep.dir))
         if all(row["status"] == "missing" for row in summary.rows):
-            # A plan sweep, or zero jobs (glob() over nested groups launches none, silently).
+            # Zero jobs (glob() over nested groups launches none, silently), or none got as far as a record.
             log.info("no job in %s wrote a result.json; no summary", summary.directory)
             return
         SWEEP_EXIT_CODE = exit_code(summary)

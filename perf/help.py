@@ -6,6 +6,7 @@ tiny``) and every workload preset group; a user types ``recipe=llama/tiny`` and 
 preset by hand (recipe, gpu and precision pick it), so the list here reads the way options are typed.
 """
 
+import textwrap
 from typing import List
 
 from hydra.core.global_hydra import GlobalHydra
@@ -13,6 +14,7 @@ from omegaconf import OmegaConf
 
 RESOLVER = "graphbridge.help_groups"
 CHOSEN_FOR_YOU = {"hydra": "see --hydra-help", "preset": "picked by recipe, gpu and precision"}
+WIDTH = 100
 
 
 def options(loader, group: str) -> List[str]:
@@ -24,10 +26,11 @@ def options(loader, group: str) -> List[str]:
 
 
 def help_groups() -> str:
-    """One line per config group: ``group: option, option, ...``."""
+    """One entry per config group, ``group: option, option, ...``, wrapped to the width of the examples."""
     loader = GlobalHydra.instance().config_loader()
-    return "\n".join(f"{group}: {', '.join(options(loader, group))}" for group in sorted(loader.list_groups(""))
-                     if group not in CHOSEN_FOR_YOU)
+    return "\n".join(textwrap.fill(f"{group}: {', '.join(options(loader, group))}", WIDTH, subsequent_indent="  ",
+                                   break_on_hyphens=False)
+                     for group in sorted(loader.list_groups("")) if group not in CHOSEN_FOR_YOU)
 
 
 def register_help() -> None:

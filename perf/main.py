@@ -7,15 +7,19 @@ works anywhere.
 """
 
 import logging
+import os
 import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from bridge.config.load import compose_config
+from bridge.config.migration import migrate
 from bridge.config.paths import config_dir
 from bridge.config.schema import Mode, PlanFormat
 from bridge.config.store import register
@@ -52,7 +56,7 @@ def app(composed: DictConfig) -> None:
         sys.exit(INVALID)
     report_violations(plan)
     if plan.config.mode == Mode.plan:  # the plan itself carries its notes
-        print(plan.to_json() if plan.config.plan.format == PlanFormat.json else plan.to_text())
+        show(plan.to_json() if plan.config.plan.format == PlanFormat.json else plan.to_text())
         code = 0 if plan.valid else INVALID
     elif not plan.runnable_here:
         if multirun:  # the sweep's summary lists every job; a single run leaves nothing (perf/outputs.py)
@@ -64,6 +68,15 @@ def app(composed: DictConfig) -> None:
         code = run_job(plan.config, job_dir, job, job_log=job_log_path())
     if code and not multirun:  # a sweep records the failure and goes on with its other jobs
         sys.exit(code)
+
+
+def show(text: str) -> None:
+    """Print the plan; a reader that stops early (``| head``) is no error and no traceback."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # Python would fail again flushing stdout at exit: the rest goes nowhere, the exit status stays.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def report_violations(plan) -> None:
@@ -91,8 +104,27 @@ def main() -> None:
         if exit.code == 1 and not STARTED:
             sys.exit(INVALID)
         raise
+    if any(arg.split("=", 1)[0] in ("--cfg", "-c") for arg in sys.argv[1:]):
+        say_what_a_run_migrates(sys.argv[1:])
     # A sweep goes on past failed and refused jobs, then says so in its exit status (after its report).
     sys.exit(callbacks.SWEEP_EXIT_CODE)
+
+
+def say_what_a_run_migrates(argv) -> None:
+    """After ``--cfg``: Hydra printed the config as composed; a run first migrates the older CUDA-graph
+    spellings (and its derived values follow the migrated impl), so name each change on stderr."""
+    if any(arg.split("=", 1)[0] in ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn")
+           for arg in argv):
+        return  # composed from another tree than graphbridge's own
+    try:
+        notes = migrate(compose_config([arg for arg in argv if "=" in arg and not arg.startswith("-")]).model).notes
+    except (HydraException, OmegaConfBaseException):
+        return  # Hydra has printed what it could; mode=plan names the problem
+    for note in notes:
+        print(f"graphbridge: note: {note}", file=sys.stderr)
+    if notes:
+        print("graphbridge: the config above is as composed; a run migrates it first, and mode=plan and the run's "
+              "resolved.yaml show what runs", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -287,17 +287,26 @@ def _callback_error(override) -> Optional[str]:
 
 
 def _recipe_needs_gpu(overrides: List[str]) -> Optional[str]:
-    """A recipe with per-GPU presets picks one by gpu= and precision=; without gpu= Hydra would fail on
-    the preset named None_<precision>."""
+    """A recipe with per-GPU presets picks one by gpu= and precision=; without either (unset, or deleted
+    with ~) Hydra fails on the preset named None_<precision>, and on a pair without a preset it prints
+    its search path: one line each instead. A swept precision is left to Hydra."""
     choices = dict(override.lstrip("+").split("=", 1) for override in overrides if "=" in override)
+    deleted = {override.lstrip("~").split("=")[0] for override in overrides if override.startswith("~")}
     recipe = choices.get("recipe")
-    if recipe is None or "gpu" in choices or "~gpu" in overrides or not presets(recipe):
+    if recipe is None or "," in recipe or not presets(recipe):
         return None
     by_gpu = {}
     for gpu, precision in presets(recipe):
         by_gpu.setdefault(gpu, []).append(precision)
     pairs = "; ".join(f"gpu={gpu} precision={'|'.join(precisions)}" for gpu, precisions in by_gpu.items())
-    return f"recipe={recipe} runs Bridge's per-GPU presets: add gpu= and precision= (default bf16), one of: {pairs}"
+    if "gpu" not in choices or deleted & {"gpu", "precision"}:
+        return f"recipe={recipe} runs Bridge's per-GPU presets: add gpu= and precision= (default bf16), one of: {pairs}"
+    gpu, precision = choices["gpu"], choices.get("precision", "bf16")
+    if "," in gpu:  # Hydra composes a multirun once before its jobs, with no gpu: ${gpu} has no value there
+        return f"recipe={recipe}: gpu={gpu} cannot be swept, a preset is picked before the sweep; run one command per gpu"
+    if "," in precision or precision in by_gpu.get(gpu, ()):
+        return None
+    return f"recipe={recipe} has no preset for gpu={gpu} precision={precision}; its presets: {pairs}"
 
 
 def _group_choices(group: str, roots: List[Path]) -> Optional[List[str]]:

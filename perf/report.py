@@ -4,11 +4,14 @@
 
 writes summary.md, summary.csv and summary.png into that directory (the Hydra callback does
 the same when a multirun ends; perf/report_tables.py renders them). A sweep directory holds one
-sweep (perf/outputs.py refuses a second one there). Jobs that failed, were refused, never wrote a
-result or left one that cannot be read stay in the table as rows with their status and blank
-measurements; a job that asked for graphs but ran eagerly (no CUDA device) gets no speedup. With
-perf.profile=true the eager job's GPU-busy fraction says what graphs can buy: a launch-bound step
-(GPU idle between kernels) gains up to 1/busy, a compute-bound one (busy >= 90 %) about nothing.
+sweep (perf/outputs.py refuses a second one there), and its report holds that sweep's jobs only: not
+those of another sweep whose directory lies inside it, nor a single run made there; a directory that
+is no sweep's (a date directory holding several) is refused, naming the sweeps. Jobs that failed,
+were refused, never wrote a result or left one that cannot be read stay in the table as rows with
+their status and blank measurements; a job that asked for graphs but ran eagerly (no CUDA device)
+gets no speedup. With perf.profile=true the eager job's GPU-busy fraction says what graphs can buy:
+a launch-bound step (GPU idle between kernels) gains up to 1/busy, a compute-bound one (busy >= 90 %)
+about nothing.
 """
 
 import argparse
@@ -17,7 +20,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, NoReturn, Optional, Sequence
 
 import yaml
 
@@ -29,6 +32,8 @@ COMPUTE_BOUND = 0.9
 # Overrides that pick the graph configuration: they differ between a job and its eager
 # baseline by design, so baseline matching ignores them.
 GRAPH_KEYS = re.compile(r"^(cuda_graph|model\.cuda_graph_\w+)$")
+SWEEP_RECORD = "multirun.yaml"
+"""What Hydra writes into every sweep directory when the sweep starts."""
 
 
 @dataclass
@@ -77,10 +82,40 @@ class Summary:
 
 
 def load_jobs(sweep_dir: Path) -> List[Job]:
-    """Every job under ``sweep_dir``: a dir with a result.json or with Hydra's .hydra/ record."""
-    job_dirs = {path.parent for path in sweep_dir.rglob("result.json")}
-    job_dirs |= {path.parent.parent for path in sweep_dir.rglob(".hydra/overrides.yaml")}
-    return [_load_job(sweep_dir, job_dir) for job_dir in sorted(job_dirs, key=_natural_key)]
+    """Every job of the sweep in ``sweep_dir`` (or the one job ``sweep_dir`` is)."""
+    return [_load_job(sweep_dir, job_dir) for job_dir in sorted(job_dirs(sweep_dir), key=_natural_key)]
+
+
+def is_job(directory: Path) -> bool:
+    """A job directory: the trainer's result.json, or Hydra's record of the job when it left none."""
+    return (directory / "result.json").exists() or (directory / ".hydra" / "overrides.yaml").is_file()
+
+
+def job_dirs(directory: Path, top: bool = True) -> List[Path]:
+    """The job directories of one sweep: never below a job (its ranks/, tensorboard/), in another sweep's
+    directory (its own multirun.yaml), in a single run Hydra made there (hydra.mode RUN) or behind a link."""
+    if not top and ((directory / SWEEP_RECORD).is_file() or _single_run(directory)):
+        return []
+    if is_job(directory):
+        return [directory]
+    try:
+        children = sorted(child for child in directory.iterdir()
+                          if child.is_dir() and not child.is_symlink() and not child.name.startswith("."))
+    except OSError:
+        return []
+    return [job for child in children for job in job_dirs(child, top=False)]
+
+
+def _single_run(directory: Path) -> bool:
+    try:
+        return (yaml.safe_load((directory / ".hydra" / "hydra.yaml").read_text()) or {})["hydra"]["mode"] == "RUN"
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return False
+
+
+def sweeps_below(directory: Path) -> List[Path]:
+    """The sweep directories under ``directory``, for a report asked of their parent."""
+    return sorted((record.parent for record in directory.rglob(SWEEP_RECORD)), key=_natural_key)
 
 
 def _load_job(sweep_dir: Path, job_dir: Path) -> Job:
@@ -250,11 +285,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     parser.add_argument("directory", type=Path, help="the sweep directory (hydra.sweep.dir) or one job directory")
     args = parser.parse_args(argv)
-    if not args.directory.is_dir():
-        parser.error(f"{args.directory} is not a directory; pass the sweep directory (hydra.sweep.dir)")
-    summary = build_summary(args.directory)
+    directory = args.directory
+    if not directory.is_dir():
+        refuse(f"{directory} is not a directory; pass the sweep directory (hydra.sweep.dir)")
+    if not (directory / SWEEP_RECORD).is_file() and not is_job(directory):
+        # A report covers one sweep: never the rows of several sweeps, or of single runs, in one table.
+        sweeps = sweeps_below(directory)
+        listing = f"; it holds {len(sweeps)} sweeps, pass one: {', '.join(map(str, sweeps[:5]))}" if sweeps else ""
+        refuse(f"{directory} is not a sweep directory (no {SWEEP_RECORD}, which Hydra writes into each) "
+               f"nor a job directory{listing}")
+    summary = build_summary(directory)
     if not summary.rows:
-        parser.error(f"no jobs under {args.directory}: no result.json and no .hydra/overrides.yaml found")
+        refuse(f"no jobs under {directory}: no result.json and no .hydra/overrides.yaml found")
     try:
         write_summary(summary)
     except WriteError as error:
@@ -262,3 +304,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 1
     print_summary(summary)
     return 0
+
+
+def refuse(message: str) -> NoReturn:
+    """Bad input is one line and exit status 2."""
+    print(f"graphbridge-report: {message}", file=sys.stderr)
+    sys.exit(2)

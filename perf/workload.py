@@ -74,14 +74,23 @@ def flags_to_overrides(argv: Sequence[str]) -> List[str]:
         if "=" not in override and not override.startswith("~"):
             parser.error(f"unrecognized argument {override!r}: trailing overrides are key=value, "
                          "e.g. model.num_layers=4")
-    refusals = [f"{flag.label} {_shown(args[flag.dest])}: {flag.refusal}" for flag in FLAGS
-                if flag.refusal and flag.dest in args and not flag.keeps(args[flag.dest])]
+    refusals = [f"{flag.label} {'<hidden>' if flag.secret else _shown(args[flag.dest])}: {flag.refusal}"
+                for flag in FLAGS if flag.refusal and flag.dest in args and not flag.keeps(args[flag.dest])]
     if refusals:
         parser.error("no graphbridge equivalent: " + "; ".join(refusals))
     try:
         return overrides + flag_overrides(args)
     except ValueError as error:
         parser.error(str(error))
+
+
+def shell_word(argument: str) -> str:
+    """``argument`` as a POSIX shell reads it back; a Hydra-quoted value goes in double quotes where the
+    shell expands nothing in them, so the printed command stays readable."""
+    word = shlex.quote(argument)
+    if word != argument and "'" in argument and not set('"$`\\!') & set(argument):
+        return f'"{argument}"'
+    return word
 
 
 def _shown(value) -> str:
@@ -93,6 +102,6 @@ def _shown(value) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> NoReturn:
     overrides = flags_to_overrides(sys.argv[1:] if argv is None else argv)
     # On stderr, so that a plan on stdout stays machine-readable (plan.format=json).
-    print(f"graphbridge {shlex.join(overrides)}", file=sys.stderr, flush=True)
+    print(f"graphbridge {' '.join(map(shell_word, overrides))}", file=sys.stderr, flush=True)
     # This process becomes graphbridge: -P keeps the working directory off the module path.
     os.execv(sys.executable, [sys.executable, "-P", "-m", "perf.main", *overrides])

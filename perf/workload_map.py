@@ -8,7 +8,10 @@ meaning raises ValueError with the flags to change.
 
 from typing import Any, Dict, List
 
-from bridge.config.schema import CudaGraphImpl, GraphBridgeConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+
+from bridge.config.schema import CudaGraphImpl, GraphBridgeConfig, PerfConfig
 from bridge.overrides import set_cuda_graph_overrides
 from bridge.recipes import recipe_names
 from perf.bridge_flags import VALID_CUDA_GRAPH_SCOPES
@@ -43,6 +46,7 @@ ONE_KEY = {  # flags that set exactly one key to their value
 BRIDGE_PROFILING_WINDOW = (10, 11)
 """Bridge's --profiling_start_step and --profiling_stop_step defaults: it profiles steps start..stop-1."""
 SLURM_FLAGS = ("account", "partition", "time_limit", "gres", "additional_slurm_params", "custom_bash_cmds")
+OVERRIDES = OverridesParser.create()
 
 
 def flag_overrides(given: Given) -> List[str]:
@@ -141,8 +145,10 @@ def _profiling(given: Given) -> List[str]:
     extra = list(given.get("nsys_extra_args", []))
     if given.get("profiling_gpu_metrics"):
         extra.append("--gpu-metrics-devices=all")
-    if extra:
-        overrides.append(f"perf.nsys_extra_args={value_text(extra)}")
+    if extra:  # as in Bridge: the user's arguments first, then the launcher's defaults the user did not set
+        given_options = {argument.split("=")[0] for argument in extra}
+        defaults = [argument for argument in PerfConfig().nsys_extra_args if argument.split("=")[0] not in given_options]
+        overrides.append(f"perf.nsys_extra_args={value_text(extra + defaults)}")
     return overrides
 
 
@@ -222,8 +228,9 @@ def value_text(value: Any) -> str:
         return str(value).lower()
     if isinstance(value, (int, float)):
         return str(value)
-    if isinstance(value, list):
-        return "[" + ",".join(value_text(item) for item in value) + "]"
+    if isinstance(value, list):  # items quoted: a list element's grammar is not a value's
+        return "[" + ",".join(quoted(item, bare=False) if isinstance(item, str) else value_text(item)
+                              for item in value) + "]"
     return quoted(str(value))
 
 
@@ -232,10 +239,26 @@ def literal(text: str) -> str:
     return text.replace("${", "\\${")
 
 
-def quoted(text: str, literal_text: bool = True) -> str:
-    """A Hydra quoted string: any characters, a quote escaped, a trailing backslash doubled."""
+def quoted(text: str, literal_text: bool = True, bare: bool = True) -> str:
+    """A Hydra string value: with ``bare``, as typed where Hydra reads it back as that very string (the
+    printed command stays readable: partition=batch), else quoted, a quote escaped, a trailing backslash
+    doubled."""
     text = literal(text) if literal_text else text
+    if bare and reads_back(text, interpolation=not literal_text):
+        return text
     if text.endswith("\\"):
         text += "\\"
     return "'" + text.replace("'", "\\'") + "'"
+
+
+def reads_back(text: str, interpolation: bool = False) -> bool:
+    """Whether Hydra's override grammar reads ``text``, unquoted, as the string ``text`` (not a number,
+    a bool, null, a list or a sweep; an interpolation only where one is meant)."""
+    if not text or "\\" in text or ("$" in text and not interpolation):
+        return False
+    try:
+        value = OVERRIDES.parse_override(f"key={text}").value()
+    except HydraException:
+        return False
+    return isinstance(value, str) and value == text
 

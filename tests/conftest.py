@@ -33,7 +33,7 @@ def run_tool(tool: str, *args: str, cwd: Path, env: Optional[dict] = None, timeo
                           text=True, env=env, timeout=timeout, input=input)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")  # stateless: a module-scoped fixture may run a command once for its tests
 def cli() -> Callable[..., subprocess.CompletedProcess]:
     """``cli(*args, cwd=..., env=None, timeout=300)``: the `graphbridge` command as a user types it."""
     return lambda *args, **kwargs: run_tool("graphbridge", *args, **kwargs)

@@ -23,6 +23,24 @@ def test_plan_prints_what_is_graphed_and_leaves_no_output_dir(cli, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_plan_of_local_graphs_with_modules_names_the_modules_and_what_graphs_them(cli, tmp_path):
+    result = cli("mode=plan", "engine=torch", "cuda_graph=local_layer", "model.cuda_graph_modules=[attn,mlp]",
+                 cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    graphed = next(line for line in result.stdout.splitlines() if line.startswith("  graphed:"))
+    assert graphed.startswith("  graphed:   attn, mlp of each layer; captured at step 3, after 3 eager steps by "
+                              "torch.cuda.make_graphed_callables") and "whole layer" not in graphed
+
+
+def test_a_plan_read_by_a_reader_that_stops_early_ends_quietly(tmp_path):
+    """graphbridge mode=plan | head: the reader is gone before the plan is written; no traceback."""
+    command = [str(Path(sys.executable).with_name("graphbridge")), "mode=plan", "plan.format=json"]
+    process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process.stdout.close()
+    stderr = process.stderr.read()
+    assert process.wait(timeout=120) == 0 and stderr == ""
+
+
 def test_plan_json_carries_verdict_config_and_megatron_arguments(cli, tmp_path):
     result = cli("mode=plan", "plan.format=json", "cuda_graph=full_iteration", cwd=tmp_path)
     assert result.returncode == 0, result.stderr

@@ -2,22 +2,26 @@
 
 import re
 import shlex
+from pathlib import Path
 
 import pytest
 
 from bridge.recipes import recipe_names
 
+ROOT = Path(__file__).resolve().parent.parent
 
-@pytest.fixture
-def help_text(cli, tmp_path):
-    result = cli("--help", cwd=tmp_path)
+
+@pytest.fixture(scope="module")
+def help_text(cli, tmp_path_factory):
+    result = cli("--help", cwd=tmp_path_factory.mktemp("help"))
     assert result.returncode == 0, result.stderr
     return result.stdout
 
 
 def choices(help_text: str) -> dict:
     section = help_text.split("== Choices (group=option) ==")[1].split("==")[0]
-    return {group: values.split(", ") for group, values in re.findall(r"^(\w+): (.+)$", section, re.M)}
+    joined = re.sub(r"\n  +", " ", section)  # a long group's options wrap onto indented lines
+    return {group: values.split(", ") for group, values in re.findall(r"^(\w+): (.+)$", joined, re.M)}
 
 
 def test_help_lists_every_group_with_its_choices_as_a_user_types_them(help_text):
@@ -27,6 +31,21 @@ def test_help_lists_every_group_with_its_choices_as_a_user_types_them(help_text)
     assert {"gpu", "precision", "cuda_graph", "sweep"} <= set(groups)
     assert "full_iteration" in groups["cuda_graph"] and "h100" in groups["gpu"]
     assert not any(group.startswith(("preset", "hydra")) for group in groups)  # picked for the user
+    section = help_text.split("== Choices (group=option) ==")[1].split("==")[0]
+    assert max(map(len, section.splitlines())) <= 100
+
+
+def test_cfg_job_names_what_a_run_migrates(cli, tmp_path):
+    """--cfg job prints the config as composed; a run migrates the older spellings first, and says so."""
+    shown = cli("--cfg", "job", "--resolve", "model.cuda_graph_impl=local", "model.cuda_graph_scope=[full_iteration]",
+                cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "cuda_graph_impl: local" in shown.stdout and "check_for_nan_in_loss: true" in shown.stdout
+    notes = shown.stderr.splitlines()
+    assert notes[0].startswith("graphbridge: note: model.cuda_graph_scope=full_iteration") and "migrated" in notes[0]
+    assert "mode=plan and the run's resolved.yaml show what runs" in notes[1] and len(notes) == 2
+    plain = cli("--cfg", "job", "cuda_graph=te_attn", cwd=tmp_path)
+    assert plain.returncode == 0 and plain.stderr == ""
 
 
 def test_help_shows_five_examples_and_where_the_docs_are(help_text):
@@ -46,3 +65,23 @@ def test_the_plan_examples_of_help_plan_valid(help_text, cli, workload_cli, tmp_
     done = workload_cli(*dryrun[1:], cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "graphbridge plan: VALID" in done.stdout
+
+
+def readme_use_commands() -> list:
+    """The command lines of the README's Use section, as a user copies them."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Use\n")[1].split("\n## ")[0]
+    return [shlex.split(line.split("#")[0])[1:] for line in section.splitlines() if line.startswith("    graphbridge ")]
+
+
+def test_the_readme_use_commands_work_as_written(cli, tmp_path):
+    commands = readme_use_commands()
+    assert len(commands) == 9
+    for args in commands:
+        if "--help" in args or "-m" in args or args == ["recipe=llama/tiny", "cuda_graph=full_iteration"]:
+            continue  # --help: above; the training run and the sweep: tests/test_sweeps.py, test_joblog.py
+        done = cli(*args, cwd=tmp_path)
+        refused_here = done.returncode == 2 and "cannot run on this machine" in done.stderr  # TE graphs, no GPU
+        assert done.returncode == 0 or refused_here, (args, done.stderr)
+        assert "Traceback" not in done.stderr
+    assert list(tmp_path.iterdir()) == []  # plans, --cfg and a refused run leave nothing behind

@@ -1,5 +1,7 @@
 """<run dir>/main.log holds what the terminal showed: the notes, the training process's output
-(its progress bar's final state, the summary table), and the violations of a refused sweep job."""
+(its progress bar's final state, the summary table), and the violations of a refused sweep job.
+A CPU run's main.log is checked together with its TensorBoard scalars (tests/test_tensorboard.py):
+one training run for both."""
 
 import io
 import os
@@ -26,19 +28,6 @@ def test_tee_streams_everything_to_the_terminal_and_final_lines_to_the_log(tmp_p
     tee.join()
     assert terminal.getvalue() == b"bar 1/2\rbar 2/2\nsummary\nno newline at the end"
     assert log.read_text() == "earlier line\nbar 2/2\nsummary\nno newline at the end\n"
-
-
-def test_main_log_of_a_cpu_run_holds_the_notes_progress_and_summary_table(cli, tmp_path):
-    run = tmp_path / "run"
-    result = cli(*SMALL, "train.train_iters=4", f"hydra.run.dir={run}", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    log = (run / "main.log").read_text()
-    note = "no CUDA device here: model.bf16 trains in fp32 on the CPU"
-    assert note in log and note in result.stdout
-    assert "graphbridge run: completed" in log and "graphbridge run: completed" in result.stdout
-    assert "step time median" in log and "result.json" in log
-    assert "4/4" in log and "\r" not in log  # the progress bar's last state, without its redraws
-    assert result.stderr.count("step/s") > 1  # the terminal still gets every redraw of the live progress bar
 
 
 def test_a_refused_sweep_job_keeps_its_violations_in_its_log(cli, tmp_path):

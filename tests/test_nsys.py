@@ -91,6 +91,14 @@ def test_the_launcher_starts_each_training_process_under_nsys(small_config, tmp_
     assert "nsys" not in training_command(cfg, tmp_path, {})
 
 
+def test_nsys_runs_with_bridges_launcher_defaults(small_config, tmp_path):
+    """What Megatron-Bridge's launcher (NeMo-Run) passes: no CPU sampling, kernels inside graphs traced one by one."""
+    command = training_command(small_config("llama/tiny", "perf.nsys=true", "train.train_iters=20"), tmp_path, {})
+    assert command[:command.index(sys.executable)] == [
+        "nsys", "profile", "--capture-range=cudaProfilerApi", "--capture-range-end=stop", "-t", "cuda,nvtx",
+        "-o", str(tmp_path / "profile_0"), "--sample=none", "--cuda-graph-trace=node", "--cuda-event-trace=false"]
+
+
 def test_nsys_without_nsys_on_path_is_refused_in_one_line(cli, tmp_path):
     env_path = {"PATH": str(Path(sys.executable).parent)}  # python, and no nsys
     result = cli("engine=torch", "train.train_iters=20", "perf.nsys=true", cwd=tmp_path,

@@ -22,6 +22,7 @@ def add_job(sweep: Path, num: int, choice: str, status: str = "completed", *, me
     """A job directory as Hydra and the trainer leave it; status "missing" writes no result.json."""
     job_dir = sweep / str(num)
     (job_dir / ".hydra").mkdir(parents=True)
+    (sweep / "multirun.yaml").write_text("hydra:\n  mode: MULTIRUN\n")  # as Hydra starts every sweep
     overrides = [f"cuda_graph={choice}", *extra_overrides]
     (job_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     if status == "missing":
@@ -130,14 +131,20 @@ def test_with_another_swept_key_each_job_is_compared_with_the_eager_job_of_its_o
     assert rows[4]["note"] == "no eager job with the same other overrides"
 
 
-def test_a_graph_choice_that_ran_eagerly_shows_no_speedup_anywhere(tmp_path):
+def test_a_graph_choice_that_ran_eagerly_shows_no_speedup_anywhere(tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+
     sweep = tmp_path / "sweep"
     add_job(sweep, 0, "te_attn", median=8.8, effective_impl="none")  # an eager time: no speedup to claim
     add_job(sweep, 1, "none", median=10.0, effective_impl="none")
     summary = build_summary(sweep)
     assert [row["baseline_job"] for row in summary.rows] == ["1", "1"]
     assert summary.rows[0]["speedup"] is None and "ran eagerly" in summary.rows[0]["note"]
+    drawn, annotate = [], Axes.annotate  # the PNG's bar labels, as they are drawn
+    monkeypatch.setattr(Axes, "annotate", lambda axis, text, *args, **kwargs: (
+        drawn.append(text), annotate(axis, text, *args, **kwargs))[1])
     write_summary(summary)
+    assert drawn[:2] == ["ran eagerly", "baseline"] and not any("×" in text for text in drawn)
     fallback = next(line for line in (sweep / "summary.md").read_text().splitlines() if "| te_attn |" in line)
     assert "ran eagerly" in fallback and "×" not in fallback
     assert read_rows(sweep)[0]["speedup"] == ""
@@ -176,13 +183,16 @@ def test_console_script_rebuilds_the_summary_and_prints_the_table(scope_sweep):
     assert "summary.png" in result.stdout
 
 
-@pytest.mark.parametrize("layout,message", [("empty", "no jobs under"), ("absent", "is not a directory")])
+@pytest.mark.parametrize("layout,message", [("empty", "is not a sweep directory"), ("started", "no jobs under"),
+                                            ("absent", "is not a directory")])
 def test_console_script_refuses_a_directory_without_jobs(tmp_path, layout, message):
     directory = tmp_path / "sweep"
-    if layout == "empty":
+    if layout != "absent":
         directory.mkdir()
+    if layout == "started":  # Hydra began the sweep, and no job got as far as its record
+        (directory / "multirun.yaml").write_text("hydra:\n  mode: MULTIRUN\n")
     result = subprocess.run([REPORT, str(directory)], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
@@ -257,3 +267,29 @@ def test_a_profiled_sweep_says_what_graphs_can_buy(tmp_path):
     assert rows[1]["bound"] == "launch-bound (20% busy eager): graphs can buy up to 5.0x"
     compute = expected_gain(0.99)
     assert compute.startswith("compute-bound (99% busy eager)") and "neutral, as expected" in compute
+
+
+def test_a_report_holds_its_own_sweeps_jobs_only(report_cli, tmp_path):
+    sweep = tmp_path / "sweep"
+    add_job(sweep, 0, "none", median=10.0)
+    add_job(sweep, 1, "full_iteration", median=5.0)
+    add_job(sweep / "later", 0, "te_attn", median=7.0)  # another sweep, its directory inside this one
+    single = add_job(sweep / "probe", 0, "local_layer", median=6.0).parent  # a single run made here
+    (single / "multirun.yaml").unlink()
+    (single / "0" / ".hydra" / "hydra.yaml").write_text("hydra:\n  mode: RUN\n")
+    (sweep / "loop").symlink_to(sweep)  # a link back up is not followed
+    result = report_cli(str(sweep), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert [(row["job"], row["cuda_graph"]) for row in read_rows(sweep)] == [("0", "none"), ("1", "full_iteration")]
+    assert report_cli(str(sweep / "later"), cwd=tmp_path).returncode == 0
+    assert [row["cuda_graph"] for row in read_rows(sweep / "later")] == ["te_attn"]
+
+
+def test_a_directory_of_several_sweeps_is_refused_naming_them(report_cli, tmp_path):
+    day = tmp_path / "multirun" / "2026-11-24"
+    for sweep in ("12-00-00", "13-00-00"):
+        add_job(day / sweep, 0, "none", median=10.0)
+    result = report_cli(str(day), cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "is not a sweep directory (no multirun.yaml" in result.stderr and "holds 2 sweeps, pass one" in result.stderr
+    assert str(day / "12-00-00") in result.stderr and not (day / "summary.md").exists()

@@ -1,5 +1,6 @@
 """perf.tensorboard: loss, step time (and on a GPU memory) per step as TensorBoard scalars in
-<job_dir>/tensorboard/, next to result.json; without the tensorboard package one line says so."""
+<job_dir>/tensorboard/, next to result.json; without the tensorboard package one line says so.
+The CPU run here checks main.log too (tests/test_joblog.py has the rest of the job log's tests)."""
 
 import builtins
 import logging
@@ -7,21 +8,29 @@ import logging
 import pytest
 import torch
 
-event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
-
 SMALL = ("engine=torch", "model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64")
 
 
 def scalars(directory):
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     events = event_accumulator.EventAccumulator(str(directory))
     events.Reload()
     return {tag: [(event.step, event.value) for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
-def test_a_cpu_run_writes_loss_and_step_time_per_step(cli, read_result, tmp_path):
+def test_a_cpu_run_writes_loss_and_step_time_per_step_and_main_log_what_the_terminal_showed(cli, read_result,
+                                                                                           tmp_path):
     run = tmp_path / "run"
     result = cli(*SMALL, "train.train_iters=4", f"hydra.run.dir={run}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
+    # main.log: the notes (bf16 asked, fp32 on the CPU: said in one line), the progress bar's last state, the summary.
+    log = (run / "main.log").read_text()
+    note = "no CUDA device here: model.bf16 trains in fp32 on the CPU"
+    assert note in log and note in result.stdout
+    assert "graphbridge run: completed" in log and "graphbridge run: completed" in result.stdout
+    assert "step time median" in log and "result.json" in log
+    assert "4/4" in log and "\r" not in log  # the progress bar's last state, without its redraws
+    assert result.stderr.count("step/s") > 1  # the terminal still gets every redraw of the live progress bar
     written = scalars(run / "tensorboard")
     losses = read_result(run)["loss"]
     assert [step for step, _ in written["train/loss"]] == [0, 1, 2, 3]

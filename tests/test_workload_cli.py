@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import bridge
-from perf.bridge_flags import FLAGS
+from perf.bridge_flags import FLAGS, VALID_CUDA_GRAPH_SCOPES
 from perf.workload import build_parser, flags_to_overrides
 
 WORKLOAD = str(Path(sys.executable).with_name("graphbridge-workload"))
@@ -23,6 +23,7 @@ FLAG_CASES = [
     (["-m", "llama", "-mr", "llama3_8b", "--task", "lora"], ["recipe=llama/llama3_8b_lora", "workload.task=lora"]),
     (["-g", "b200"], ["gpu=b200"]),
     (["--gpu", "h100"], ["gpu=h100"]),
+    (["-g", "h200"], ["gpu=h200"]),  # graphbridge's: the H100 presets against 141 GB (Bridge v0.3.1 has no H200)
     (["-c", "fp8_cs"], ["precision=fp8_cs"]),
     (["--compute_dtype", "bf16"], ["precision=bf16"]),
     (["-d"], ["mode=plan"]),
@@ -32,7 +33,7 @@ FLAG_CASES = [
     (["--hidden_size", "256"], ["model.hidden_size=256"]),
     (["--num_layers", "4"], ["model.num_layers=4"]),
     (["--first_k_dense_replace", "2"], ["model.moe_layer_freq='${graphbridge.dense_first:2,${model.num_layers}}'"]),
-    (["--pipeline_model_parallel_layout", "Et|tL"], ["model.pipeline_model_parallel_layout='Et|tL'"]),
+    (["--pipeline_model_parallel_layout", "Et|tL"], ["model.pipeline_model_parallel_layout=Et|tL"]),
     (["-tp", "2"], ["model.tensor_model_parallel_size=2", "model.sequence_parallel=true"]),
     (["--tensor_model_parallel_size", "1"], ["model.tensor_model_parallel_size=1", "model.sequence_parallel=false"]),
     (["-pp", "4"], ["model.pipeline_model_parallel_size=4"]),
@@ -60,14 +61,14 @@ FLAG_CASES = [
     (["--packed_sequence"], ["dataset.packed_sequence=true"]),
     (["--vocab_size", "32000"], ["model.vocab_size=32000"]),
     (["-a", "acct", "-p", "batch"],
-     ["hydra.launcher.account='acct'", "hydra.launcher.partition='batch'", "hydra/launcher=submitit_slurm",
+     ["hydra.launcher.account=acct", "hydra.launcher.partition=batch", "hydra/launcher=submitit_slurm",
       "hydra.mode=MULTIRUN"]),
     (["--account", "a", "--partition", "p", "-d"],
-     ["hydra.launcher.account='a'", "hydra.launcher.partition='p'", "hydra/launcher=submitit_slurm", "mode=plan"]),
+     ["hydra.launcher.account=a", "hydra.launcher.partition=p", "hydra/launcher=submitit_slurm", "mode=plan"]),
     (["-t", "01:30:00"], ["hydra.launcher.timeout_min=90", "hydra/launcher=submitit_slurm", "hydra.mode=MULTIRUN"]),
     (["--time_limit", "1-00:00:30"],
      ["hydra.launcher.timeout_min=1441", "hydra/launcher=submitit_slurm", "hydra.mode=MULTIRUN"]),
-    (["--gres", "gpu:8"], ["hydra.launcher.gres='gpu:8'", "hydra/launcher=submitit_slurm", "hydra.mode=MULTIRUN"]),
+    (["--gres", "gpu:8"], ["hydra.launcher.gres=gpu:8", "hydra/launcher=submitit_slurm", "hydra.mode=MULTIRUN"]),
     (["-ng", "16", "-gn", "8"], ["train.num_gpus=16", "train.num_nodes=2"]),
     (["--num_gpus", "4", "--gpus_per_node", "8"], ["train.num_gpus=4", "train.num_nodes=1"]),
     (["--additional_slurm_params", "nodelist=n1,n2;exclusive"],
@@ -77,7 +78,7 @@ FLAG_CASES = [
     (["-cb", "module", "load", "cuda", "--custom_bash_cmds", "echo", "hi"],
      ["hydra/launcher=submitit_slurm", "hydra.mode=MULTIRUN", "hydra.launcher.setup=['module load cuda','echo hi']"]),
     (["-ce", "NCCL_DEBUG=INFO,GREETING=it's ${HOME}"],
-     ["++env_vars.NCCL_DEBUG='INFO'", "++env_vars.GREETING='it\\'s \\${HOME}'"]),
+     ["++env_vars.NCCL_DEBUG=INFO", "++env_vars.GREETING='it\\'s \\${HOME}'"]),
     (["--custom_env_vars", "A=1"], ["++env_vars.A='1'"]),
     (["-pyp", "true"], ["perf.profile=true"]),
     (["--pytorch_profiler", "false"], ["perf.profile=false"]),
@@ -89,7 +90,8 @@ FLAG_CASES = [
     (["--profiling_stop_step", "12"], ["perf.profile_start_step=10", "perf.profile_steps=2"]),
     (["--nsys_trace", "cuda,nvtx,osrt"], ["perf.nsys_trace=['cuda','nvtx','osrt']"]),
     (["--nsys_extra_args=--cuda-graph-trace=node", "--profiling_gpu_metrics"],
-     ["perf.nsys_extra_args=['--cuda-graph-trace=node','--gpu-metrics-devices=all']"]),
+     ["perf.nsys_extra_args=['--cuda-graph-trace=node','--gpu-metrics-devices=all','--sample=none',"
+      "'--cuda-event-trace=false']"]),
     (["--cuda_graph_impl", "none"], ["model.cuda_graph_impl=none"]),
     (["--cuda_graph_impl", "local"], ["model.cuda_graph_impl=local"]),
     # No scope: the recipe's modules stay (Bridge v0.3.1 crashes here).
@@ -118,8 +120,8 @@ FLAG_CASES = [
     (["--moe_a2a_overlap", "0"], ["model.overlap_moe_expert_parallel_comm=false", "model.delay_wgrad_compute=false"]),
     (["-l", "/runs/it's"], ["hydra.run.dir='/runs/it\\'s/${now:%Y-%m-%d}/${now:%H-%M-%S-%f}'",
                             "hydra.sweep.dir='/runs/it\\'s/multirun/${now:%Y-%m-%d}/${now:%H-%M-%S-%f}'"]),
-    (["--log_dir", "runs/"], ["hydra.run.dir='runs/${now:%Y-%m-%d}/${now:%H-%M-%S-%f}'",
-                               "hydra.sweep.dir='runs/multirun/${now:%Y-%m-%d}/${now:%H-%M-%S-%f}'"]),
+    (["--log_dir", "runs/"], ["hydra.run.dir=runs/${now:%Y-%m-%d}/${now:%H-%M-%S-%f}",
+                               "hydra.sweep.dir=runs/multirun/${now:%Y-%m-%d}/${now:%H-%M-%S-%f}"]),
     (["--multirun", "cuda_graph=none,full_iteration"], ["cuda_graph=none,full_iteration", "hydra.mode=MULTIRUN"]),
     (["model.num_layers=4", "+env_vars.X=1"], ["model.num_layers=4", "+env_vars.X=1"]),
     ([], []),
@@ -152,6 +154,26 @@ def test_the_tables_cover_every_flag_of_the_parser():
     refused = {name for flag in FLAGS if flag.refusal for name in flag.names}
     assert options - covered - refused == {"-h", "--help"}
     assert set(REFUSED_CASES) == {flag.label for flag in FLAGS if flag.refusal}
+
+
+# Recorded from Bridge's own parser by scripts/bridge_flags_fixture.py.
+BRIDGE_FLAGS = json.loads((Path(__file__).parent / "fixtures" / "megatron_bridge_v0.3.1_flags.json").read_text())
+OWN_CHOICES = {"--domain": {"vlm"}, "--gpu": {"h200"}}
+"""Choices graphbridge differs in on purpose: no vision-language recipes (a refused value); h200 is its own."""
+
+
+def test_every_flag_of_bridges_parser_by_its_real_names_kind_and_choices():
+    ours = {flag.names: flag for flag in FLAGS}
+    assert set(ours) == {tuple(bridge["names"]) for bridge in BRIDGE_FLAGS["flags"]}
+    checked_in_a_type_function = {"--cuda_graph_impl": BRIDGE_FLAGS["cuda_graph_impls"]}
+    for bridge in BRIDGE_FLAGS["flags"]:
+        flag = ours[tuple(bridge["names"])]
+        assert flag.parse.get("action", "store") == bridge["action"], flag.label
+        assert flag.parse.get("nargs") == (None if bridge["action"] == "store_true" else bridge["nargs"]), flag.label
+        choices = bridge["choices"] or checked_in_a_type_function.get(bridge["names"][-1]) or ()
+        differ = set(flag.parse.get("choices") or ()) ^ set(choices)
+        assert differ == OWN_CHOICES.get(bridge["names"][-1], set()), flag.label
+    assert VALID_CUDA_GRAPH_SCOPES == BRIDGE_FLAGS["cuda_graph_scopes"]
 
 
 @pytest.mark.parametrize("label", sorted(REFUSED_CASES))
@@ -217,7 +239,8 @@ def test_flags_come_after_the_trailing_overrides_wherever_they_are_typed():
          {"env_vars": {"GREETING": "it's ${HOME}", "EMPTY": ""}}),
         (["-pyp", "true", "--profiling_start_step", "3", "--profiling_stop_step", "5", "--profiling_gpu_metrics"],
          {"perf.profile": True, "perf.profile_start_step": 3, "perf.profile_steps": 2,
-          "perf.nsys_extra_args": ["--gpu-metrics-devices=all"]}),
+          "perf.nsys_extra_args": ["--gpu-metrics-devices=all", "--sample=none", "--cuda-graph-trace=node",
+                                   "--cuda-event-trace=false"]}),
         (["--use_tokendrop", "false", "model.moe_expert_capacity_factor=2.0"],
          {"model.moe_expert_capacity_factor": None, "model.moe_router_force_load_balancing": True}),
     ],
@@ -264,7 +287,7 @@ def test_flags_win_in_the_composed_config(argv, expected):
         (["-t", "soon"], "argument -t/--time_limit: expected a Slurm time such as 00:30:00, got 'soon'"),
         (["-ce", "NOVALUE"], "argument -ce/--custom_env_vars: expected KEY=VALUE pairs"),
         (["--save_dir", "/ckpt", "-hf", "tok"], "no graphbridge equivalent: --save_dir /ckpt: graphbridge measures "
-         "training speed and writes no checkpoints; drop the flag; -hf/--hf_token tok: "),
+         "training speed and writes no checkpoints; drop the flag; -hf/--hf_token <hidden>: "),
         (["--no_such_flag", "1"], "unrecognized arguments: --no_such_flag"),
         (["num_layers"], "unrecognized argument 'num_layers': trailing overrides are key=value, e.g. model.num_layers=4"),
     ],
@@ -346,3 +369,31 @@ def test_a_slurm_dryrun_plans_here_and_submits_nothing(workload_cli, tmp_path):
     assert "graphbridge plan: VALID" in result.stdout
     assert "hydra/launcher=submitit_slurm" in result.stderr and "MULTIRUN" not in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+# Megatron-Bridge v0.3.1's scripts/performance/README.md, its two command lines with the placeholders filled in.
+BRIDGE_README_LINE = ("--account acct --partition batch --gpu gb200 --model_family_name llama --model_recipe_name "
+                      "llama3_8b -ng 8").split()
+BRIDGE_README_SCRIPT = ["--account", "acct", "-i", "nvcr.io/nvidia/nemo:25.11.01", "--partition", "batch", "-m",
+                        "deepseek", "-mr", "deepseek_v3", "--log_dir", "results/dsv3_gb300", "--num_gpus", "256",
+                        "--gpus_per_node", "4", "-t", "00:15:00", "-g", "gb300", "-c", "fp8_mx", "-hf", "hf_SECRET"]
+
+
+def test_bridges_readme_command_lines_plan_as_pasted(workload_cli, tmp_path):
+    line = workload_cli(*BRIDGE_README_LINE, "-d", cwd=tmp_path)
+    assert line.returncode == 0, line.stderr
+    assert line.stdout.startswith("graphbridge plan: VALID") and "workload:  task=pretrain gpu=gb200" in line.stdout
+    command = line.stderr.splitlines()[0]
+    assert command.startswith("graphbridge recipe=llama/llama3_8b gpu=gb200 train.num_gpus=8 ")
+    assert "hydra.launcher.account=acct hydra.launcher.partition=batch" in command  # readable, as typed
+    refused = workload_cli(*BRIDGE_README_SCRIPT, "-d", cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "hf_SECRET" not in refused.stderr
+    assert "-i/--container_image nvcr.io/nvidia/nemo:25.11.01: " in refused.stderr
+    assert "-hf/--hf_token <hidden>: graphbridge downloads nothing" in refused.stderr
+    kept = [arg for index, arg in enumerate(BRIDGE_README_SCRIPT)
+            if not {arg, BRIDGE_README_SCRIPT[index - 1]} & {"-i", "-hf"}]
+    script = workload_cli(*kept, "-d", cwd=tmp_path)
+    assert script.returncode == 0, script.stderr
+    assert "workload:  task=pretrain gpu=gb300 precision=fp8_mx num_gpus=256 num_nodes=64" in script.stdout
+    assert list(tmp_path.iterdir()) == []  # a dry run writes nothing, -l included
+

@@ -146,7 +146,7 @@ class WorkloadConfig:
     task: str = "pretrain"
     """pretrain, sft or lora: the Bridge task of the recipe."""
     gpu: Optional[str] = None
-    """h100, b200, b300, gb200 or gb300; None when the recipe has no preset."""
+    """h100, h200 (the H100 presets), b200, b300, gb200 or gb300; None when the recipe has no preset."""
     precision: Optional[str] = None
     """The preset's precision key (bf16, fp8_cs, fp8_mx, fp8_sc, nvfp4)."""
     preset_num_gpus: Optional[int] = None
@@ -192,8 +192,10 @@ class PerfConfig:
     ``nsys`` on PATH; not with perf.profile (both use CUPTI). The window's steps are not timed."""
     nsys_trace: List[str] = field(default_factory=lambda: ["cuda", "nvtx"])
     """What nsys traces (its ``--trace``): e.g. cuda, nvtx, osrt, cublas, cudnn."""
-    nsys_extra_args: List[str] = field(default_factory=list)
-    """More ``nsys profile`` arguments, as written on its command line (e.g. ["--cuda-graph-trace=node"])."""
+    nsys_extra_args: List[str] = field(
+        default_factory=lambda: ["--sample=none", "--cuda-graph-trace=node", "--cuda-event-trace=false"])
+    """More ``nsys profile`` arguments, as written on its command line. The default is what Bridge's
+    launcher (NeMo-Run) passes: no CPU sampling, each kernel inside a CUDA graph traced on its own."""
     tensorboard: bool = True
     """Write loss, step time and memory per step (and the GPU-busy fraction with perf.profile) as
     TensorBoard scalars to ``<job_dir>/tensorboard/``; needs the tensorboard package
