@@ -231,7 +231,7 @@ def print_summary(result: dict, result_path: Optional[Path]) -> None:
 
     times, memory, loss = result["step_time_ms"], result["memory"], result["loss"]
     table = Table(title=f"graphbridge run: {result['status']}", show_header=False)
-    table.add_column(style="bold")
+    table.add_column(style="bold", no_wrap=True)  # the labels stay whole; the values take what is left
     table.add_column(overflow="fold")  # paths wrap instead of being cut
     rows = [
         ("engine / device", f"{result['engine']} / {result['device']} {result['env']['gpu'] or ''}".strip()),
