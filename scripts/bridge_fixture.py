@@ -4,6 +4,7 @@ runs Python 3.11 without it: Bridge is never needed to install or test graphbrid
     PYTHONPATH=<Bridge 0.3.1 + its deps> python scripts/bridge_fixture.py            # writes tests/fixtures/bridge/
     PYTHONPATH=... python scripts/bridge_fixture.py --check    # exit 1 when tests/fixtures/bridge/ differs
     PYTHONPATH=... python scripts/bridge_fixture.py --load A.yaml [B.yaml ...]
+    PYTHONPATH=... python scripts/bridge_fixture.py --run benchmarks/vs_bridge.py --configs DIR
 
 For each of the four families it calls Bridge's recipe function (RECIPES) and writes what
 ``ConfigContainer.to_yaml`` writes for the container it returns: the YAML Bridge saves as a run
@@ -11,7 +12,8 @@ config and loads with ``ConfigContainer.from_yaml``. tests/test_bridge_config.py
 fixtures through the real CLI. ``--load`` hands each file to Bridge's own ``ConfigContainer.from_yaml``
 (and ``validate()`` where the config fits one process) and prints, as JSON, ``{file: what to_yaml
 writes for the loaded container}``: the test checks that Bridge loads graphbridge's export and that
-what it loaded imports back unchanged.
+what it loaded imports back unchanged. ``--run`` runs a script with Bridge importable here (the
+stand-ins below installed): how tests build benchmarks/vs_bridge.py's Bridge configs on a CPU.
 
 Bridge on a CPU machine needs three stand-ins, installed here and nowhere in graphbridge:
 - Bridge imports GPU-only packages when it is imported (Transformer Engine, mamba_ssm, ...; see
@@ -20,8 +22,9 @@ Bridge on a CPU machine needs three stand-ins, installed here and nowhere in gra
   time. Nothing in them runs: building a recipe's config calls none of them.
 - The recipes call ``AutoBridge.from_hf_pretrained(<hub id>)``, which reads the model's config.json
   from the Hugging Face hub. HF_CONFIGS are those files, written here from the models' published
-  architecture (the fields the HF-to-Megatron bridges read); they are placed in a temporary hub
-  cache read with HF_HUB_OFFLINE=1.
+  architecture (the fields the HF-to-Megatron bridges read); ``write_hub_cache`` places them in a
+  hub cache read with HF_HUB_OFFLINE=1 (benchmarks/vs_bridge.py uses it on the GPU machine too,
+  which has no network either).
 - ``apply_flex_dispatcher_backend`` asks torch.cuda which GPU it runs on: the recipes are built as
   on an H100 (compute capability 9.0), so the MoE recipes get the flex dispatcher they get there.
 One difference stays: Bridge turns gradient_accumulation_fusion off where apex's fused kernel
@@ -34,6 +37,7 @@ import importlib.abc
 import importlib.machinery
 import json
 import os
+import runpy
 import sys
 import tempfile
 import types
@@ -51,6 +55,14 @@ GPU_ONLY = ("transformer_engine", "mamba_ssm", "causal_conv1d", "fla", "nvidia_r
             "open_clip", "qwen_vl_utils", "wandb", "mlflow", "datasets", "accelerate", "megatron.energon")
 STAND_IN_VERSION = "2.10.0"  # what a version check of a stand-in reads (Transformer Engine's tested release)
 HF_CONFIGS = {
+    "meta-llama/Llama-3.2-1B": {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
+        "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "head_dim": 64, "hidden_act": "silu", "max_position_embeddings": 131072, "rms_norm_eps": 1e-05,
+        "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": True, "vocab_size": 128256,
+        "initializer_range": 0.02, "bos_token_id": 128000, "eos_token_id": 128001, "torch_dtype": "bfloat16"},
     "meta-llama/Meta-Llama-3-8B": {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
         "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -137,9 +149,8 @@ class StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
-def install_cpu_stand_ins(hub_cache: Path) -> None:
-    """The three stand-ins of the module docstring; call before importing Bridge."""
-    sys.meta_path.insert(0, StandInFinder())
+def write_hub_cache(hub_cache: Path) -> None:
+    """HF_CONFIGS as a Hugging Face hub cache at ``hub_cache``, and the environment that reads it offline."""
     for repo, config in HF_CONFIGS.items():
         snapshot = hub_cache / f"models--{repo.replace('/', '--')}" / "snapshots" / "fixture"
         snapshot.mkdir(parents=True, exist_ok=True)
@@ -147,6 +158,11 @@ def install_cpu_stand_ins(hub_cache: Path) -> None:
         (snapshot.parent.parent / "refs").mkdir(exist_ok=True)
         (snapshot.parent.parent / "refs" / "main").write_text("fixture")
     os.environ.update(HF_HUB_CACHE=str(hub_cache), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+
+
+def install_cpu_stand_ins() -> None:
+    """The GPU-only packages and the H100 of the module docstring; call before importing Bridge."""
+    sys.meta_path.insert(0, StandInFinder())
     from megatron.bridge.training import flex_dispatcher_backend
 
     h100 = types.SimpleNamespace(major=9, minor=0, name="NVIDIA H100 80GB HBM3")
@@ -184,10 +200,17 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when tests/fixtures/bridge/ differs")
     parser.add_argument("--load", nargs="+", type=Path, metavar="YAML", help="load each with Bridge; print JSON")
+    parser.add_argument("--run", nargs=argparse.REMAINDER, metavar="SCRIPT ARGS",
+                        help="run a script with Bridge importable on this CPU machine")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
-        install_cpu_stand_ins(scratch / "hub")
+        write_hub_cache(scratch / "hub")
+        install_cpu_stand_ins()
+        if args.run:
+            sys.argv = args.run
+            runpy.run_path(args.run[0], run_name="__main__")
+            return 0
         if args.load:
             print(json.dumps({str(path): loaded_yaml(path.resolve(), scratch) for path in args.load}))
             return 0
