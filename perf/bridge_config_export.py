@@ -16,7 +16,7 @@ the export cannot carry it.
 
 import dataclasses
 from enum import Enum
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import yaml
 
@@ -48,7 +48,23 @@ HEADER = ("# Megatron-Bridge 0.3.1 ConfigContainer, written by graphbridge (mode
 
 
 def to_yaml(cfg: GraphBridgeConfig) -> str:
-    return HEADER + yaml.safe_dump(container(cfg), default_flow_style=False, sort_keys=False)
+    notes = "".join(f"# {note}\n" for note in not_carried(cfg))
+    return HEADER + notes + yaml.safe_dump(container(cfg), default_flow_style=False, sort_keys=False)
+
+
+def not_carried(cfg: GraphBridgeConfig) -> List[str]:
+    """What the run has that a ConfigContainer cannot say, as comment lines for the file's reader."""
+    notes = []
+    if cfg.train.num_gpus > 1:
+        notes.append(f"Launch it on {cfg.train.num_gpus} GPUs over {cfg.train.num_nodes} node(s): Bridge takes the "
+                     "GPU count from torchrun or Slurm, not from this file.")
+    if cfg.env_vars:
+        settings = " ".join(f"{key}={value}" for key, value in cfg.env_vars.items())
+        notes.append(f"Set in Bridge's environment: {settings}")
+    if cfg.optimizer.optimizer_in_graph and CudaGraphImpl(cfg.model.cuda_graph_impl) == CudaGraphImpl.full_iteration:
+        notes.append("Not carried: optimizer.optimizer_in_graph=true (Bridge 0.3.1 steps the optimizer outside "
+                     "the full-iteration graph).")
+    return notes
 
 
 def container(cfg: GraphBridgeConfig) -> Dict[str, Any]:

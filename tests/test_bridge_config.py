@@ -168,6 +168,17 @@ def test_the_export_speaks_megatron_core_0_16_1():
     assert (parked["cuda_graph_impl"], parked["cuda_graph_scope"]) == ("none", ["full_iteration"])
 
 
+def test_the_export_says_what_a_container_cannot(tmp_path):
+    carried = to_yaml(bridge.load(["cuda_graph=full_iteration", "optimizer.optimizer_in_graph=true",
+                                   "ddp.use_distributed_optimizer=false", "train.num_gpus=2",
+                                   "train.global_batch_size=4", "+env_vars.NCCL_GRAPH_REGISTER=0"]))
+    header = [line for line in carried.splitlines() if line.startswith("#")]
+    assert any("Launch it on 2 GPUs" in line for line in header)
+    assert any("NCCL_GRAPH_REGISTER=0" in line for line in header)
+    assert any("Not carried: optimizer.optimizer_in_graph=true" in line for line in header)
+    assert yaml.safe_load(carried)["train"]["global_batch_size"] == 4
+
+
 def test_an_invalid_config_writes_no_bridge_yaml(cli, tmp_path):
     result = cli("mode=plan", "plan.format=bridge", "cuda_graph=full_iteration",
                  "rerun_state_machine.check_for_nan_in_loss=true", cwd=tmp_path)
