@@ -57,10 +57,11 @@ def expand(argv: Sequence[str]) -> List[str]:
     place = places[0]
     path = argv[place].split("=", 1)[1]
     if not path:
-        raise BridgeConfigError(" names no file; write bridge_config=<path to a ConfigContainer YAML>")
+        raise BridgeConfigError(": no file named; write bridge_config=<path to a ConfigContainer YAML>")
     imported = read_file(path)
     if imported.ignored:
-        print(f"graphbridge: {KEY}={path}: ignored, no graphbridge key ({len(imported.ignored)} fields): "
+        count = len(imported.ignored)
+        print(f"graphbridge: {KEY}={path}: ignored, no graphbridge key ({count} field{'s' if count > 1 else ''}): "
               f"{grouped(imported.ignored)}", file=sys.stderr)
     replaced = keys_set_by_groups(argv[place + 1:])
     if "model.cuda_graph_impl" in replaced:
@@ -75,8 +76,13 @@ def grouped(paths: Iterable[str]) -> str:
     for path in paths:
         section, _, name = path.partition(".")
         sections.setdefault(section, []).append(name)
-    return "; ".join(section if names == [""] else f"{section}.{{{','.join(names)}}}" if len(names) > 1
-                     else f"{section}.{names[0]}" for section, names in sections.items())
+    return "; ".join(_group(section, names) for section, names in sections.items())
+
+
+def _group(section: str, names: List[str]) -> str:
+    if names == [""]:  # a section that is a value (mixed_precision: bf16_mixed)
+        return section
+    return f"{section}.{names[0]}" if len(names) == 1 else f"{section}.{{{','.join(names)}}}"
 
 
 def keys_set_by_groups(overrides: Sequence[str]) -> Set[str]:

@@ -31,7 +31,7 @@ from bridge.config.migration import legacy_conflict, migrate, scope_names
 from bridge.config.schema import CudaGraphImpl, GraphBridgeConfig
 from perf.bridge_config_fields import (ACTIVATIONS, COMM_OVERLAP, CUDA_GRAPH, DERIVED, DTYPES, ENUMS, LAYOUT_SYMBOLS,
                                        MIXED_PRECISION_RECIPES, PRECISION, RENAMED, YARN, same_name_keys)
-from perf.bridge_config_read import BridgeConfigError, Fields, as_container, plain, read_container
+from perf.bridge_config_read import BridgeConfigError, Fields, as_container, plain, read_yaml
 from perf.workload_map import quoted, value_text
 
 PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
@@ -72,7 +72,7 @@ def accepts_null(key: str) -> bool:
 def read_file(path: str) -> Imported:
     """The overrides for the YAML at ``path``; BridgeConfigError says why it cannot be read."""
     try:
-        return import_container(read_container(path))
+        return import_container(read_yaml(path))
     except BridgeConfigError as error:
         raise BridgeConfigError(f"{path}: {error}") from None
 
@@ -158,18 +158,22 @@ def _layout(value: Any) -> Optional[str]:
     if value is None or isinstance(value, str):
         return value
     stages = plain(value, "model.pipeline_model_parallel_layout")
-    names = {name for stage in stages for name in (stage if isinstance(stage, list) else [stage])}
-    unknown = sorted(str(name) for name in names if name not in LAYOUT_SYMBOLS)
-    if unknown or not all(isinstance(stage, list) for stage in stages):
-        raise BridgeConfigError(f"model.pipeline_model_parallel_layout: stages must be lists of "
-                                f"{', '.join(LAYOUT_SYMBOLS)} (found {', '.join(unknown) or 'a stage that is not'})")
+    if not isinstance(stages, list) or not all(isinstance(stage, list) for stage in stages):
+        raise BridgeConfigError("model.pipeline_model_parallel_layout: a layout string or a list of stages, "
+                                f"each a list of layer names ({', '.join(LAYOUT_SYMBOLS)})")
+    unknown = sorted({repr(name) for stage in stages for name in stage if not isinstance(name, str)
+                      or name not in LAYOUT_SYMBOLS})
+    if unknown:
+        raise BridgeConfigError(f"model.pipeline_model_parallel_layout: unknown layer name(s) {', '.join(unknown)}; "
+                                f"Bridge 0.3.1 writes {', '.join(LAYOUT_SYMBOLS)}")
     return "|".join("".join(LAYOUT_SYMBOLS[name] for name in stage) for stage in stages)
 
 
 def _layer_pattern(value: Any, num_layers: Any) -> Any:
     """k dense layers then MoE, as DeepSeek writes it, follows model.num_layers (graphbridge's
     dense_first resolver), so a smaller proxy of the file keeps its pattern."""
-    if not isinstance(value, list) or len(value) != num_layers or set(value) != {0, 1}:
+    if not isinstance(value, list) or len(value) != num_layers or not all(bit in (0, 1) for bit in value) \
+            or 1 not in value or 0 not in value:
         return value
     dense = value.index(1)
     if value != [0] * dense + [1] * (len(value) - dense):
@@ -199,7 +203,8 @@ def _schedule(fields: Fields, mapped: dict) -> None:
         fields.take("scheduler.lr_decay_iters")
     if fields.peek("scheduler.lr_warmup_init") == 0:
         fields.take("scheduler.lr_warmup_init")
-    if fraction is not None and not fields.peek("scheduler.lr_warmup_iters") and (decay or iterations):
+    if isinstance(fraction, float) and not fields.peek("scheduler.lr_warmup_iters") and isinstance(
+            decay or iterations, int):
         fields.take("scheduler.lr_warmup_fraction")
         mapped["optimizer.lr_warmup_iters"] = int(fraction * (decay or iterations))
     start, end = fields.peek("scheduler.start_weight_decay"), fields.peek("scheduler.end_weight_decay")
@@ -268,10 +273,13 @@ def _comm_overlap(fields: Fields, mapped: dict) -> None:
             fields.take(key)
             mapped[key] = plain(value, f"comm_overlap.{name}")
     data_parallel = fields.take("comm_overlap.data_parallel_size") if isinstance(overlap, dict) else None
-    if data_parallel:  # Bridge records it at validation: the job's GPUs, model-parallel ranks times this
-        sizes = [fields.peek(f"model.{name}", 1) or 1 for name in
-                 ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size")]
-        mapped["train.num_gpus"] = data_parallel * sizes[0] * sizes[1] * sizes[2]
+    if data_parallel is not None:  # Bridge records it at validation: the GPUs are the model-parallel ranks times it
+        splits = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size")
+        sizes = [data_parallel] + [fields.peek(f"model.{name}", 1) for name in splits]
+        if not all(isinstance(size, int) and not isinstance(size, bool) and size > 0 for size in sizes):
+            raise BridgeConfigError(f"comm_overlap.data_parallel_size={data_parallel!r} with the model's parallel "
+                                    f"sizes {sizes[1:]}: the GPU count needs whole numbers")
+        mapped["train.num_gpus"] = sizes[0] * sizes[1] * sizes[2] * sizes[3]
 
 
 def _distributed_optimizer(fields: Fields, mapped: dict) -> None:
@@ -304,10 +312,13 @@ def _graphs(fields: Fields, mapped: dict) -> None:
 
 def _graph_impl(fields: Fields, mapped: dict) -> CudaGraphImpl:
     text = fields.take("model.cuda_graph_impl", "none")
-    if text not in {impl.value for impl in CudaGraphImpl}:
+    if not isinstance(text, str) or text not in {impl.value for impl in CudaGraphImpl}:
         raise BridgeConfigError(f"model.cuda_graph_impl: unknown value {text!r} (Bridge 0.3.1: none, local, "
                                 "transformer_engine)")
-    names = scope_names(_scope(fields.take("model.cuda_graph_scope")))
+    scope = _scope(fields.take("model.cuda_graph_scope"))
+    if scope is not None and not isinstance(scope, (str, list)):
+        raise BridgeConfigError(f"model.cuda_graph_scope: {scope!r} is neither a scope name nor a list of them")
+    names = scope_names(scope)
     model = SimpleNamespace(cuda_graph_impl=CudaGraphImpl(text), cuda_graph_scope=names or None,
                             cuda_graph_modules=[], inference_cuda_graph_scope=None,
                             enable_cuda_graph=bool(fields.take("model.enable_cuda_graph", False)),

@@ -1,9 +1,9 @@
 """Reading a Megatron-Bridge ConfigContainer YAML as Bridge reads it, and its fields by dotted path.
 
 Bridge loads its YAML with ``yaml.safe_load`` and resolves OmegaConf interpolations
-(``ConfigContainer.from_yaml``); so does ``read_container``, which also checks that the file is a
-ConfigContainer: a full one (``_target_`` at the top) or a partial overrides file (some of its
-sections). What cannot be read raises BridgeConfigError with one line.
+(``ConfigContainer.from_yaml``); so do ``read_yaml`` and ``as_container``, which also checks that the
+document is a ConfigContainer: a full one (``_target_`` at the top) or a partial overrides file (some
+of its sections). What cannot be read raises BridgeConfigError with one line.
 """
 
 import difflib
@@ -21,8 +21,9 @@ class BridgeConfigError(ValueError):
     """A file that cannot be read as a ConfigContainer; the message is one line."""
 
 
-def read_container(path: str) -> dict:
-    """The ConfigContainer at ``path`` as plain data; BridgeConfigError says why it cannot be read."""
+def read_yaml(path: str) -> Any:
+    """The YAML document at ``path`` as Bridge loads it (yaml.safe_load); BridgeConfigError says why it
+    cannot be read. ``as_container`` then checks that it is a ConfigContainer."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -37,7 +38,7 @@ def read_container(path: str) -> dict:
         mark = getattr(error, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         raise BridgeConfigError(f"{where}not valid YAML ({getattr(error, 'problem', None) or error})") from None
-    return as_container(data)
+    return data
 
 
 def as_container(data: Any) -> dict:

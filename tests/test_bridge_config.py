@@ -8,11 +8,13 @@ the fixtures are current and that Bridge's own ConfigContainer.from_yaml loads e
 gives back a config that imports unchanged.
 """
 
+import copy
 import dataclasses
 import json
 import os
 import subprocess
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -40,8 +42,14 @@ GRAPHED = {  # graphbridge configs whose graphs an export must carry (in megatro
 }
 
 
-def fixture(family: str) -> dict:
+@lru_cache(maxsize=None)
+def recorded(family: str) -> dict:
     return yaml.safe_load((FIXTURES / f"{family}.yaml").read_text())
+
+
+def fixture(family: str) -> dict:
+    """The container Bridge's recipe wrote for the family, as plain data (a fresh copy to change)."""
+    return copy.deepcopy(recorded(family))
 
 
 def plan_json(result) -> dict:
@@ -226,7 +234,7 @@ def test_a_partial_overrides_file_lands_on_the_recipe_and_names_what_it_ignores(
     config = plan_json(result)["config"]
     assert (config["model"]["num_layers"], config["train"]["train_iters"]) == (4, 7)
     assert config["model"]["num_moe_experts"] is not None  # the rest is qwen/tiny's
-    assert "bridge_config=overrides.yaml: ignored, no graphbridge key (1 fields): checkpoint.save" in result.stderr
+    assert "bridge_config=overrides.yaml: ignored, no graphbridge key (1 field): checkpoint.save" in result.stderr
 
 
 def test_a_parked_scope_wakes_up_when_an_impl_is_typed_after_the_file(cli, tmp_path):
@@ -269,6 +277,24 @@ def test_a_file_that_cannot_be_read_is_refused_with_its_reason(tmp_path, case):
     with pytest.raises(BridgeConfigError, match=None) as refused:
         read_file(str(tmp_path / "bad.yaml"))
     assert str(refused.value).startswith(f"{tmp_path / 'bad.yaml'}: ") and reason in str(refused.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", [path for path in HANDLED if not path.startswith(("tokenizer.", "optimizer.use_"))]
+                         + ["mixed_precision", "comm_overlap", "model", "scheduler"])
+def test_a_field_the_import_reads_with_any_value_is_read_or_refused_in_one_line(path):
+    """Every field read by code (not copied) set to values of other kinds: overrides, or a BridgeConfigError."""
+    section, _, name = path.partition(".")
+    for value in (None, "text", 2.5, [[1]], {"_target_": "x.y", "_call_": False}):
+        source = fixture("deepseek_v3")
+        if name:
+            source[section][name] = value
+        else:
+            source[section] = value
+        try:
+            import_container(source)
+        except BridgeConfigError as refused:
+            assert "\n" not in str(refused), (path, value)
 
 
 @pytest.mark.parametrize("args, reason", [
