@@ -64,6 +64,9 @@ def not_carried(cfg: GraphBridgeConfig) -> List[str]:
     if cfg.optimizer.optimizer_in_graph and CudaGraphImpl(cfg.model.cuda_graph_impl) == CudaGraphImpl.full_iteration:
         notes.append("Not carried: optimizer.optimizer_in_graph=true (Bridge 0.3.1 steps the optimizer outside "
                      "the full-iteration graph).")
+    if cfg.dataset.packed_sequence:
+        notes.append("Not carried: dataset.packed_sequence=true (Bridge packs only its fine-tuning datasets; this "
+                     "container trains on unpacked mock data, as graphbridge does).")
     return notes
 
 

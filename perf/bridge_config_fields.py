@@ -123,9 +123,10 @@ HANDLED = (CUDA_GRAPH + tuple(DERIVED) + tuple(PRECISION) + tuple(COMM_OVERLAP) 
     "model.moe_layer_freq", "model.position_embedding_type", "model.rope_type", "optimizer.weight_decay",
     "ddp.use_distributed_optimizer",
     "optimizer.use_distributed_optimizer", "tokenizer.tokenizer_type", "tokenizer.vocab_size",
-    "comm_overlap.data_parallel_size",
+    "comm_overlap.data_parallel_size", "dataset.seq_length", "dataset.packed_sequence_specs", "dataset.dataset_kwargs",
 ))
-"""Fields read by code in perf.bridge_config_import, not copied."""
+"""Fields read by code in perf.bridge_config_import, not copied. A field holding a mapping counts as read
+when graphbridge reads an entry of it (dataset.packed_sequence_specs: its packed_sequence_size)."""
 
 ALIKE_BUT_NOT_MAPPED = {
     "dataset.mock": "megatron-core derives it from the blend (no blend: mock data); graphbridge always trains on mock "

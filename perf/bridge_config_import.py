@@ -84,7 +84,7 @@ def import_container(data: Any) -> Imported:
         _copy(fields, mapped, key, key)
     for path, key in RENAMED.items():
         _copy(fields, mapped, path, key)
-    for part in (_model, _schedule, _precision, _comm_overlap, _distributed_optimizer, _graphs):
+    for part in (_dataset, _model, _schedule, _precision, _comm_overlap, _distributed_optimizer, _graphs):
         part(fields, mapped)
     _check_types(mapped)
     return Imported(_render(mapped), fields.ignored())
@@ -192,6 +192,20 @@ def _position_embedding(fields: Fields, mapped: dict) -> None:
                                                         "model.position_embedding_type")
     for name, key in YARN.items():
         _copy(fields, mapped, f"model.{name}", f"model.{key}")
+
+
+def _dataset(fields: Fields, mapped: dict) -> None:
+    """A FinetuningDatasetConfig (SFT, LoRA) names its length seq_length, and packs sequences when its
+    packing specs give a size (Bridge's packed_sequence_size > 0), padded when its kwargs say so."""
+    _copy(fields, mapped, "dataset.seq_length", "dataset.seq_length")
+    specs = fields.peek("dataset.packed_sequence_specs")
+    if isinstance(specs, dict):
+        size = fields.take("dataset.packed_sequence_specs").get("packed_sequence_size", -1)
+        mapped["dataset.packed_sequence"] = isinstance(size, int) and not isinstance(size, bool) and size > 0
+    arguments = fields.peek("dataset.dataset_kwargs")
+    if isinstance(arguments, dict) and "pad_to_max_length" in arguments:
+        mapped["dataset.pad_to_max_length"] = plain(fields.take("dataset.dataset_kwargs")["pad_to_max_length"],
+                                                    "dataset.dataset_kwargs.pad_to_max_length")
 
 
 def _schedule(fields: Fields, mapped: dict) -> None:

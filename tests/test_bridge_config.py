@@ -237,6 +237,15 @@ def test_a_partial_overrides_file_lands_on_the_recipe_and_names_what_it_ignores(
     assert "bridge_config=overrides.yaml: ignored, no graphbridge key (1 field): checkpoint.save" in result.stderr
 
 
+def test_a_fine_tuning_dataset_gives_its_length_and_packing(cli, tmp_path):
+    (tmp_path / "sft.yaml").write_text(
+        "dataset:\n  _target_: megatron.bridge.training.config.FinetuningDatasetConfig\n  seq_length: 512\n"
+        "  packed_sequence_specs:\n    packed_sequence_size: 512\n  dataset_kwargs:\n    pad_to_max_length: true\n")
+    config = plan_json(cli("bridge_config=sft.yaml", "mode=plan", "plan.format=json", cwd=tmp_path))["config"]
+    assert config["dataset"] == {**config["dataset"], "seq_length": 512, "packed_sequence": True,
+                                 "pad_to_max_length": True}
+
+
 def test_a_parked_scope_wakes_up_when_an_impl_is_typed_after_the_file(cli, tmp_path):
     (tmp_path / "parked.yaml").write_text("model:\n  cuda_graph_impl: none\n  cuda_graph_scope: full_iteration\n")
     config = plan_json(cli("bridge_config=parked.yaml", "model.cuda_graph_impl=local", "mode=plan",
