@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Optional
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -26,7 +27,8 @@ from bridge.config.store import register
 from bridge.planning import build_plan
 from bridge.prepare import prepare
 from bridge.result import write_invalid_result
-from perf import callbacks
+from perf import bridge_config, callbacks
+from perf.bridge_config_export import to_yaml
 from perf.help import register_help
 from perf.joblog import echo, job_log_path
 from perf.launch import job_record, run_job
@@ -56,7 +58,9 @@ def app(composed: DictConfig) -> None:
         sys.exit(INVALID)
     report_violations(plan)
     if plan.config.mode == Mode.plan:  # the plan itself carries its notes
-        show(plan.to_json() if plan.config.plan.format == PlanFormat.json else plan.to_text())
+        shown = rendered(plan)
+        if shown is not None:
+            show(shown)
         code = 0 if plan.valid else INVALID
     elif not plan.runnable_here:
         if multirun:  # the sweep's summary lists every job; a single run leaves nothing (perf/outputs.py)
@@ -68,6 +72,16 @@ def app(composed: DictConfig) -> None:
         code = run_job(plan.config, job_dir, job, job_log=job_log_path())
     if code and not multirun:  # a sweep records the failure and goes on with its other jobs
         sys.exit(code)
+
+
+def rendered(plan) -> Optional[str]:
+    """The plan as plan.format asks; for bridge the config as a Bridge ConfigContainer YAML, which an
+    invalid config does not get (its violations are on stderr)."""
+    if plan.config.plan.format == PlanFormat.json:
+        return plan.to_json()
+    if plan.config.plan.format == PlanFormat.bridge:
+        return to_yaml(plan.config) if plan.valid else None
+    return plan.to_text()
 
 
 def show(text: str) -> None:
@@ -90,6 +104,8 @@ def report_violations(plan) -> None:
 
 
 def main() -> None:
+    if bridge_config.requested(sys.argv[1:]):
+        bridge_config.main(sys.argv[1:])  # becomes graphbridge with the file's fields as overrides
     problem = check(sys.argv[1:])
     if problem:
         print(f"graphbridge: {problem}", file=sys.stderr)

@@ -42,6 +42,7 @@ class Mode(str, Enum):
 class PlanFormat(str, Enum):
     text = "text"
     json = "json"
+    bridge = "bridge"  # a Megatron-Bridge 0.3.1 ConfigContainer YAML (perf/bridge_config_export.py)
 
 
 @dataclass
@@ -158,7 +159,7 @@ class WorkloadConfig:
 @dataclass
 class PlanConfig:
     format: PlanFormat = PlanFormat.text
-    """text or json."""
+    """text, json, or bridge: the config as a Megatron-Bridge 0.3.1 ConfigContainer YAML, to replay in Bridge."""
     megatron_core: Optional[str] = None
     """The megatron-core release to plan for (0.16.1 or 0.19.2, bridge.translate.versions); None:
     the installed one when graphbridge supports it, else the newest this Python can install. A run

@@ -1,0 +1,94 @@
+"""benchmarks/vs_bridge.py: its rows, and (where Bridge 0.3.1 imports, GRAPHBRIDGE_BRIDGE_PATH) the configs it
+builds for both sides, checked without a GPU: Bridge's container of each row passes Bridge's own validate()
+with the mock batches both sides train on, and graphbridge's catalogue accepts the same container imported.
+Nothing here measures: the benchmark runs on the GPU machine (scripts/gpu/README.md)."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parents[1]
+BRIDGE_PATH = os.environ.get("GRAPHBRIDGE_BRIDGE_PATH")
+# Bridge 0.3.1's (impl, scope) -> graphbridge's (impl, modules), as megatron-core 0.16.1 reads them.
+GRAPHS = {("none", "full"): ("none", []), ("local", ("full_iteration",)): ("full_iteration", []),
+          ("local", "full"): ("local", [])}
+
+
+def script(*args: str, bridge: bool = False) -> subprocess.CompletedProcess:
+    """vs_bridge.py; with ``bridge`` through scripts/bridge_fixture.py --run, which makes Bridge import here."""
+    command = [sys.executable, "-W", "ignore", str(ROOT / "benchmarks" / "vs_bridge.py"), *args]
+    env = dict(os.environ)
+    if bridge:
+        command[3:3] = [str(ROOT / "scripts" / "bridge_fixture.py"), "--run"]
+        env["PYTHONPATH"] = os.pathsep.join([BRIDGE_PATH, str(ROOT)])
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_the_rows_are_listed_with_what_runs_them(tmp_path):
+    listed = script("--list", "--work", str(tmp_path))
+    assert listed.returncode == 0
+    runs = {line.split()[0]: line.split()[1] for line in listed.stdout.splitlines()}
+    for shared in ("llama_tiny_eager", "llama_tiny_full_iteration", "llama_tiny_te_attn_mlp", "llama32_1b_eager",
+                   "qwen3_proxy_te_attn_moe_router"):
+        assert runs.get(shared) == "both", shared
+    assert runs["llama_tiny_full_iteration_optimizer"] == "ours"  # "ours only": Bridge 0.3.1 cannot
+    assert script("no_such_row", "--work", str(tmp_path)).returncode == 2
+
+
+def test_bridge_is_a_benchmark_extra_that_graphbridge_never_needs():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    assert [str(Requirement(line)) for line in extras["megatron-bridge"]] == ["megatron-bridge==0.3.1"]
+    needed = project["dependencies"] + extras["dev"]
+    assert not [line for line in needed if Requirement(line).name == "megatron-bridge"]
+    importers = [path for package in ("bridge", "perf") for path in (ROOT / package).rglob("*.py")
+                 if re.search(r"^\s*(from|import) megatron\.bridge", path.read_text(), re.M)]
+    assert importers == []
+
+
+@pytest.mark.skipif(not BRIDGE_PATH, reason="GRAPHBRIDGE_BRIDGE_PATH names no Bridge 0.3.1 to import")
+def test_every_row_is_one_config_that_bridge_and_graphbridge_accept(cli, tmp_path):
+    configs = tmp_path / "configs"
+    written = script("--configs", str(configs), "--work", str(tmp_path), bridge=True)
+    assert written.returncode == 0, written.stderr[-3000:]
+    rows = {path.stem: json.loads(path.read_text()) for path in configs.glob("*.json")}
+    assert len(rows) >= 10
+    for name, row in rows.items():
+        result = cli(*row["graphbridge"], "mode=plan", "plan.format=json", cwd=tmp_path)
+        plan = json.loads(result.stdout)
+        assert plan["valid"], (name, plan["violations"])
+        model, (impl, scope) = plan["config"]["model"], row["graphs"]
+        expected = GRAPHS.get((impl, tuple(scope) if isinstance(scope, list) else scope), (impl, scope))
+        assert (model["cuda_graph_impl"], model["cuda_graph_modules"]) == expected, name
+
+
+@pytest.mark.skipif(not BRIDGE_PATH, reason="GRAPHBRIDGE_BRIDGE_PATH names no Bridge 0.3.1 to import")
+def test_bridges_side_validates_with_the_shared_mock_batches(tmp_path):
+    check = tmp_path / "check.py"
+    check.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(ROOT / 'benchmarks')!r})\n"
+        "import vs_bridge\n"
+        "from megatron.bridge.training.config import DatasetBuildContext\n"
+        "from bridge.data import MockData\n"
+        "for name, row in vs_bridge.ROWS.items():\n"
+        "    cfg = vs_bridge.bridge_container(row, 20)\n"
+        "    cfg.dataset = vs_bridge.same_batches(cfg)\n"
+        "    cfg.validate()\n"
+        "    train, _, _ = cfg.dataset.build_datasets(DatasetBuildContext(40, 0, 0, None))\n"
+        "    sample = train[5]\n"
+        "    assert sample['tokens'].shape == sample['labels'].shape == (cfg.model.seq_length,)\n"
+        "    assert (sample['labels'][:-1] == sample['tokens'][1:]).all()\n"
+        "    print(name, 'validated')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([BRIDGE_PATH, str(ROOT)])}
+    done = subprocess.run([sys.executable, "-W", "ignore", str(ROOT / "scripts" / "bridge_fixture.py"), "--run",
+                           str(check)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("validated") == 10
