@@ -288,7 +288,6 @@ def test_a_file_that_cannot_be_read_is_refused_with_its_reason(tmp_path, case):
     assert str(refused.value).startswith(f"{tmp_path / 'bad.yaml'}: ") and reason in str(refused.value)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("path", [path for path in HANDLED if not path.startswith(("tokenizer.", "optimizer.use_"))]
                          + ["mixed_precision", "comm_overlap", "model", "scheduler"])
 def test_a_field_the_import_reads_with_any_value_is_read_or_refused_in_one_line(path):
