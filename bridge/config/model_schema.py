@@ -257,7 +257,8 @@ class ModelConfig:
     fp8_recipe: str = "tensorwise"
     """tensorwise, delayed, mxfp8 or blockwise scaling of fp8 GEMMs."""
     fp4: Optional[str] = None
-    """None or nvfp4: fp4 GEMMs (Blackwell)."""
+    """None, or the fp4 format of megatron-core's fp4 GEMMs (Blackwell): e2m1, as precision=nvfp4 sets it (the
+    recipe, fp4_recipe, defaults to nvfp4)."""
     transformer_impl: str = "transformer_engine"
     """transformer_engine or local: which megatron-core layer spec the megatron engine uses."""
     apply_rope_fusion: bool = False
