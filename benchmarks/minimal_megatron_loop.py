@@ -34,12 +34,12 @@ ROOT = Path(__file__).resolve().parents[1]
 COMMON = ("recipe=llama/tiny", "rerun_state_machine.check_for_nan_in_loss=false", "ddp.check_for_nan_in_grad=false")
 
 
-def minimal_loop(overrides, total_steps: int, skipped: int, profile_to=None) -> float:
-    """Median step time (ms) of a plain megatron-core loop over steps[skipped:]."""
+def build_minimal_model(cfg, configs, total_steps: int):
+    """megatron-core's GPTModel in DDP with its optimizer and learning-rate schedule, on GPU 0 of a
+    one-process group, as graphbridge's megatron engine builds them: (model, optimizer, scheduler)."""
     import torch
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
-    from megatron.core.full_cuda_graph import FullCudaGraphWrapper
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_layer_local_spec,
@@ -48,24 +48,16 @@ def minimal_loop(overrides, total_steps: int, skipped: int, profile_to=None) -> 
     from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
     from megatron.core.optimizer import get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-    from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
-    from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
-    from megatron.core.transformer.enums import CudaGraphScope
     from megatron.core.transformer.module import Float16Module
 
-    import bridge
-    from bridge.translate import build_megatron_configs
-
-    cfg = bridge.load(overrides)
-    configs = build_megatron_configs(cfg)
     config = configs["transformer_config"]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
     torch.cuda.set_device(0)
     torch.cuda.set_stream(torch.cuda.Stream())
     torch.distributed.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
     parallel_state.initialize_model_parallel()
-    micro, seq = cfg.train.micro_batch_size, cfg.dataset.seq_length
+    micro = cfg.train.micro_batch_size
     init_num_microbatches_calculator(0, None, micro, micro, 1)
     graphed = config.cuda_graph_impl != "none"
     model_parallel_cuda_manual_seed(cfg.rng.seed, te_rng_tracker=graphed, use_cudagraphable_rng=graphed)
@@ -83,7 +75,25 @@ def minimal_loop(overrides, total_steps: int, skipped: int, profile_to=None) -> 
                                         "constant")
     config.grad_scale_func = optimizer.scale_loss
     config.finalize_model_grads_func = finalize_model_grads
+    return model, optimizer, scheduler
 
+
+def minimal_loop(overrides, total_steps: int, skipped: int, profile_to=None) -> float:
+    """Median step time (ms) of a plain megatron-core loop over steps[skipped:]."""
+    import torch
+    from megatron.core.full_cuda_graph import FullCudaGraphWrapper
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
+    from megatron.core.transformer.enums import CudaGraphScope
+
+    import bridge
+    from bridge.translate import build_megatron_configs
+
+    cfg = bridge.load(overrides)
+    configs = build_megatron_configs(cfg)
+    config = configs["transformer_config"]
+    model, optimizer, scheduler = build_minimal_model(cfg, configs, total_steps)
+    micro, seq = cfg.train.micro_batch_size, cfg.dataset.seq_length
     forward_backward = get_forward_backward_func()
     if CudaGraphScope.full_iteration in config.cuda_graph_scope:
         forward_backward = FullCudaGraphWrapper(forward_backward, cuda_graph_warmup_steps=config.cuda_graph_warmup_steps)
@@ -218,14 +228,8 @@ def main() -> None:
         return [*COMMON, f"cuda_graph={choice}", *spec, f"train.train_iters={skipped + args.steps}",
                 f"perf.warmup_steps={skipped}"]
 
-    loops = {"minimal": minimal_loop, "engine": engine_loop}
     if args.child:
-        loop, choice, local_spec = args.child[0], args.child[1], args.child[2] == "local"
-        profile_to = None
-        if args.profile_dir is not None:
-            args.profile_dir.mkdir(parents=True, exist_ok=True)
-            profile_to = args.profile_dir / f"{loop}_{args.child[2]}_{choice}.txt"
-        print(json.dumps(loops[loop](overrides_for(choice, local_spec), skipped + args.steps, skipped, profile_to)))
+        run_as_child(args, overrides_for, skipped)
         return
     spec = "local" if args.local_spec else "te"
     times = {"minimal": {}, "engine": {}, "trainer": {}}
@@ -255,10 +259,26 @@ def main() -> None:
                 times[side].setdefault(choice, []).append(runners[side](choice, round_index))
             print(f"round {round_index + 1}: {spec}/{choice}: "
                   + ", ".join(f"{side} {times[side][choice][-1]:.2f} ms" for side in runners), flush=True)
+    print_medians(times, args.cuda_graph, spec)
+
+
+def run_as_child(args, overrides_for, skipped: int) -> None:
+    """One loop in this process (``--child LOOP CUDA_GRAPH LOCAL_SPEC``): its median step time on stdout."""
+    loops = {"minimal": minimal_loop, "engine": engine_loop}
+    loop, choice, local_spec = args.child[0], args.child[1], args.child[2] == "local"
+    profile_to = None
+    if args.profile_dir is not None:
+        args.profile_dir.mkdir(parents=True, exist_ok=True)
+        profile_to = args.profile_dir / f"{loop}_{args.child[2]}_{choice}.txt"
+    print(json.dumps(loops[loop](overrides_for(choice, local_spec), skipped + args.steps, skipped, profile_to)))
+
+
+def print_medians(times: dict, choices, spec: str) -> None:
+    """Per graph choice, each side's median over the rounds and its ratio to the minimal loop."""
     print(f"\n{'variant':24} {'minimal ms':>10} {'engine ms':>10} {'trainer ms':>10} {'engine/min':>10} "
           f"{'trainer/min':>11}")
-    for choice in args.cuda_graph:
-        minimal, engine, trainer = (statistics.median(times[side][choice]) for side in runners)
+    for choice in choices:
+        minimal, engine, trainer = (statistics.median(times[side][choice]) for side in ("minimal", "engine", "trainer"))
         print(f"{spec + '/' + choice:24} {minimal:10.2f} {engine:10.2f} {trainer:10.2f} {engine / minimal:9.3f}x "
               f"{trainer / minimal:10.3f}x")
 
