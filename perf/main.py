@@ -82,7 +82,7 @@ def main() -> None:
         print(f"graphbridge: {problem}", file=sys.stderr)
         sys.exit(INVALID)
     register()
-    register_help()
+    register_help(sys.argv[1:])
     try:
         app()
     except SystemExit as exit:
