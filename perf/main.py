@@ -23,6 +23,7 @@ from bridge.planning import build_plan
 from bridge.prepare import prepare
 from bridge.result import write_invalid_result
 from perf import callbacks
+from perf.errors import one_line_errors
 from perf.help import register_help
 from perf.joblog import echo, job_log_path
 from perf.launch import job_record, run_job
@@ -83,14 +84,15 @@ def main() -> None:
         sys.exit(INVALID)
     register()
     register_help(sys.argv[1:])
-    try:
-        app()
-    except SystemExit as exit:
-        # Hydra reports a config it cannot compose (a bad key, value or interpolation) in a few lines
-        # and exits 1 before the job starts: that is bad input, and bad input exits 2.
-        if exit.code == 1 and not STARTED:
-            sys.exit(INVALID)
-        raise
+    with one_line_errors():  # Hydra's refusals and its failed writes: one line
+        try:
+            app()
+        except SystemExit as exit:
+            # A few refusals Hydra prints itself and exits 1 before the job starts (--package naming
+            # no package): that is bad input, and bad input exits 2.
+            if exit.code == 1 and not STARTED:
+                sys.exit(INVALID)
+            raise
     # A sweep goes on past failed and refused jobs, then says so in its exit status (after its report).
     sys.exit(callbacks.SWEEP_EXIT_CODE)
 
