@@ -30,16 +30,11 @@ def one_line_errors(program: str = "graphbridge") -> Iterator[None]:
     os.environ[FULL_ERROR] = "1"
     try:
         yield
-    except (HydraException, OmegaConfBaseException) as error:
+    except (HydraException, OmegaConfBaseException, OSError) as error:
         if asked_for_traceback:
             raise
         print(f"{program}: {describe(error)}", file=sys.stderr)
-        sys.exit(INVALID)
-    except OSError as error:
-        if asked_for_traceback:
-            raise
-        print(f"{program}: {describe(error)}", file=sys.stderr)
-        sys.exit(FAILED)
+        sys.exit(FAILED if isinstance(error, OSError) else INVALID)
     finally:
         if not asked_for_traceback:
             os.environ.pop(FULL_ERROR, None)
@@ -64,20 +59,22 @@ def describe(error: BaseException) -> str:
 
 
 def _first_lines(error: BaseException) -> str:
-    """The message up to its first blank line, without OmegaConf's indented details, the caret
-    under a parse error, or Hydra's pointer to its grammar page (kept in parentheses)."""
-    kept, see = [], None
+    """The message's lines joined, without OmegaConf's indented details (full_key, object_type), the
+    caret under a parse error, or Hydra's config search path; the options Hydra lists (tab-indented)
+    follow their line, and the pointer to Hydra's grammar page ends it in parentheses."""
+    kept, see, in_search_path = [], None, False
     for line in str(error).splitlines():
         stripped = line.strip()
-        if not stripped:
-            if kept:
-                break
+        if not stripped or set(stripped) <= set("^~ "):
             continue
         if stripped.startswith("See https://"):
             see = stripped[4:].rstrip(".")
-        elif line.startswith((" ", "\t")) or set(stripped) <= set("^~ "):
-            continue  # full_key/object_type details, the caret line
-        else:
-            kept.append(stripped.rstrip("."))
+        elif line.startswith("\t"):
+            if kept and not in_search_path:
+                kept[-1] += (" " if kept[-1].endswith(":") else ", ") + stripped
+        elif not line.startswith(" "):  # an indented line is one of OmegaConf's details
+            in_search_path = stripped.startswith("Config search path")
+            if not in_search_path:
+                kept.append(stripped.rstrip("."))
     text = "; ".join(kept)
     return f"{text} (see {see})" if see else text

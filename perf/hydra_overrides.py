@@ -3,8 +3,8 @@
 Hydra instantiates every ``hydra.callbacks`` entry on every run, a plan included (``_target_``),
 and its logging config goes to logging.config.dictConfig, which calls what a handler's ``class``
 or a ``()`` key names. From the command line, ``hydra.callbacks`` takes graphbridge's own
-callbacks (conf/config.yaml), under their own names, and their settings; any other callable is set in a config file the
-user owns (a ``--config-dir``), or chosen by a group (``hydra/job_logging=...``).
+callbacks (conf/config.yaml), under their own names, and their settings; any other callable is set
+in a config file the user owns (a ``--config-dir``), or chosen by a group (``hydra/job_logging=...``).
 """
 
 from pathlib import Path

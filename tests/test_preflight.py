@@ -261,8 +261,8 @@ def test_hydra_shell_completion_passes_preflight(cli, tmp_path):
     (["-m", "cuda_graph=none"], "-m: Hydra takes its flags before the overrides; write graphbridge -m <overrides>"),
     (["--bogus"], "--bogus: no such flag"),
 ], ids=["type", "syntax", "not-in-struct", "run-dir-interpolation", "job-name-interpolation", "verbose-interpolation",
-        "sweep-subdir-interpolation", "wait-not-a-bool", "missing-config-dir", "long-key", "long-run-dir", "flag-between-overrides",
-        "unknown-flag"])
+        "sweep-subdir-interpolation", "wait-not-a-bool", "missing-config-dir", "long-key", "long-run-dir",
+        "flag-between-overrides", "unknown-flag"])
 def test_what_hydra_refuses_is_one_line(cli, tmp_path, args, expected):
     result = cli("mode=plan", *args, cwd=tmp_path)
     one_line(result, expected)

@@ -78,4 +78,5 @@ def test_integers_that_overflow_in_training_are_refused_before_a_job(cli, tmp_pa
 
 def test_a_nested_list_is_a_wrong_type_not_a_traceback_in_a_rule(cli, tmp_path):
     stderr = one_block(cli("mode=plan", "model.cuda_graph_modules=[[attn]]", cwd=tmp_path))
-    assert "[config_types] model.cuda_graph_modules[0]: model.cuda_graph_modules[0] has a value of the wrong type" in stderr
+    assert ("[config_types] model.cuda_graph_modules[0]: model.cuda_graph_modules[0] has a value of the wrong type"
+            in stderr)
