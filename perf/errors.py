@@ -76,5 +76,7 @@ def _first_lines(error: BaseException) -> str:
             in_search_path = stripped.startswith("Config search path")
             if not in_search_path:
                 kept.append(stripped.rstrip("."))
-    text = "; ".join(kept)
+    text = ""
+    for line in kept:  # a line that ends in a colon introduces the next
+        text += (" " if text.endswith(":") else "; ") + line if text else line
     return f"{text} (see {see})" if see else text
