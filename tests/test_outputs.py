@@ -59,9 +59,10 @@ def test_a_directory_of_log_files_is_left_as_it_was(cli, tmp_path, args):
                                  "it away\n")
 
 
-def test_an_invalid_run_removes_only_the_directories_it_made(cli, tmp_path):
+@pytest.mark.parametrize("run_dir", ["runs/mine/new/deeper", "runs/mine", "runs"])
+def test_an_invalid_run_removes_only_the_directories_it_made(cli, tmp_path, run_dir):
     (tmp_path / "runs" / "mine").mkdir(parents=True)
-    result = cli(*INVALID, "hydra.run.dir=runs/mine/new/deeper", cwd=tmp_path)
+    result = cli(*INVALID, f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert result.returncode == 2
     assert listing(tmp_path) == ["runs", "runs/mine"]
 
@@ -86,7 +87,8 @@ def test_a_free_directory_is_taken_at_once_without_a_waiting_line(cli, tmp_path)
 
 def test_two_real_runs_in_one_directory_and_an_interrupt_keep_the_users_files(cli, tmp_path):
     """A training run holds the directory: a second run is refused naming it, a third waits for it;
-    Ctrl-C ends the first with a partial result, the third then plans; the user's files stay."""
+    Ctrl-C ends the first with a partial result, the third then plans; the user's files stay, and
+    what the first wrote has the permissions its umask (077) gives."""
     run_dir = tmp_path / "shared"
     user_files = {"notes.txt": "mine\n", "train.log": "an older log\n", "data/tokens.bin": "0123"}
     for name, text in user_files.items():
@@ -95,7 +97,8 @@ def test_two_real_runs_in_one_directory_and_an_interrupt_keep_the_users_files(cl
     progress = tmp_path / "first.err"
     with open(progress, "w") as stderr:
         first = subprocess.Popen([*GRAPHBRIDGE, "engine=torch", *TINY_RUN, "train.train_iters=500",
-                                  f"hydra.run.dir={run_dir}"], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=stderr)
+                                  f"hydra.run.dir={run_dir}"], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=stderr,
+                                 umask=0o077)
     waiting = None
     try:
         wait_for(lambda: re.search(r"\b[1-9]\d*/500\b", progress.read_text()), first)  # a step done: it trains
@@ -116,7 +119,8 @@ def test_two_real_runs_in_one_directory_and_an_interrupt_keep_the_users_files(cl
     assert {name: (run_dir / name).read_text() for name in user_files} == user_files
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "interrupted" and result["reason"].startswith("SIGINT received")
-    assert {"job.json", "resolved.yaml", "result.json", "main.log", ".hydra"} <= set(os.listdir(run_dir))
+    written = ("job.json", "resolved.yaml", "result.json", "main.log", ".hydra/config.yaml")
+    assert {name: (run_dir / name).stat().st_mode & 0o777 for name in written} == dict.fromkeys(written, 0o600)
 
 
 def wait_for(condition, process, timeout: float = 120) -> None:
