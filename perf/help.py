@@ -7,7 +7,7 @@ preset by hand (recipe, gpu and precision pick it), so the list here reads the w
 """
 
 import textwrap
-from typing import List
+from typing import List, Sequence
 
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
@@ -15,13 +15,18 @@ from omegaconf import OmegaConf
 RESOLVER = "graphbridge.help_groups"
 CHOSEN_FOR_YOU = {"hydra": "see --hydra-help", "preset": "picked by recipe, gpu and precision"}
 WIDTH = 100
+NESTING = 3
+"""How deep options nest below a group (recipe=family/name is 1): a symlink loop in a --config-dir
+nests without end."""
+PRINTS_HELP = ("--help", "-h", "--resolve", "--info", "-i")
+"""The flags that print the help template or resolve Hydra's config, which holds it."""
 
 
-def options(loader, group: str) -> List[str]:
+def options(loader, group: str, depth: int = 0) -> List[str]:
     """Every option of ``group`` as typed after ``group=``, nested ones as ``sub/option``."""
     found = list(loader.get_group_options(group))
-    for sub in loader.list_groups(group):
-        found += [f"{sub}/{option}" for option in options(loader, f"{group}/{sub}")]
+    for sub in loader.list_groups(group) if depth < NESTING else []:
+        found += [f"{sub}/{option}" for option in options(loader, f"{group}/{sub}", depth + 1)]
     return sorted(found)
 
 
@@ -33,6 +38,9 @@ def help_groups() -> str:
                      for group in sorted(loader.list_groups("")) if group not in CHOSEN_FOR_YOU)
 
 
-def register_help() -> None:
-    if not OmegaConf.has_resolver(RESOLVER):
+def register_help(argv: Sequence[str]) -> None:
+    """Register the resolver for a command line that prints the help. Only then: OmegaConf resolves
+    the template whenever Hydra merges its config (twice a run, 0.3 s each), and a plan or a run
+    never shows it."""
+    if any(arg.split("=", 1)[0] in PRINTS_HELP for arg in argv) and not OmegaConf.has_resolver(RESOLVER):
         OmegaConf.register_new_resolver(RESOLVER, help_groups)

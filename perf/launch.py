@@ -152,7 +152,7 @@ def run_job(config: GraphBridgeConfig, job_dir: Path, job: dict, job_log: Option
         command = training_command(config, job_dir, env)
     except LaunchError as error:
         log.error("%s", error)
-        write_missing_result(job_dir, job, str(error), interrupted=False)
+        stand_in_result(job_dir, job, str(error), interrupted=False)
         return LAUNCH_FAILED
     try:
         # Every node writes the job files (identical content, atomic writes), so that no node's
@@ -166,10 +166,18 @@ def run_job(config: GraphBridgeConfig, job_dir: Path, job: dict, job_log: Option
         # Node 0 alone stands in for a missing result.json: another node's torchrun may end before
         # rank 0 has written it, or before the shared filesystem shows it there.
         if node == 0 and not (job_dir / RESULT_FILE).exists():
-            write_missing_result(job_dir, job, forwarding.why_no_result(code), interrupted=bool(forwarding.received))
+            stand_in_result(job_dir, job, forwarding.why_no_result(code), interrupted=bool(forwarding.received))
     if forwarding.received:
         raise SystemExit(128 + forwarding.received)
     return code
+
+
+def stand_in_result(job_dir: Path, job: dict, reason: str, interrupted: bool) -> None:
+    """result.json for a job that wrote none; a write that fails (disk full) is one logged line."""
+    try:
+        write_missing_result(job_dir, job, reason, interrupted)
+    except WriteError as error:
+        log.error("%s (the job's own failure: %s)", error, reason)
 
 
 class SignalForwarding:

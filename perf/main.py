@@ -29,6 +29,7 @@ from bridge.prepare import prepare
 from bridge.result import write_invalid_result
 from perf import bridge_config, callbacks
 from perf.bridge_config_export import to_yaml
+from perf.errors import one_line_errors
 from perf.help import register_help
 from perf.joblog import echo, job_log_path
 from perf.launch import job_record, run_job
@@ -111,15 +112,16 @@ def main() -> None:
         print(f"graphbridge: {problem}", file=sys.stderr)
         sys.exit(INVALID)
     register()
-    register_help()
-    try:
-        app()
-    except SystemExit as exit:
-        # Hydra reports a config it cannot compose (a bad key, value or interpolation) in a few lines
-        # and exits 1 before the job starts: that is bad input, and bad input exits 2.
-        if exit.code == 1 and not STARTED:
-            sys.exit(INVALID)
-        raise
+    register_help(sys.argv[1:])
+    with one_line_errors():  # Hydra's refusals and its failed writes: one line
+        try:
+            app()
+        except SystemExit as exit:
+            # A few refusals Hydra prints itself and exits 1 before the job starts (--package naming
+            # no package): that is bad input, and bad input exits 2.
+            if exit.code == 1 and not STARTED:
+                sys.exit(INVALID)
+            raise
     if any(arg.split("=", 1)[0] in ("--cfg", "-c") for arg in sys.argv[1:]):
         say_what_a_run_migrates(sys.argv[1:])
     # A sweep goes on past failed and refused jobs, then says so in its exit status (after its report).

@@ -7,11 +7,17 @@ single run, or the sweep directory of a multirun, before Hydra writes anything i
   even when the process is killed): a second run there is refused in one line naming the owner,
   or waits for it with ``hydra.callbacks.run_directory.wait=true``;
 - a run refuses a directory that holds an earlier run's job files (resolved.yaml, job.json,
-  result.json), and a sweep one that holds an earlier sweep's jobs: results are never overwritten;
+  result.json, .hydra/) or a file named as its job log (main.log: Hydra would append to it), and a
+  sweep one that holds an earlier sweep's jobs: results are never overwritten;
 - it records what existed before, and when the process ends (any way but SIGKILL), a run that
-  left no job files (a plan, a refused config) removes what it created (Hydra's .hydra/ and
-  main.log, the lock file, the directories it made), and a sweep whose jobs left none (a plan
-  sweep) likewise; never anything that was there before, and never a job's files.
+  left no job files (a plan, a refused config) removes what it created: Hydra's bookkeeping
+  (.hydra/, main.log, multirun.yaml) among the entries that were not there before, the lock file,
+  the directories it made while they are empty; never anything that was there before, nothing
+  else that appeared meanwhile, and never a job's files. A sweep whose jobs left none (a plan
+  sweep) likewise.
+
+Any error while taking the directory (an interpolation in hydra.run.dir, a path that cannot be
+made) ends the command in one line: Hydra would only warn about a failing callback and go on.
 """
 
 import atexit
@@ -27,6 +33,7 @@ from typing import Any, List, Optional, Set
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
 from bridge.result import RESULT_FILE
 
@@ -42,57 +49,97 @@ class RunDirectory(Callback):
     """Takes and releases the run (or sweep) directory; see the module's docstring."""
 
     def __init__(self, wait: bool = False):
+        if not isinstance(wait, bool):
+            refuse(f"hydra.callbacks.run_directory.wait={wait}: true (wait for the run that holds the directory) "
+                   "or false (refuse to start)")
         self.wait = wait
 
+    # Hydra turns an exception of a callback into a warning and goes on: the run would start unlocked.
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        take(Path(config.hydra.run.dir), self.wait, earlier=earlier_run(config))
+        guarded(lambda: take(Path(config.hydra.run.dir), self.wait, earlier_run(config), bookkeeping(config)))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        take(Path(config.hydra.sweep.dir), self.wait, earlier=earlier_sweep)
+        guarded(lambda: take(Path(config.hydra.sweep.dir), self.wait, earlier_sweep, bookkeeping(config),
+                             kind="sweep directory"))
+
+
+def guarded(step) -> None:
+    """Run ``step``; any error it meets ends the command in one line (exit 2) instead."""
+    try:
+        step()
+    except OmegaConfBaseException as error:  # an interpolation in hydra.run.dir, hydra.job.name, ...
+        refuse(f"{getattr(error, 'full_key', None) or 'hydra'}: {str(error).splitlines()[0]}")
+    except Exception as error:  # noqa: BLE001 - whatever it is, the run must not start unlocked
+        refuse(f"cannot take the run directory ({type(error).__name__}: {error}); check hydra.run.dir / "
+               "hydra.sweep.dir")
+
+
+def bookkeeping(config: DictConfig) -> Set[str]:
+    """The names of what Hydra writes into a run (or job) directory that left no job files."""
+    return {".hydra", "multirun.yaml", f"{config.hydra.job.name}.log"}
 
 
 @dataclass
 class Ownership:
     directory: Path
     lock: Any
+    bookkeeping: Set[str]
     created_dirs: List[Path] = field(default_factory=list)
     existed: Set[str] = field(default_factory=set)
     created_lock_file: bool = False
 
     def release(self) -> None:
         """Remove what this run created and no job needs, then let the lock go."""
+        try:
+            self.remove_created()
+        except OSError:  # the directory changed under the run (moved, made read-only): leave it as it is
+            pass
+        self.lock.close()  # closing the file releases the flock
+
+    def remove_created(self) -> None:
         created = [entry for entry in sorted(self.directory.iterdir()) if entry.name not in self.existed
                    and entry.name != LOCK_FILE] if self.directory.is_dir() else []
         # A run's job files sit in its directory, a sweep's in its job directories.
-        left = [entry for entry in created for path in ([entry, *entry.iterdir()] if entry.is_dir() else [entry])
-                if path.name in JOB_FILES]
-        left_results = bool(left)
-        for entry in [] if left_results else created:  # Hydra's bookkeeping of a run that left no job
-            remove(entry)
-        if self.created_lock_file and not left_results:
-            (self.directory / LOCK_FILE).unlink(missing_ok=True)
+        left_results = any(path.name in JOB_FILES for entry in created
+                           for path in ([entry, *entry.iterdir()] if entry.is_dir() else [entry]))
+        if not left_results:  # Hydra's bookkeeping of a run that left no job; a file of anyone else stays
+            for entry in created:
+                self.remove_bookkeeping(entry)
+            if self.created_lock_file:
+                (self.directory / LOCK_FILE).unlink(missing_ok=True)
         for directory in reversed(self.created_dirs):  # innermost first, and only while empty
             try:
                 directory.rmdir()
             except OSError:
                 break
-        self.lock.close()  # closing the file releases the flock
+
+    def remove_bookkeeping(self, entry: Path) -> None:
+        """``entry`` if Hydra's, else the bookkeeping inside a directory this run made (a job's)."""
+        if entry.name in self.bookkeeping:
+            remove(entry)
+        elif entry.is_dir() and not entry.is_symlink():
+            for child in entry.iterdir():
+                self.remove_bookkeeping(child)
+            try:
+                entry.rmdir()
+            except OSError:  # something that is not Hydra's is in it
+                pass
 
 
-def take(directory: Path, wait: bool, earlier) -> Ownership:
+def take(directory: Path, wait: bool, earlier, bookkeeping: Set[str], kind: str = "run directory") -> Ownership:
     """Create (as needed) and lock ``directory``; exit 2 in one line when it is not ours to use."""
     directory = directory.absolute()
-    created = missing_parents(directory)
     try:
+        created = missing_parents(directory)
         directory.mkdir(parents=True, exist_ok=True)
         lock_path = directory / LOCK_FILE
         created_lock_file = not lock_path.exists()
         lock = open(lock_path, "a+")
+        existed = {entry.name for entry in directory.iterdir()} - {LOCK_FILE}
     except OSError as error:
-        refuse(f"cannot use {directory} as the run directory: {error.strerror or error}; choose another "
+        refuse(f"cannot use {directory} as the {kind}: {error.strerror or error}; choose another "
                "hydra.run.dir / hydra.sweep.dir")
-    ownership = Ownership(directory, lock, created,
-                          {entry.name for entry in directory.iterdir()} - {LOCK_FILE}, created_lock_file)
+    ownership = Ownership(directory, lock, bookkeeping, created, existed, created_lock_file)
     acquire(ownership, wait)
     problem = earlier(directory)
     if problem:
@@ -107,16 +154,17 @@ def take(directory: Path, wait: bool, earlier) -> Ownership:
 
 
 def acquire(ownership: Ownership, wait: bool) -> None:
-    flags = fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB
-    if wait:
-        print(f"graphbridge: waiting for {ownership.directory} ({describe_owner(ownership)})", file=sys.stderr)
     try:
-        fcntl.flock(ownership.lock.fileno(), flags)
+        fcntl.flock(ownership.lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
     except BlockingIOError:
-        message = (f"{ownership.directory} is in use by {describe_owner(ownership)}; wait for it "
-                   "(hydra.callbacks.run_directory.wait=true) or choose another hydra.run.dir / hydra.sweep.dir")
+        holder = describe_owner(ownership)
+    if not wait:
         ownership.lock.close()
-        refuse(message)
+        refuse(f"{ownership.directory} is in use by {holder}; wait for it (hydra.callbacks.run_directory.wait=true) "
+               "or choose another hydra.run.dir / hydra.sweep.dir")
+    print(f"graphbridge: waiting for {ownership.directory} ({holder})", file=sys.stderr)
+    fcntl.flock(ownership.lock.fileno(), fcntl.LOCK_EX)
 
 
 def owner() -> dict:
@@ -137,7 +185,10 @@ def describe_owner(ownership: Ownership) -> str:
 
 
 def earlier_run(config: DictConfig):
-    """A plan writes no job files, so only a run refuses a directory that holds an earlier run's."""
+    """A plan writes no job files, so only a run refuses a directory that holds an earlier run's, or a
+    file named as its job log (Hydra would append to it)."""
+    job_log = f"{config.hydra.job.name}.log"
+
     def check(directory: Path) -> Optional[str]:
         if config.get("mode") == "plan":
             return None
@@ -145,6 +196,9 @@ def earlier_run(config: DictConfig):
         if found:
             return (f"{directory} holds an earlier run's {', '.join(found)}; graphbridge never overwrites a result: "
                     "choose another hydra.run.dir (the default is a new timestamped one) or move them away")
+        if (directory / job_log).exists():
+            return (f"{directory} holds {job_log}, which this run's log would be appended to: choose another "
+                    "hydra.run.dir (the default is a new timestamped one) or move it away")
         return None
 
     return check

@@ -1,8 +1,9 @@
 """Checks on the command line before Hydra composes, for errors Hydra reports badly or not at all:
 a YAML syntax error or a duplicate key in a config file, a malformed '# @package' header, a
 defaults list that is not a list of names, a primary config that no longer loads the schema (each
-a long traceback), an unknown key, a misspelled group choice (no suggestion) or a group set to
-null (a traceback). Each becomes one line naming the file and line, or the override.
+a long traceback), an unknown key, a misspelled group choice (no suggestion), a group set to null,
+a callable set in Hydra's tree (perf/hydra_overrides.py), and what perf/command_line.py checks in
+the argument list itself. Each becomes one line naming the file and line, or the override.
 """
 
 import dataclasses
@@ -20,10 +21,10 @@ from hydra.errors import HydraException
 from bridge.config.paths import config_dir
 from bridge.config.schema import GraphBridgeConfig
 from bridge.recipes import presets
+from perf.command_line import FLAGS_WITH_VALUE, encoding_error, flag_error, long_key_error, loop_error
+from perf.help import PRINTS_HELP
+from perf.hydra_overrides import hydra_override_error, own_callbacks
 
-# Hydra's own flags and the ones that take a value.
-FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "--config-path", "-cp", "--config-name", "-cn",
-                    "--config-dir", "-cd", "--experimental-rerun", "--shell-completion", "-sc"}
 SHELL_COMPLETION = ("--shell-completion", "-sc")  # Hydra's own; its arguments are not overrides
 PRIMARY_FLAGS = ("--config-path", "-cp", "--config-name", "-cn")  # another primary config than conf/config.yaml
 OPEN_KEYS = ("hydra", "env_vars")  # Hydra's own tree and free-form dicts
@@ -79,14 +80,19 @@ def check(argv: List[str], config_root: Optional[Path] = None) -> Optional[str]:
     """An error line for the first problem found, or None; ``config_root`` replaces conf/."""
     if any(arg.split("=", 1)[0] in SHELL_COMPLETION for arg in argv):
         return None
+    encoding = encoding_error(argv) or flag_error(argv)
+    if encoding:
+        return encoding
     overrides, config_dirs, own_primary = _split(argv)
     own_root = config_root or config_dir()
+    user_roots = [Path(d) for d in config_dirs]
     # graphbridge's own tree is read whole; of a user's --config-dir only what the command line selects,
     # so a broken file there that this command does not use stops nothing.
-    files = list(_yaml_files([own_root])) + _selected_files([Path(d) for d in config_dirs], overrides)
+    files = list(_yaml_files([own_root])) + _selected_files(user_roots, overrides)
+    prints_help = any(arg.split("=", 1)[0] in PRINTS_HELP for arg in argv)
     return (_file_error(files) or (None if own_primary else _primary_error(own_root / "config.yaml"))
-            or _override_error(overrides, [own_root] + [Path(d) for d in config_dirs])
-            or _recipe_needs_gpu(overrides))
+            or _override_error(overrides, [own_root] + user_roots) or long_key_error(overrides)
+            or _recipe_needs_gpu(overrides) or (loop_error(user_roots) if prints_help else None))
 
 
 def _split(argv: List[str]):
@@ -259,10 +265,11 @@ def _override_error(overrides: List[str], roots: List[Path]) -> Optional[str]:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except HydraException:
         return None  # Hydra's parser message is clear; let Hydra report it
+    own = own_callbacks(roots[0] / "config.yaml")
     for override in parsed:
         key = override.key_or_group
-        if key.startswith("hydra.callbacks") or key.startswith("hydra/callbacks"):
-            error = _callback_error(override)
+        if key.split(".")[0] == "hydra":
+            error = hydra_override_error(override, own)
         elif key.split(".")[0] in OPEN_KEYS:
             continue
         elif _group_choices(key, roots) is not None:
@@ -274,16 +281,6 @@ def _override_error(overrides: List[str], roots: List[Path]) -> Optional[str]:
         if error:
             return error
     return None
-
-
-def _callback_error(override) -> Optional[str]:
-    """Hydra instantiates every callback of the config on every run, a plan included: from the
-    command line only graphbridge's own (perf.*) may be named."""
-    text = override.input_line
-    if "_target_" not in text or re.search(r"_target_\s*[=:]\s*['\"]?perf\.", text):
-        return None
-    return (f"{text}: Hydra would import and call that _target_ on every run, a plan included; only graphbridge's "
-            "own callbacks (perf.*) can be set from the command line")
 
 
 def _recipe_needs_gpu(overrides: List[str]) -> Optional[str]:
@@ -314,7 +311,8 @@ def _group_choices(group: str, roots: List[Path]) -> Optional[List[str]]:
     dirs = [root / group for root in roots if _is_dir(root / group)]
     if not dirs:
         return None
-    return sorted({str(p.relative_to(d).with_suffix("")) for d in dirs for p in d.rglob("*.yaml")})
+    # A link to nothing is no option: Hydra cannot load it.
+    return sorted({str(p.relative_to(d).with_suffix("")) for d in dirs for p in d.rglob("*.yaml") if p.is_file()})
 
 
 def _is_dir(path: Path) -> bool:

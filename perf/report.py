@@ -125,6 +125,7 @@ def _load_job(sweep_dir: Path, job_dir: Path) -> Job:
             result = json.loads((job_dir / "result.json").read_text())
             if not isinstance(result, dict):
                 raise ValueError(f"a JSON {type(result).__name__}, not an object")
+            _check_fields(result)
             job = result.get("job") or {}
             return Job(name, str(result.get("status", "unknown")), result.get("reason"),
                        dict(job.get("choices") or {}), _override_dict(job.get("overrides") or []), result)
@@ -136,6 +137,28 @@ def _load_job(sweep_dir: Path, job_dir: Path) -> Job:
                    {k: v for k, v in choices.items() if not k.startswith("hydra/")}, _override_dict(overrides))
     except (OSError, ValueError, TypeError, KeyError, AttributeError, yaml.YAMLError) as error:
         return Job(name, "unreadable", f"its record cannot be read: {type(error).__name__}: {error}"[:300], {}, {})
+
+
+NUMBER = (int, float)
+RESULT_FIELDS = {
+    "status": str, "reason": str, "effective_impl": str, "engine": str, "device": str,
+    "job": dict, "job.choices": dict, "job.overrides": list,
+    "step_time_ms": dict, "step_time_ms.median": NUMBER, "step_time_ms.p10": NUMBER, "step_time_ms.p90": NUMBER,
+    "step_time_ms.count": NUMBER, "memory": dict, "memory.peak_allocated_gb": NUMBER,
+    "memory.peak_reserved_gb": NUMBER, "profile": dict, "profile.gpu_busy": NUMBER, "env": dict, "env.gpu": str,
+    "tokens_per_s": NUMBER, "tflops_per_gpu": NUMBER, "capture_time_s": NUMBER, "graph_count": NUMBER,
+}
+"""What the report reads from a result.json, and the types it can read (null is always allowed)."""
+
+
+def _check_fields(result: dict) -> None:
+    """ValueError naming the first field the report reads that has another type (a damaged file)."""
+    for dotted, kind in RESULT_FIELDS.items():
+        node = result
+        for part in dotted.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None and not isinstance(node, kind):
+            raise ValueError(f"{dotted} is a JSON {type(node).__name__}")
 
 
 def _override_dict(overrides: Sequence[str]) -> Dict[str, str]:

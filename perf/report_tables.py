@@ -8,19 +8,20 @@ summary.md has every column.
 import csv
 import html
 import io
-import os
 import re
 from collections import Counter
 from pathlib import Path
 from typing import List, Tuple
 
-from bridge.atomic import write_text_atomic
+from bridge.atomic import write_bytes_atomic, write_text_atomic
 
 MIN_TIMED_STEPS = 30
 SUMMARY_FILES = ("summary.md", "summary.csv", "summary.png")
 EAGER_COLOR, GRAPHED_COLOR = "#8c8c8c", "#76b900"
 CONTROL = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07|[\x00-\x08\x0b-\x1f\x7f]")
 """ANSI escape sequences and other control characters (a terminal would obey them)."""
+MARKDOWN = re.compile(r"[\\`*\[\]|~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+"""Markdown's inline syntax: backslash, code, emphasis, link and image brackets, cell bar, strikethrough."""
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 """How a CSV cell starts a formula in a spreadsheet (OWASP's CSV injection list)."""
 TERMINAL_COLUMNS = ("job", "cuda_graph", "status", "step ms (median)", "speedup", "peak alloc GB", "note")
@@ -33,7 +34,9 @@ def plain(value) -> str:
 
 
 def markdown_cell(value) -> str:
-    return html.escape(plain(value), quote=False).replace("|", "\\|")
+    """Plain text in a table cell: HTML escaped, and the markdown that would start a link, an image, code,
+    emphasis, strikethrough or a new cell backslash-escaped (a lone _ inside a word is text already)."""
+    return MARKDOWN.sub(r"\\\g<0>", html.escape(plain(value), quote=False))
 
 
 def csv_cell(value):
@@ -94,7 +97,7 @@ def write_markdown(summary, path: Path) -> None:
     lines = [
         f"# {markdown_cell(summary.title)}",
         "",
-        f"Sweep `{markdown_cell(summary.directory)}`: {len(summary.rows)} jobs "
+        f"Sweep {markdown_cell(summary.directory)}: {len(summary.rows)} jobs "
         f"({', '.join(f'{n} {markdown_cell(status)}' for status, n in status_counts.items())}).",
         "",
         "| " + " | ".join(markdown_cell(header) for header in headers) + " |",
@@ -169,9 +172,9 @@ def write_plot(summary, path: Path) -> None:
         axis.grid(axis="y", alpha=0.3)
     figure.legend(handles=[Patch(color=EAGER_COLOR, label="eager"), Patch(color=GRAPHED_COLOR, label="graphed")],
                   loc="outside lower center", ncols=2, frameon=False)
-    partial = path.with_name(f".{path.name}.tmp")  # a reader never sees half a PNG
-    figure.savefig(partial, dpi=150, format="png")
-    os.replace(partial, path)
+    png = io.BytesIO()
+    figure.savefig(png, dpi=150, format="png")
+    write_bytes_atomic(path, png.getvalue())  # a reader never sees half a PNG
 
 
 def _bar_label(row: dict) -> str:

@@ -23,7 +23,7 @@ JOB = {"choices": {"recipe": "llama/tiny", "cuda_graph": "none"}, "overrides": [
 ENTRY_POINTS = {
     "graphbridge": "from perf.main import main; main()",
     "graphbridge-workload": "from perf.workload import main; main()",
-    "graphbridge-report": "from perf.report import main; main()",
+    "graphbridge-report": "import sys; from perf.report import main; sys.exit(main())",  # as its console script
 }
 
 

@@ -207,7 +207,8 @@ def one_line(result, expected: str):
 def test_a_symlink_loop_in_a_config_dir_does_not_hang(cli, tmp_path):
     (tmp_path / "conf" / "recipe").mkdir(parents=True)
     (tmp_path / "conf" / "recipe" / "loop").symlink_to(tmp_path / "conf")
-    result = cli("--config-dir", str(tmp_path / "conf"), "mode=plan", cwd=tmp_path, timeout=60)
+    # A plan takes a second; walking the loop (as the --help resolver once did on every run) took minutes.
+    result = cli("--config-dir", str(tmp_path / "conf"), "mode=plan", cwd=tmp_path, timeout=30)
     assert result.returncode == 0, result.stderr
 
 
@@ -228,7 +229,8 @@ def test_broken_files_the_command_does_not_use_stop_nothing(cli, tmp_path):
 @pytest.mark.parametrize("override, expected", [
     ("+model.cuda_graph_scop=[attn]", "no key 'cuda_graph_scop' in model; did you mean model.cuda_graph_scope?"),
     ("++train.iters=3", "no key 'iters' in train"),
-    ("+hydra.callbacks.x._target_=os.getcwd", "only graphbridge's own callbacks (perf.*) can be set"),
+    ("+hydra.callbacks.x._target_=os.getcwd", "no callback 'x'; from the command line hydra.callbacks takes "
+                                              "graphbridge's own (run_directory, summary)"),
     ("recipe=llama/llama3_8b", "recipe=llama/llama3_8b runs Bridge's per-GPU presets: add gpu= and precision="),
     ("train.train_iters=${oops}", "train.train_iters: Interpolation key 'oops' not found"),
     ("model." + "x" * 10000 + "=1", "no key 'x"),
@@ -240,3 +242,72 @@ def test_bad_command_lines_are_one_line(cli, tmp_path, override, expected):
 def test_hydra_shell_completion_passes_preflight(cli, tmp_path):
     result = cli("-sc", "install=bash", cwd=tmp_path)
     assert result.returncode == 0 and "hydra_bash_completion" in result.stdout, result.stderr
+
+
+# --- what Hydra or OmegaConf refuse, and Hydra's own tree: one line, exit 2 ---------------------
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["train.train_iters=abc"], "train.train_iters: Value 'abc' of type 'str' could not be converted to Integer"),
+    (["train.train_iters=[1,"], "no viable alternative at input '[1,' (see https://hydra.cc/"),
+    (["env_vars.X=1"], "To append to your config use +env_vars.X=1"),
+    (["hydra.run.dir=${oops}"], "hydra.run.dir: Interpolation key 'oops' not found"),
+    (["hydra.job.name=${oops}"], "hydra.job.name: Interpolation key 'oops' not found"),
+    (["hydra.verbose=${oops}"], "Interpolation key 'oops' not found"),
+    (["cuda_graph=none,te_attn", "hydra.sweep.subdir=${oops}", "-m"], "hydra.sweep.subdir: Interpolation key 'oops'"),
+    (["hydra.callbacks.run_directory.wait=maybe"], "hydra.callbacks.run_directory.wait=maybe: true (wait for"),
+    (["--config-dir=/nonexistent/conf"], "Additional config directory '/nonexistent/conf' not found"),
+    (["+env_vars." + "k" * 300 + "=1"], "no config key or group has a name this long (at most 255 bytes)"),
+    (["hydra.run.dir=" + "d" * 300 + "/run"], "File name too long; choose another hydra.run.dir"),
+    (["-m", "cuda_graph=none"], "-m: Hydra takes its flags before the overrides; write graphbridge -m <overrides>"),
+    (["--bogus"], "--bogus: no such flag"),
+], ids=["type", "syntax", "not-in-struct", "run-dir-interpolation", "job-name-interpolation", "verbose-interpolation",
+        "sweep-subdir-interpolation", "wait-not-a-bool", "missing-config-dir", "long-key", "long-run-dir",
+        "flag-between-overrides", "unknown-flag"])
+def test_what_hydra_refuses_is_one_line(cli, tmp_path, args, expected):
+    result = cli("mode=plan", *args, cwd=tmp_path)
+    one_line(result, expected)
+    assert list(tmp_path.iterdir()) == []  # nothing made, nothing left
+
+
+def test_bytes_that_are_not_utf8_are_named(cli, tmp_path):
+    one_line(cli("mode=plan", os.fsdecode(b"model.num_layers=\xe9"), cwd=tmp_path),
+             "model.num_layers=\\xe9: byte 0xe9 is not UTF-8 text")
+
+
+@pytest.mark.parametrize("mode", ["mode=plan", "mode=train"])
+@pytest.mark.parametrize("override, expected", [
+    ("+hydra.callbacks.x={_target_:logging.FileHandler,filename:%s}", "no callback 'x'"),
+    ("hydra.callbacks.summary={_target_:logging.FileHandler,filename:%s}", "Hydra would import and call "
+                                                                          "logging.FileHandler on every run"),
+    ("hydra.callbacks.run_directory.x={_target_:logging.FileHandler,filename:%s}", "hydra.callbacks.run_directory "
+                                                                                  "is graphbridge's"),
+    ("+hydra.job_logging.handlers.x={class:logging.FileHandler,filename:%s}",
+     "Hydra would import and call logging.FileHandler (hydra.job_logging.handlers.x.class)"),
+    ("hydra.launcher._target_=logging.FileHandler", "(hydra.launcher._target_); choose Hydra's logging and plugins"),
+], ids=["new-callback", "callback-target", "nested-target", "logging-class", "launcher-target"])
+def test_a_callable_set_in_hydras_tree_is_refused_and_never_called(cli, tmp_path, mode, override, expected):
+    # Were the callable called, the file would exist: a FileHandler creates its file.
+    called = tmp_path / "called.log"
+    one_line(cli(mode, "engine=torch", override.replace("%s", str(called)), cwd=tmp_path), expected)
+    assert not called.exists()
+
+
+def test_graphbridges_own_callbacks_can_be_set(cli, tmp_path):
+    result = cli("mode=plan", "hydra.callbacks.run_directory={wait:false}", "~hydra.callbacks.summary",
+                 "hydra.callbacks.run_directory._target_=perf.outputs.RunDirectory", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_symlink_loop_is_named_where_help_would_walk_it(cli, tmp_path):
+    (tmp_path / "conf" / "recipe").mkdir(parents=True)
+    (tmp_path / "conf" / "recipe" / "loop").symlink_to(tmp_path / "conf")
+    one_line(cli("--config-dir", str(tmp_path / "conf"), "--help", cwd=tmp_path, timeout=60),
+             f"{tmp_path / 'conf' / 'recipe' / 'loop'}: a symlink to {tmp_path / 'conf'}, which holds it")
+
+
+def test_a_link_to_nothing_is_no_option(cli, tmp_path):
+    (tmp_path / "recipe").mkdir()
+    (tmp_path / "recipe" / "gone.yaml").symlink_to(tmp_path / "nowhere.yaml")
+    one_line(cli("--config-dir", str(tmp_path), "recipe=gone", "mode=plan", cwd=tmp_path),
+             "recipe=gone: no such option")

@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -216,23 +217,43 @@ def test_callback_module_is_import_light():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
+DAMAGED_RESULTS = ['{"status": "comp', "[1, 2]", "\xff\xfe not json", "", '{"status": 5}',
+                   '{"status": "completed", "step_time_ms": [1]}', '{"status": "completed", "job": "x"}',
+                   '{"status": "completed", "step_time_ms": {"median": "fast", "count": 40}}',
+                   '{"status": "completed", "step_time_ms": {"median": 3.0, "count": "x"}}',
+                   '{"status": "completed", "memory": 3}', '{"status": "completed", "profile": {"gpu_busy": "x"}}']
+"""Truncated, empty, not UTF-8, not an object, and fields of the wrong type."""
+
+
 def test_one_unreadable_result_is_a_row_not_a_traceback(report_cli, tmp_path):
     sweep = tmp_path / "sweep"
     add_job(sweep, 0, "none", median=10.0)
-    for num, text in ((1, '{"status": "comp'), (2, "[1, 2]"), (3, "\xff\xfe not json")):
+    for num, text in enumerate(DAMAGED_RESULTS, 1):
         job_dir = add_job(sweep, num, "te_attn", status="missing")
         (job_dir / "result.json").write_bytes(text.encode("latin-1"))
-    (add_job(sweep, 4, "te_layer", status="missing") / "result.json").mkdir()
+    (add_job(sweep, len(DAMAGED_RESULTS) + 1, "te_layer", status="missing") / "result.json").mkdir()
     result = report_cli(str(sweep), cwd=tmp_path)
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
     rows = read_rows(sweep)
-    assert [row["status"] for row in rows] == ["completed"] + ["unreadable"] * 4
+    assert [row["status"] for row in rows] == ["completed"] + ["unreadable"] * (len(DAMAGED_RESULTS) + 1)
     assert all(row["note"].startswith("its record cannot be read") for row in rows[1:])
+    assert "step_time_ms.median is a JSON str" in rows[8]["note"]
+
+
+@pytest.mark.parametrize("in_the_way", ["summary.png", "summary.md"])
+def test_a_summary_that_cannot_be_written_is_one_line_and_leaves_no_partial_file(report_cli, tmp_path, in_the_way):
+    sweep = tmp_path / "sweep"
+    add_job(sweep, 0, "none", median=10.0)
+    (sweep / in_the_way).mkdir()
+    result = report_cli(str(sweep), cwd=tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr == f"graphbridge-report: cannot write {sweep / in_the_way}: Is a directory\n"
+    assert not [path for path in sweep.iterdir() if path.name.endswith(".tmp")]
 
 
 def test_user_text_is_escaped_for_markdown_html_csv_and_the_terminal(report_cli, tmp_path):
     sweep = tmp_path / "sweep"
-    hostile = "a|b\n<script>alert(1)</script>\x1b[31mred"
+    hostile = "a|b\n<script>alert(1)</script>\x1b[31mred c\\|d ![i](http://x/t.png) `code` *em* _em_ ~~del~~"
     add_job(sweep, 0, "none", median=10.0, extra_overrides=[f"+env_vars.X={hostile}"])
     add_job(sweep, 1, "full_iteration", median=5.0, extra_overrides=["+env_vars.X==cmd|' /C calc'!A0"])
     result = report_cli(str(sweep), cwd=tmp_path, env={**os.environ, "COLUMNS": "200"})
@@ -240,6 +261,10 @@ def test_user_text_is_escaped_for_markdown_html_csv_and_the_terminal(report_cli,
     markdown = (sweep / "summary.md").read_text()
     assert "<script>" not in markdown and "&lt;script&gt;" in markdown and "\x1b" not in markdown
     assert "a\\|b" in markdown and all(line.count("|") >= 14 for line in markdown.splitlines() if line.startswith("| 0"))
+    # Every markdown character of the value is escaped, a backslash before a bar included: the cells stay.
+    assert ("c\\\\\\|d !\\[i\\](http://x/t.png) \\`code\\` \\*em\\* \\_em\\_ \\~\\~del\\~\\~" in markdown)
+    header, row = (line for line in markdown.splitlines() if line.startswith(("| job", "| 0")))
+    assert len(re.findall(r"(?<!\\)(?:\\\\)*\|", row)) == len(re.findall(r"\|", header))
     cells = [cell for row in read_rows(sweep) for cell in row.values()]
     assert not any(cell.startswith(("=", "+", "-", "@")) for cell in cells)
     assert "'=cmd|' /C calc'!A0" in cells

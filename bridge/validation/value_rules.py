@@ -16,7 +16,7 @@ POSITIVE = (
     "dataset.seq_length", "train.micro_batch_size", "train.global_batch_size", "train.train_iters",
     "train.num_gpus", "train.num_nodes", "model.tensor_model_parallel_size",
     "model.pipeline_model_parallel_size", "model.context_parallel_size", "model.expert_model_parallel_size",
-    "model.make_vocab_size_divisible_by",
+    "model.make_vocab_size_divisible_by", "model.seq_length",
 )
 INT32_MAX = 2**31 - 1
 """Counts and sizes beyond this overflow the int32 indices of megatron-core's and PyTorch's kernels."""
@@ -64,8 +64,6 @@ def positive_sizes(cfg, target):
     ]
 
 
-
-
 # key -> (lowest, highest, what the range means); None is open. Optional keys may also be null.
 RANGES = {
     "model.ffn_hidden_size": (1, None), "model.kv_channels": (1, None), "model.num_query_groups": (1, None),
@@ -78,6 +76,9 @@ RANGES = {
     "model.linear_conv_kernel_dim": (1, None), "model.linear_key_head_dim": (1, None),
     "model.linear_value_head_dim": (1, None), "model.linear_num_key_heads": (1, None),
     "model.linear_num_value_heads": (1, None), "model.cuda_graph_warmup_steps": (0, None),
+    "model.window_attn_skip_freq": (1, None), "model.original_max_position_embeddings": (1, None),
+    "model.num_layers_in_first_pipeline_stage": (1, None), "model.num_layers_in_last_pipeline_stage": (1, None),
+    "perf.profile_start_step": (0, None),
     "perf.warmup_steps": (0, None), "perf.nan_check_interval": (0, None), "perf.profile_steps": (1, None),
     "perf.inject_nan_at_step": (0, None), "rng.seed": (0, None), "optimizer.lr_warmup_iters": (0, None),
     "workload.preset_global_batch_size": (1, None),
@@ -87,10 +88,14 @@ RANGES = {
     "model.mtp_loss_scaling_factor": (0.0, None), "model.moe_input_jitter_eps": (0.0, None),
     "optimizer.weight_decay": (0.0, None), "optimizer.adam_beta1": (0.0, 1.0), "optimizer.adam_beta2": (0.0, 1.0),
     "optimizer.adam_eps": (0.0, None), "optimizer.clip_grad": (0.0, None),
+    "model.moe_expert_capacity_factor": (0.0, None), "model.rope_scaling_factor": (0.0, None),
+    "model.rotary_scaling_factor": (0.0, None), "model.moe_router_topk_scaling_factor": (0.0, None),
 }
 EXCLUSIVE_LOW = {"model.layernorm_epsilon", "model.init_method_std", "model.rotary_base", "model.rotary_percent",
-                 "model.moe_input_jitter_eps", "optimizer.adam_eps"}
-"""Floats that must be above their lowest value, not equal to it (an epsilon of 0 divides by zero)."""
+                 "model.moe_input_jitter_eps", "optimizer.adam_eps", "model.moe_expert_capacity_factor",
+                 "model.rope_scaling_factor", "model.rotary_scaling_factor", "model.moe_router_topk_scaling_factor"}
+"""Floats that must be above their lowest value, not equal to it (an epsilon of 0 divides by zero, a
+scaling factor of 0 zeroes what it scales, a capacity factor of 0 drops every token)."""
 EXCLUSIVE_HIGH = {"model.attention_dropout", "model.hidden_dropout", "optimizer.adam_beta1", "optimizer.adam_beta2"}
 """Floats that must stay below their highest value (a dropout of 1 drops everything)."""
 
@@ -119,14 +124,17 @@ def nullable(key: str) -> bool:
     return next(item for item in dataclasses.fields(node) if item.name == name).default is None
 
 
-def int_leaves(node, prefix: str = ""):
-    """(dotted key, value) of every int the config holds (bools are not counted)."""
+def number_leaves(node, kind: type, prefix: str = ""):
+    """(dotted key, value) of every ``kind`` (int or float) the config holds, in lists too (bools are
+    not counted)."""
     for item in dataclasses.fields(node):
         value = getattr(node, item.name)
         if dataclasses.is_dataclass(value):
-            yield from int_leaves(value, f"{prefix}{item.name}.")
-        elif isinstance(value, int) and not isinstance(value, bool):
-            yield prefix + item.name, value
+            yield from number_leaves(value, kind, f"{prefix}{item.name}.")
+            continue
+        for index, element in enumerate(value if isinstance(value, (list, tuple)) else [value]):
+            if isinstance(element, kind) and not isinstance(element, bool):
+                yield prefix + item.name + (f"[{index}]" if isinstance(value, (list, tuple)) else ""), element
 
 
 @rule("value_ranges",
@@ -137,7 +145,11 @@ def value_ranges(cfg, target):
     found = [violation("value_ranges", [key], f"{key}={_get(cfg, key)} must be {range_text(key)}; set a value "
                                               f"{range_text(key)}{' (or null: unset)' if nullable(key) else ''}")
              for key in RANGES if _get(cfg, key) is not None and out_of_range(key, _get(cfg, key))]
+    flagged = {v.keys[0] for v in found}
     found += [violation("value_ranges", [key], f"{key}={value} overflows the int32 indices of the kernels that read "
-                                              f"it; use a value of at most {INT32_MAX}")
-              for key, value in int_leaves(cfg) if value > INT32_MAX]
+                                              f"it; use a value between {-INT32_MAX - 1} and {INT32_MAX}")
+              for key, value in number_leaves(cfg, int)
+              if key not in flagged and not -INT32_MAX - 1 <= value <= INT32_MAX]
+    found += [violation("value_ranges", [key], f"{key}={value} is not a finite number; set a finite value")
+              for key, value in number_leaves(cfg, float) if not math.isfinite(value) and key not in RANGES]
     return found

@@ -1,0 +1,82 @@
+"""Every size, count, step, interval and rate has a range, checked before any other rule reads it: through
+the real command line, impossible values are named all at once (exit 2), and integers that would
+overflow in training are refused before a job is written."""
+
+import dataclasses
+import typing
+
+import pytest
+
+from bridge.config.schema import GraphBridgeConfig
+from bridge.validation.value_rules import POSITIVE, RANGES
+
+# Numbers that mean something at any value (or whose range another rule owns), so value_ranges leaves
+# them open: every other number of the schema has a range.
+OPEN = {
+    "model.glu_linear_offset": "an offset: any sign",
+    "model.activation_func_clamp_value": "a clamp bound: any sign",
+    "model.beta_fast": "YaRN ramp boundary (megatron-core takes any value)",
+    "model.beta_slow": "YaRN ramp boundary (megatron-core takes any value)",
+    "model.mscale": "YaRN attention scale (megatron-core takes any value)",
+    "model.mscale_all_dim": "YaRN attention scale, 0 turns it off",
+    "model.window_size": "(left, right) attention window, -1 is unbounded",
+    "model.expert_tensor_parallel_size": "positive_sizes",
+    "workload.preset_num_gpus": "positive_sizes",
+    "optimizer.lr": "lr_schedule",
+    "optimizer.min_lr": "lr_schedule",
+}
+
+
+def is_numeric(kind) -> bool:
+    """int, float, and Optional or List of them (bool is a type of its own here)."""
+    return kind in (int, float) or any(is_numeric(arg) for arg in typing.get_args(kind))
+
+
+def numeric_leaves(node=GraphBridgeConfig, prefix=""):
+    for item in dataclasses.fields(node):
+        if dataclasses.is_dataclass(item.type):
+            yield from numeric_leaves(item.type, f"{prefix}{item.name}.")
+        elif is_numeric(item.type):
+            yield prefix + item.name
+
+
+def test_every_number_of_the_schema_has_a_range_or_a_reason_to_have_none():
+    unranged = [key for key in numeric_leaves() if key not in POSITIVE and key not in RANGES and key not in OPEN]
+    assert unranged == []
+    assert set(OPEN) <= set(numeric_leaves())  # no stale entry
+
+
+def one_block(result):
+    assert result.returncode == 2 and "Traceback" not in result.stdout + result.stderr, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[0] == "invalid configuration:" and all(line.startswith("  [") for line in lines[1:]), result.stderr
+    return result.stderr
+
+
+def test_zero_and_negative_values_are_named_all_at_once(cli, tmp_path):
+    bad = {"model.kv_channels": "0", "model.ffn_hidden_size": "0", "model.num_moe_experts": "0",
+           "model.moe_router_topk": "0", "perf.warmup_steps": "-1", "perf.nan_check_interval": "-1",
+           "model.seq_length": "0", "model.window_attn_skip_freq": "0", "model.original_max_position_embeddings": "0",
+           "perf.profile_start_step": "-1", "model.moe_expert_capacity_factor": "-1.0",
+           "model.rope_scaling_factor": "0", "model.num_layers_in_last_pipeline_stage": "0",
+           "model.mscale": "nan", "optimizer.lr": "inf"}
+    stderr = one_block(cli("mode=plan", *(f"{key}={value}" for key, value in bad.items()), cwd=tmp_path))
+    assert [key for key in bad if f"] {key}: {key}=" not in stderr] == []
+
+
+@pytest.mark.parametrize("override, key", [
+    ("train.train_iters=9223372036854775807", "train.train_iters"),
+    ("model.hidden_size=9223372036854775808", "model.hidden_size"),
+    ("model.window_size=[-9223372036854775808,0]", "model.window_size[0]"),
+    ("model.cuda_graph_warmup_steps=4294967296", "model.cuda_graph_warmup_steps"),
+])
+def test_integers_that_overflow_in_training_are_refused_before_a_job(cli, tmp_path, override, key):
+    stderr = one_block(cli("engine=torch", override, "hydra.run.dir=run", cwd=tmp_path))
+    assert f"{key}: {key}=" in stderr and "overflows the int32 indices" in stderr
+    assert not (tmp_path / "run").exists()  # no job was written, nothing trained
+
+
+def test_a_nested_list_is_a_wrong_type_not_a_traceback_in_a_rule(cli, tmp_path):
+    stderr = one_block(cli("mode=plan", "model.cuda_graph_modules=[[attn]]", cwd=tmp_path))
+    assert ("[config_types] model.cuda_graph_modules[0]: model.cuda_graph_modules[0] has a value of the wrong type"
+            in stderr)
