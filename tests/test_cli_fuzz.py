@@ -124,15 +124,7 @@ def test_bad_overrides_exit_2_with_a_message(cli, tmp_path, seed):
     check_one_case(cli, tmp_path, seed)
 
 
-@pytest.fixture
-def asked_for_slow(request):
-    """A plain `pytest` (CI) does not deselect the slow marker; these 1000 cases (15 minutes on two
-    cores) run only when a -m expression names it."""
-    if "slow" not in request.config.getoption("markexpr"):
-        pytest.skip("1000 more cases: pytest -m slow tests/test_cli_fuzz.py")
-
-
-@pytest.mark.slow
+@pytest.mark.slow  # 15 minutes on two cores: pyproject's addopts leave it out of a plain pytest
 @pytest.mark.parametrize("seed", range(SEED + 60, SEED + 1060))
-def test_bad_overrides_exit_2_with_a_message_many(cli, tmp_path, seed, asked_for_slow):
+def test_bad_overrides_exit_2_with_a_message_many(cli, tmp_path, seed):
     check_one_case(cli, tmp_path, seed)
