@@ -1,8 +1,9 @@
 """``<job_dir>/result.json``: what one training job measured, written atomically.
 
 This module is the one writer of result.json: a trained (or stopped) job's full record, and the
-short records of a job refused before it started (status "invalid", with its violations) or of a
-job whose training process left none ("failed" / "interrupted", with the reason).
+short records of a job refused before it started (status "invalid" when its config breaks a rule,
+"cannot_run_here" when only this machine cannot run it; with its violations) or of a job whose
+training process left none ("failed" / "interrupted", with the reason).
 
 Keys of a full record (perf/report.py reads exactly these):
     status "completed" | "failed" | "interrupted", reason (null or why it did not complete),
@@ -38,6 +39,9 @@ from bridge.machine import probe
 from bridge.memory import estimate_memory
 
 RESULT_FILE = "result.json"
+
+REFUSED_HERE = "cannot_run_here"
+"""The status of a valid job this machine cannot run (too few GPUs, a package missing)."""
 
 
 @dataclass
@@ -108,8 +112,11 @@ def write_result(job_dir: Path, result: dict) -> Path:
 
 
 def write_invalid_result(job_dir: Path, violations: List, job: dict) -> Path:
-    """The record of a job the catalogue refused (its violations, each as rule/keys/message/where)."""
-    return write_result(job_dir, {"status": "invalid", "reason": "; ".join(str(v) for v in violations),
+    """The record of a job the catalogue refused (its violations, each as rule/keys/message/where):
+    "invalid" when the config breaks a rule, "cannot_run_here" when it is valid but this machine lacks
+    what it needs (GPUs, packages), so that a sweep on a laptop does not call a cluster job invalid."""
+    status = "invalid" if any(violation.in_config for violation in violations) else REFUSED_HERE
+    return write_result(job_dir, {"status": status, "reason": "; ".join(str(v) for v in violations),
                                   "violations": [v.as_dict() for v in violations], "job": job})
 
 

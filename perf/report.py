@@ -25,6 +25,7 @@ from typing import Dict, List, NoReturn, Optional, Sequence
 import yaml
 
 from bridge.atomic import WriteError
+from bridge.result import REFUSED_HERE
 from perf.report_tables import MIN_TIMED_STEPS, print_summary, write_summary
 
 COMPUTE_BOUND = 0.9
@@ -294,11 +295,12 @@ def build_summary(sweep_dir: Path) -> Summary:
 
 def exit_code(summary: Summary) -> int:
     """A sweep's verdict: 1 when a job failed, was interrupted, left no or an unreadable result; else 2
-    when a job was refused (invalid config); else 0."""
+    when a job was refused (an invalid config, or one this machine cannot run); else 0."""
     statuses = {row["status"] for row in summary.rows}
-    if statuses - {"completed", "invalid"}:
+    refused = {"invalid", REFUSED_HERE}
+    if statuses - {"completed"} - refused:
         return 1
-    return 2 if "invalid" in statuses else 0
+    return 2 if statuses & refused else 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -83,6 +83,17 @@ def test_cpu_multirun_ends_with_a_summary_of_every_job_and_a_failing_status(cli,
     assert [row["job"] for row in read_summary(sweep_dir)] == ["0", "1"]
 
 
+def test_a_job_this_machine_cannot_run_is_not_called_invalid(cli, tmp_path):
+    """TE graphs in a sweep on a machine without CUDA and TE: a valid job, refused here, exit 2."""
+    sweep_dir = tmp_path / "sweep"
+    result = cli("-m", *TINY, "cuda_graph=none,te_attn", "train.train_iters=3", "perf.warmup_steps=1",
+                 "model.cuda_graph_warmup_steps=1", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    rows = {row["cuda_graph"]: row for row in read_summary(sweep_dir)}
+    assert rows["none"]["status"] == "completed"
+    assert rows["te_attn"]["status"] == "cannot_run_here" and "[engine_impl]" in rows["te_attn"]["note"]
+
+
 def test_a_sweep_of_good_jobs_exits_0(cli, tmp_path):
     result = cli("-m", *TINY, "engine=torch", "cuda_graph=none,local_layer", "train.train_iters=3",
                  "perf.warmup_steps=1", "model.cuda_graph_warmup_steps=1", f"hydra.sweep.dir={tmp_path / 'sweep'}",
