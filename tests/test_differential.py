@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # ours on purpose, not an accident.
 STRICTER = {
     "full_iteration_modules": "modules mean nothing under full_iteration (megatron-core drops them); 0.19 refuses too",
-    "local_scoped_modules": "local graphs the whole layer in 0.16.1 whatever the scope; Bridge HEAD refuses too",
+    "local_scoped_modules": "local graphs the whole layer in 0.16.1 whatever the scope; 0.19 would graph the parts, "
+                            "which Bridge refuses (scoped capture is TE's) and graphbridge has not run",
     "dropless_moe_capture": "dropless dispatch reads expert counts on the host: capture fails on the GPU (measured)",
     "moe_modules_need_moe_model": "the same scopes megatron-core refuses, under full_iteration where it drops them",
     "moe_needs_drop_and_pad": "as above: megatron-core's rule, kept when full_iteration drops the scope",

@@ -7,6 +7,7 @@ keep the upstream wording where there is one and add the override that fixes it.
 import difflib
 
 from bridge.config.schema import CUDA_GRAPH_MODULES
+from bridge.translate.versions import in_range
 from bridge.validation.graph_facts import (
     FULL_ITERATION,
     IMPL,
@@ -123,19 +124,24 @@ def full_iteration_p2p_sync(cfg, target):
 
 
 @rule("local_scoped_modules",
-      rejects='local with attn or mlp (megatron-core 0.16.1 graphs the whole layer)',
+      rejects='local with attn or mlp (megatron-core 0.16.1 graphs the whole layer whatever the modules; '
+              '0.19 would graph the parts, which Megatron-Bridge leaves to Transformer Engine and graphbridge '
+              'has not run)',
       fix='`cuda_graph=local_layer` or a TE scope', engine="megatron")
 def local_scoped_modules(cfg, target):
     scoped = sorted({"attn", "mlp"} & set(modules_of(cfg)))
     # The torch engine's local impl is make_graphed_callables, which does graph sub-modules.
-    if impl_of(cfg) == LOCAL and scoped:
-        return violation(
-            "local_scoped_modules", [IMPL, MODULES],
-            f"cuda_graph_impl=local graphs the whole layer in megatron-core 0.16.1, not {scoped}; "
-            f"use cuda_graph=local_layer for whole layers or cuda_graph_impl=transformer_engine "
-            f"(e.g. cuda_graph=te_attn_mlp) for scoped capture",
-        )
-    return None
+    if impl_of(cfg) != LOCAL or not scoped:
+        return None
+    if in_range(target.megatron_core, "<0.19"):
+        why = f"graphs the whole layer in megatron-core {target.megatron_core}, not {scoped}"
+    else:
+        why = (f"with {scoped} is scoped local capture, which Megatron-Bridge refuses (it leaves scoped capture to "
+               "Transformer Engine) and graphbridge's megatron engine has not run")
+    return violation(
+        "local_scoped_modules", [IMPL, MODULES],
+        f"cuda_graph_impl=local {why}; use cuda_graph=local_layer for whole layers or "
+        "cuda_graph_impl=transformer_engine (e.g. cuda_graph=te_attn_mlp) for scoped capture")
 
 
 @rule("cpu_offloading", megatron_core="<0.19",
