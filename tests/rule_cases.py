@@ -214,6 +214,8 @@ RULE_CASES.update({
     "torch_engine_parallelism": (Case({**TORCH, "train.num_gpus": 2, "model.tensor_model_parallel_size": 2}),
                                  Case({**TORCH})),
     "torch_engine_precision": (Case({**TORCH, "model.fp8": "e4m3"}), Case({**TORCH, "model.bf16": True})),
+    "torch_engine_sequence": (Case({**TORCH, "model.seq_length": 128, "dataset.seq_length": 256}),
+                              Case({**TORCH, "model.seq_length": 128, "dataset.seq_length": 128})),
     "torch_engine_features": (Case({**TORCH, "model.attention_output_gate": True}),
                               Case({**TORCH, "model.normalization": "LayerNorm"})),
     "torch_engine_modules": (Case({**TORCH, **local("moe_preprocess"), **MOE}), Case({**TORCH, **local("attn")})),

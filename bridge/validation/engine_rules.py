@@ -49,6 +49,20 @@ def torch_engine_parallelism(cfg, target):
     )
 
 
+@rule("torch_engine_sequence", engine="torch",
+      rejects="a model sequence length other than the data's on the torch engine (its masks and rotary tables "
+              "are built for model.seq_length)",
+      fix="set only `dataset.seq_length` (model.seq_length follows it), or `engine=megatron`")
+def torch_engine_sequence(cfg, target):
+    if cfg.model.seq_length == cfg.dataset.seq_length:
+        return None
+    return violation(
+        "torch_engine_sequence", ["model.seq_length", "dataset.seq_length"],
+        f"the torch engine trains at model.seq_length={cfg.model.seq_length}, but the data has "
+        f"dataset.seq_length={cfg.dataset.seq_length}; set only dataset.seq_length (model.seq_length follows it), "
+        f"{USE_MEGATRON}")
+
+
 @rule("torch_engine_precision", engine="torch",
       rejects="fp16, fp8 or fp4 on the torch engine (it trains in fp32 or bf16 autocast)",
       fix="`model.fp16=false model.fp8=null model.fp4=null`, or `engine=megatron`")
