@@ -39,12 +39,6 @@ def cli() -> Callable[..., subprocess.CompletedProcess]:
     return lambda *args, **kwargs: run_tool("graphbridge", *args, **kwargs)
 
 
-@pytest.fixture(scope="module")
-def module_cli() -> Callable[..., subprocess.CompletedProcess]:
-    """The `graphbridge` command like ``cli``, for module-scoped fixtures that run it once per module."""
-    return lambda *args, **kwargs: run_tool("graphbridge", *args, **kwargs)
-
-
 @pytest.fixture
 def workload_cli() -> Callable[..., subprocess.CompletedProcess]:
     """``workload_cli(*args, cwd=...)``: the Bridge-style `graphbridge-workload` command."""

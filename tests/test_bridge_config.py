@@ -58,16 +58,16 @@ def plan_json(result) -> dict:
 
 
 @pytest.fixture(scope="module")
-def round_trips(module_cli, tmp_path_factory):
+def round_trips(cli, tmp_path_factory):
     """Per family: the plan of the fixture, its export, and the plan of the export (one CLI call each)."""
     trips = {}
     for family, gpus in FAMILIES.items():
         work = tmp_path_factory.mktemp(family)
         given = (f"bridge_config={FIXTURES / family}.yaml", f"train.num_gpus={gpus}", "mode=plan")
-        imported = module_cli(*given, "plan.format=json", cwd=work)
-        exported = module_cli(*given, "plan.format=bridge", cwd=work)
+        imported = cli(*given, "plan.format=json", cwd=work)
+        exported = cli(*given, "plan.format=bridge", cwd=work)
         (work / "export.yaml").write_text(exported.stdout)
-        again = module_cli(f"bridge_config={work / 'export.yaml'}", f"train.num_gpus={gpus}", "mode=plan",
+        again = cli(f"bridge_config={work / 'export.yaml'}", f"train.num_gpus={gpus}", "mode=plan",
                            "plan.format=json", cwd=work)
         trips[family] = {"imported": imported, "exported": exported, "again": again}
     return trips

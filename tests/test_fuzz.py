@@ -23,10 +23,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import pytest
-from hydra._internal.config_loader_impl import ConfigLoaderImpl
-from hydra._internal.utils import create_config_search_path
 from hydra.errors import HydraException
-from hydra.types import RunMode
 from hypothesis import HealthCheck, event, given, seed, settings
 from hypothesis import strategies as st
 from omegaconf.errors import OmegaConfBaseException
@@ -35,7 +32,6 @@ from bridge.config.load import compose_config
 from bridge.prepare import prepare
 from bridge.config.paths import config_dir
 from bridge.config.schema import GraphBridgeConfig
-from bridge.config.store import register
 from bridge.planning import build_plan
 from perf.preflight import check
 from tests.config_damage import FORMER_GAPS, replaced
@@ -185,21 +181,23 @@ class ConfigTree:
 
 
 @pytest.fixture(scope="module")
-def config_tree(tmp_path_factory) -> ConfigTree:
+def config_tree(cli, tmp_path_factory) -> ConfigTree:
     base = tmp_path_factory.mktemp("tree")
     conf = config_dir()
     shutil.copytree(conf, base / "conf", symlinks=True)
     shutil.copytree((conf / "recipe").resolve(), base / "recipes")
     root = base / "conf"
     assert (root / "recipe").is_symlink() and (root / "recipe" / "llama" / "tiny.yaml").is_file()
-    return ConfigTree(root, {scenario: files_loaded(root, scenario) for scenario in SCENARIOS})
+    return ConfigTree(root, {scenario: files_loaded(cli, root, scenario) for scenario in SCENARIOS})
 
 
-def files_loaded(root: Path, overrides: Sequence[str]) -> List[Path]:
-    register()
-    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(root)))
-    defaults = loader.compute_defaults_list(config_name="config", overrides=list(overrides), run_mode=RunMode.RUN)
-    files = [root / f"{default.config_path}.yaml" for default in defaults.defaults]
+def files_loaded(cli, root: Path, overrides: Sequence[str]) -> List[Path]:
+    """The YAML files of the copy that a composition with ``overrides`` reads, from Hydra's defaults list
+    as `graphbridge --info defaults` prints it (the copy is graphbridge's own tree)."""
+    done = cli("--info", "defaults", *overrides, cwd=root.parent)
+    assert done.returncode == 0, done.stderr
+    paths = re.findall(r"^\| (\S+) +\|", done.stdout, re.M)
+    files = [root / f"{path}.yaml" for path in paths]
     return [path for path in files if path.is_file()]  # leaves out Hydra's own and the schema
 
 
