@@ -122,7 +122,7 @@ MOE_FAMILIES = ("deepseek", "qwen", "gpt_oss")
 
 
 @dataclass(frozen=True)
-class Row:
+class PresetRow:
     recipe: str
     gpu: str
     precision: str
@@ -163,7 +163,7 @@ def _rows():
         parked = names if impl == "none" else ()
         flags = frozenset() if other == "-" else frozenset(_split_other(other))
         for precision in precisions.split(","):
-            yield Row(recipe, gpu, precision, gpus, gbs, tp, pp, cp, vp, ep, mbs, ours, active, parked,
+            yield PresetRow(recipe, gpu, precision, gpus, gbs, tp, pp, cp, vp, ep, mbs, ours, active, parked,
                       recompute, flags)
 
 
@@ -172,7 +172,7 @@ def _split_other(other: str):
     return other.split(",")
 
 
-ROWS: Dict[tuple, Row] = {row.key: row for row in _rows()}
+ROWS: Dict[tuple, PresetRow] = {row.key: row for row in _rows()}
 
 
 
@@ -278,7 +278,7 @@ CHOICES = {path.stem: OmegaConf.to_container(OmegaConf.load(path)["model"])
            for path in sorted((config_dir() / "cuda_graph").glob("*.yaml"))}
 
 
-def expected_violations(row: Row, impl: str, modules: Tuple[str, ...]) -> set:
+def expected_violations(row: PresetRow, impl: str, modules: Tuple[str, ...]) -> set:
     """The verdict the rule catalogue should reach, from facts of the reference row."""
     family = row.recipe.split("/")[0]
     dense, all_moe = family == "llama", family in ("qwen", "gpt_oss")
