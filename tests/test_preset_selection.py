@@ -34,7 +34,7 @@ def test_a_recipe_with_presets_needs_a_gpu():
 ])
 def test_the_cli_reports_a_missing_preset_in_one_line(cli, tmp_path, argv, message):
     """Not Hydra's None_bf16 interpolation error or its config search path: the pairs that exist."""
-    done = cli("mode=plan", *argv, cwd=tmp_path)
+    done = cli(*argv, "mode=plan", cwd=tmp_path)  # -m, a flag, goes first
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith("graphbridge: ") and message in done.stderr and done.stderr.count("\n") == 1
 
