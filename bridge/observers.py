@@ -10,6 +10,7 @@ range the launcher starts ``nsys profile`` with (perf/launch.py).
 """
 
 import logging
+import threading
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator, List, Optional
@@ -94,37 +95,68 @@ class Scalars:
     """perf.tensorboard: loss, step time and memory per step (and the GPU-busy fraction of a profiled
     run) as TensorBoard scalars in ``<job_dir>/tensorboard/``, next to result.json. It needs the
     ``tensorboard`` package (``pip install 'graphbridge[tensorboard]'``); without it one line says so
-    and the run goes on."""
+    and the run goes on. A write that fails (a full disk) is one line too: the scalars stop there,
+    the run goes on."""
 
     DIRECTORY = "tensorboard"
 
     def __init__(self, job_dir: Path, device: torch.device):
         self.device = device
+        self._directory = Path(job_dir) / self.DIRECTORY
+        self._writer = None
+        self._previous_excepthook = None
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             log.warning("perf.tensorboard: the tensorboard package is not installed, so no scalars are written; "
                         "pip install 'graphbridge[tensorboard]', or set perf.tensorboard=false")
-            self._writer = None
             return
-        self._writer = SummaryWriter(log_dir=str(Path(job_dir) / self.DIRECTORY))
+        # The writer's own thread (started as it is created) re-raises what it could not write; that
+        # error is reported here, in one line, instead.
+        self._previous_excepthook = threading.excepthook
+        threading.excepthook = self._quiet_writer_thread
+        try:
+            self._writer = SummaryWriter(log_dir=str(self._directory))
+        except OSError as error:
+            self._cannot_write(error)
+
+    def _cannot_write(self, error: OSError) -> None:
+        log.warning(f"perf.tensorboard: cannot write {self._directory}: {error.strerror or error}; no (more) scalars "
+                    "are written, result.json is not affected")
+        self._writer = None
+
+    def _quiet_writer_thread(self, args) -> None:
+        if not type(args.thread).__module__.startswith("tensorboard."):
+            self._previous_excepthook(args)
+
+    def _write(self, *scalars) -> None:
+        """Add (tag, value, step) scalars; on an OS error, say it once and write no more."""
+        try:
+            for tag, value, step in scalars:
+                self._writer.add_scalar(tag, value, step)
+        except OSError as error:
+            self._cannot_write(error)
 
     def after_step(self, step: int, loss: float, seconds: float) -> None:
         if self._writer is None:
             return
-        self._writer.add_scalar("train/loss", loss, step)
-        self._writer.add_scalar("train/step_time_ms", seconds * 1e3, step)
+        scalars = [("train/loss", loss, step), ("train/step_time_ms", seconds * 1e3, step)]
         if self.device.type == "cuda":
-            self._writer.add_scalar("memory/allocated_gib", torch.cuda.memory_allocated(self.device) / 2**30, step)
-            self._writer.add_scalar("memory/peak_allocated_gib",
-                                    torch.cuda.max_memory_allocated(self.device) / 2**30, step)
+            scalars += [("memory/allocated_gib", torch.cuda.memory_allocated(self.device) / 2**30, step),
+                        ("memory/peak_allocated_gib", torch.cuda.max_memory_allocated(self.device) / 2**30, step)]
+        self._write(*scalars)
 
     def close(self, result: dict) -> None:
         """The run's summary scalars, then flush the event file."""
-        if self._writer is None:
-            return
-        busy = (result.get("profile") or {}).get("gpu_busy")
-        if busy is not None:
-            self._writer.add_scalar("profile/gpu_busy", busy, result["steps_completed"])
-        self._writer.close()
-        self._writer = None
+        if self._writer is not None:
+            busy = (result.get("profile") or {}).get("gpu_busy")
+            if busy is not None:
+                self._write(("profile/gpu_busy", busy, result["steps_completed"]))
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            except OSError as error:
+                self._cannot_write(error)
+            self._writer = None
+        if self._previous_excepthook is not None:
+            threading.excepthook, self._previous_excepthook = self._previous_excepthook, None

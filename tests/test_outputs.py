@@ -235,7 +235,7 @@ def test_a_disk_that_fills_during_training_is_one_line_and_loses_no_file(private
     disk = tmp_path / "disk"
     disk.mkdir()
     done = subprocess.run([*private_mounts, sys.executable, "-c", FULL_DISK_RUN, str(disk), *GRAPHBRIDGE,
-                           "engine=torch", *TINY_RUN, "perf.tensorboard=false", "hydra.run.dir=run"],
+                           "engine=torch", *TINY_RUN, "hydra.run.dir=run"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     run = json.loads(done.stdout)
@@ -245,6 +245,8 @@ def test_a_disk_that_fills_during_training_is_one_line_and_loses_no_file(private
     # The training process and the launcher each say it in one line; the result is lost, nothing else.
     assert f"ERROR cannot write {result}: No space left on device (the result of this run is lost" in run["stderr"]
     assert f"[perf.launch][ERROR] - cannot write {result}: No space left on device" in run["stdout"]
+    # TensorBoard's scalars (perf.tensorboard, on by default) stop with one line of their own.
+    assert "perf.tensorboard: cannot write" in run["stderr"] and "No space left on device" in run["stderr"]
     assert "result.json" not in run["files"] and not [name for name in run["files"] if name.endswith(".tmp")]
     assert json.loads(run["files"]["job.json"])["overrides"] and "model:" in run["files"]["resolved.yaml"]
 

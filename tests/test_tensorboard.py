@@ -67,3 +67,25 @@ def test_without_the_package_one_line_says_so_and_the_run_goes_on(scripted, scri
     assert result["status"] == "completed" and not (tmp_path / "tensorboard").exists()
     warnings = [record.getMessage() for record in caplog.records if "tensorboard" in record.getMessage()]
     assert len(warnings) == 1 and "pip install 'graphbridge[tensorboard]'" in warnings[0]
+
+
+def test_a_write_that_fails_midway_is_one_line_and_the_run_goes_on(tmp_path, caplog):
+    """A disk that fills during the run (tests/test_outputs.py fills a real one through the CLI): the
+    scalars stop with one warning, later steps and close write nothing more and raise nothing."""
+    pytest.importorskip("tensorboard")
+    from bridge.observers import Scalars
+
+    written = Scalars(tmp_path, torch.device("cpu"))
+    written.after_step(0, 1.0, 0.1)
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    written._writer.add_scalar = full_disk
+    with caplog.at_level(logging.WARNING):
+        written.after_step(1, 1.0, 0.1)
+        written.after_step(2, 1.0, 0.1)
+        written.close({"steps_completed": 3})
+    warnings = [record.getMessage() for record in caplog.records]
+    assert warnings == [f"perf.tensorboard: cannot write {tmp_path / 'tensorboard'}: No space left on device; "
+                        "no (more) scalars are written, result.json is not affected"]
