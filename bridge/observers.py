@@ -94,13 +94,13 @@ class CudaProfilerWindow:
 class Scalars:
     """perf.tensorboard: loss, step time and memory per step (and the GPU-busy fraction of a profiled
     run) as TensorBoard scalars in ``<job_dir>/tensorboard/``, next to result.json. It needs the
-    ``tensorboard`` package (``pip install 'graphbridge[tensorboard]'``); without it one line says so
-    and the run goes on. A write that fails (a full disk) is one line too: the scalars stop there,
-    the run goes on."""
+    ``tensorboard`` package (``pip install 'graphbridge[tensorboard]'``); without it there are none, and
+    when perf.tensorboard=true ``asked`` for them one line says so; the run goes on. A write that fails
+    (a full disk) is one line too: the scalars stop there, the run goes on."""
 
     DIRECTORY = "tensorboard"
 
-    def __init__(self, job_dir: Path, device: torch.device):
+    def __init__(self, job_dir: Path, device: torch.device, asked: bool = True):
         self.device = device
         self._directory = Path(job_dir) / self.DIRECTORY
         self._writer = None
@@ -108,8 +108,9 @@ class Scalars:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            log.warning("perf.tensorboard: the tensorboard package is not installed, so no scalars are written; "
-                        "pip install 'graphbridge[tensorboard]', or set perf.tensorboard=false")
+            if asked:
+                log.warning("perf.tensorboard: the tensorboard package is not installed, so no scalars are written; "
+                            "pip install 'graphbridge[tensorboard]', or set perf.tensorboard=false")
             return
         # The writer's own thread (started as it is created) re-raises what it could not write; that
         # error is reported here, in one line, instead.

@@ -84,8 +84,8 @@ class Trainer:
         self.nsys_window = CudaProfilerWindow(window) if cfg.perf.nsys else None
         self.ranges = StepRanges(nvtx=cfg.perf.nsys, trace=cfg.perf.profile, capture_at=capture_step(
             self.engine.effective_impl, self.engine.name, cfg.model.cuda_graph_warmup_steps))
-        reports = cfg.perf.tensorboard and self.is_reporting_rank
-        self.scalars = Scalars(self.job_dir, self.engine.device) if reports else None
+        reports = cfg.perf.tensorboard is not False and self.is_reporting_rank
+        self.scalars = Scalars(self.job_dir, self.engine.device, asked=bool(cfg.perf.tensorboard)) if reports else None
         self._closed = False
 
     def run(self) -> dict:

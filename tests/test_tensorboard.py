@@ -52,8 +52,10 @@ def test_off_writes_nothing(scripted, scripted_engine, tmp_path):
     assert not (tmp_path / "tensorboard").exists()
 
 
-def test_without_the_package_one_line_says_so_and_the_run_goes_on(scripted, scripted_engine, tmp_path, monkeypatch,
-                                                                  caplog):
+@pytest.mark.parametrize("asked, said", [("perf.tensorboard=true", 1), ("perf.tensorboard=null", 0)])
+def test_without_the_package_the_run_goes_on_and_says_so_when_asked(scripted, scripted_engine, tmp_path, monkeypatch,
+                                                                    caplog, asked, said):
+    """perf.tensorboard=true without the package: one line; unset (the README's plain install): nothing."""
     real_import = builtins.__import__
 
     def no_tensorboard(name, *args, **kwargs):
@@ -63,10 +65,10 @@ def test_without_the_package_one_line_says_so_and_the_run_goes_on(scripted, scri
 
     monkeypatch.setattr(builtins, "__import__", no_tensorboard)
     with caplog.at_level(logging.WARNING):
-        result = scripted(tmp_path, scripted_engine([1.0, 1.0]), "train.train_iters=2").run()
+        result = scripted(tmp_path, scripted_engine([1.0, 1.0]), "train.train_iters=2", asked).run()
     assert result["status"] == "completed" and not (tmp_path / "tensorboard").exists()
     warnings = [record.getMessage() for record in caplog.records if "tensorboard" in record.getMessage()]
-    assert len(warnings) == 1 and "pip install 'graphbridge[tensorboard]'" in warnings[0]
+    assert len(warnings) == said and all("pip install 'graphbridge[tensorboard]'" in line for line in warnings)
 
 
 def test_a_write_that_fails_midway_is_one_line_and_the_run_goes_on(tmp_path, caplog):

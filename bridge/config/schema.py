@@ -197,10 +197,11 @@ class PerfConfig:
         default_factory=lambda: ["--sample=none", "--cuda-graph-trace=node", "--cuda-event-trace=false"])
     """More ``nsys profile`` arguments, as written on its command line. The default is what Bridge's
     launcher (NeMo-Run) passes: no CPU sampling, each kernel inside a CUDA graph traced on its own."""
-    tensorboard: bool = True
+    tensorboard: Optional[bool] = None
     """Write loss, step time and memory per step (and the GPU-busy fraction with perf.profile) as
-    TensorBoard scalars to ``<job_dir>/tensorboard/``; needs the tensorboard package
-    (``pip install 'graphbridge[tensorboard]'``), without which a run says so in one line."""
+    TensorBoard scalars to ``<job_dir>/tensorboard/``. None: when the tensorboard package is installed
+    (``pip install 'graphbridge[tensorboard]'``); true: always, and a run without the package says so in
+    one line; false: never."""
 
 
 def profiling_window(perf: PerfConfig, train_iters: int) -> range:
