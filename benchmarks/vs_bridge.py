@@ -111,7 +111,9 @@ def bridge_container(row: Row, steps: int):
     cfg.model.vocab_size, cfg.tokenizer = vocab, TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=vocab)
     cfg.model.seq_length = cfg.dataset.sequence_length = seq
     cfg.dataset.blend, cfg.dataset.num_workers = None, 2
-    cfg.train.train_iters, cfg.train.eval_iters, cfg.train.eval_interval = steps, 0, None
+    # No evaluation: eval_iters=0 builds no valid/test loaders (do_valid/do_test False). eval_interval must
+    # stay an int: Bridge's get_train_valid_test_num_samples (data/loaders.py:128) divides by it regardless.
+    cfg.train.train_iters, cfg.train.eval_iters, cfg.train.eval_interval = steps, 0, steps
     cfg.scheduler.lr_warmup_iters, cfg.scheduler.lr_decay_iters = steps // 10, steps
     cfg.checkpoint.save = cfg.checkpoint.load = cfg.logger.tensorboard_dir = None
     cfg.logger.log_interval = 1
@@ -130,15 +132,16 @@ def graphbridge_overrides(row: Row, yaml_path: Path, steps: int) -> List[str]:
             f"perf.warmup_steps={WARMUP}", "perf.tensorboard=false", *row.extra]
 
 
-def write_configs(directory: Path, steps: int) -> None:
-    """Each row's Bridge YAML and graphbridge command line (Bridge must import; no GPU needed)."""
+def write_configs(directory: Path, steps: int, names: List[str]) -> None:
+    """Each named row's Bridge YAML and graphbridge command line (Bridge must import; no GPU needed)."""
     directory.mkdir(parents=True, exist_ok=True)
-    for name, row in ROWS.items():
+    for name in names:
+        row = ROWS[name]
         bridge_container(row, steps).to_yaml(str(directory / f"{name}.yaml"))
         record = {"graphbridge": graphbridge_overrides(row, directory / f"{name}.yaml", steps),
                   "bridge_runs": row.ours_only is None, "ours_only": row.ours_only, "graphs": list(row.graphs)}
         (directory / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {len(ROWS)} rows to {directory}")
+    print(f"wrote {len(names)} rows to {directory}")
 
 
 # --- Bridge's side, in its own torchrun process ------------------------------------------------------------
@@ -147,10 +150,24 @@ def run_bridge_worker(name: str, steps: int, out: Path) -> None:
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
 
+    skip_dataset_helper_build()
     cfg = bridge_container(ROWS[name], steps)
     cfg.dataset = same_batches(cfg)
     clock = step_clock(out / "bridge_result.json")
     pretrain(cfg, forward_step, callbacks=[clock])
+
+
+def skip_dataset_helper_build() -> None:
+    """Bridge's initialisation runs ``make`` in megatron-core's datasets folder (compile_helpers), which the
+    megatron-core wheel does not ship a Makefile for: it ships the helpers already built, and then the
+    build has nothing to do. Where they import, Bridge skips the build; where they do not, it runs as ever."""
+    try:
+        importlib.import_module("megatron.core.datasets.helpers_cpp")
+    except ImportError:
+        return
+    from megatron.bridge.training import initialize
+
+    initialize.compile_helpers = lambda: None
 
 
 def same_batches(cfg):
@@ -318,15 +335,18 @@ def main(argv=None) -> int:
         run_bridge_worker(args.bridge_worker, args.steps, args.work / args.bridge_worker)
         return 0
     if args.configs:
-        write_configs(args.configs, args.steps)
+        write_configs(args.configs, args.steps, args.rows or list(ROWS))
         return 0
     subprocess.run([sys.executable, str(Path(__file__)), "--configs", str(args.work / "configs"), "--steps",
-                    str(args.steps), "--work", str(args.work)], cwd=ROOT, check=True)
-    records = [run_row(name, args.steps, args.work) for name in args.rows or ROWS]
+                    str(args.steps), "--work", str(args.work), *args.rows], cwd=ROOT, check=True)
+    records = []
+    for name in args.rows or ROWS:
+        records.append(run_row(name, args.steps, args.work))
+        if args.json:  # after every row: a machine taken back mid-run keeps the rows it finished
+            record = {"steps": args.steps, "warmup_excluded": WARMUP, "environment": environment(records),
+                      "rows": records}
+            args.json.write_text(json.dumps(record, indent=2) + "\n")
     print(table(records, args.tolerance))
-    if args.json:
-        record = {"steps": args.steps, "warmup_excluded": WARMUP, "environment": environment(records), "rows": records}
-        args.json.write_text(json.dumps(record, indent=2) + "\n")
     return 0
 
 

@@ -2,7 +2,7 @@
 # ON the GPU machine, from the project root, after .gpu/bin/setup.sh installed megatron-core 0.16.1 and
 # Transformer Engine 2.10.0:  bash .gpu/bin/setup-bridge.sh
 # Idempotent: installs whatever of .gpu/bridge-* (scripts/gpu/fetch-bridge-wheels.sh) has arrived into
-# /tmp/bridge (--no-deps, no index), then imports Bridge 0.3.1's pretraining path on megatron-core 0.16.1
+# /tmp/bridge (--no-deps, no index) and, once all four have arrived, imports Bridge 0.3.1's pretraining path on megatron-core 0.16.1
 # and TE 2.10.0 and names what is still missing. benchmarks/vs_bridge.py then runs with:
 #   source /tmp/gpu/env.sh 0.16.1 2.10.0 && export PYTHONPATH=$PYTHONPATH:/tmp/bridge
 set -uo pipefail
@@ -10,9 +10,15 @@ mkdir -p /tmp/bridge
 for dir in .gpu/bridge-*; do
   [ -d "$dir" ] || continue
   [ -f "/tmp/bridge/.installed-$(basename "$dir")" ] && continue
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/bridge "$dir"/*.whl \
+  # pip --target skips a top-level folder that exists already, and Bridge, megatron-energon share
+  # `megatron/`: install each group apart, then merge it in.
+  staging=/tmp/bridge-staging/$(basename "$dir")
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$staging" "$dir"/*.whl \
+    && cp -a "$staging"/. /tmp/bridge/ && rm -rf "$staging" \
     && touch "/tmp/bridge/.installed-$(basename "$dir")" && echo "installed: $(basename "$dir")"
 done
+groups=$(ls -d /tmp/bridge/.installed-* 2>/dev/null | wc -l)
+[ "$groups" -ge 4 ] || { echo "$groups of 4 groups (core, data, pyarrow, scipy) here; carry the next"; exit 0; }
 source /tmp/gpu/env.sh 0.16.1 2.10.0
 PYTHONPATH=$PYTHONPATH:/tmp/bridge python3 - <<'PY'
 import importlib, traceback, warnings

@@ -41,7 +41,7 @@ for parts in /tmp/gpu/parts/*; do
   have=$(ls "$parts" | grep -c '^part')
   if [ "$have" -lt "$want" ] || ! ls /tmp/gpu/te-"$v"/transformer_engine-"$v"-*.whl >/dev/null 2>&1; then
     echo "Transformer Engine $v: $have of $want core parts here ($(ls "$parts" | grep '^part' | tr '\n' ' ')); carry the next"
-    continue
+    waiting=1; continue
   fi
   cat "$parts"/part* > "/tmp/gpu/$wheel"
   if [ "$(sha256sum "/tmp/gpu/$wheel" | cut -c1-64)" != "$(awk '$1=="sha256"{print $2}' "$parts/MANIFEST")" ]; then
@@ -58,6 +58,8 @@ for parts in /tmp/gpu/parts/*; do
   fi
 done
 
+# The import check takes a while; it waits until no Transformer Engine waits for a part.
+[ -z "${waiting:-}" ] || exit 0
 for mcore in /tmp/mcore/*; do
   [ -d "$mcore/megatron" ] || continue
   for te in "" /tmp/te/*; do
