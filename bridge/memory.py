@@ -20,7 +20,9 @@ The model, per GPU (the pipeline stage with the most layers; bytes per parameter
   while it is recomputed); ``selective`` drops the modules it recomputes. With pipelining, the
   first stage holds min(PP, micro-batches) micro-batches in flight (interleaved:
   PP(1 + (PP-1)/(PP x VP)) of them, as Korthikanti et al. count). The logits add 10 bytes per
-  token and vocabulary entry / TP (bf16 output, fp32 copy and its gradient in the loss).
+  token and vocabulary entry / TP (bf16 output, fp32 copy and its gradient in the loss); with
+  model.cross_entropy_loss_fusion 6.5 (measured: the fused loss peaked 3.4 GiB lower over 1.05 G
+  logit entries, llama32_1b in benchmarks/results/vs_bridge_*.json).
 - CUDA-graph pools: a graph replays into the memory it was captured with, which stays reserved
   for it. full_iteration keeps a static copy of the iteration's activations (one micro-batch
   in flight's worth, with the same PP factor); per-layer graphs (TE, local) keep static inputs,
@@ -54,7 +56,7 @@ USABLE_FRACTION = 0.9
 """What a job may plan to allocate: the rest is the CUDA context, NCCL buffers, fragmentation."""
 WORKSPACE_BYTES = 64 * 2 ** 20
 ADAM_STATE_BYTES, MASTER_BYTES, FP32_BYTES = 8, 4, 4
-LOGIT_BYTES = 10
+LOGIT_BYTES, FUSED_LOSS_LOGIT_BYTES = 10, 6.5
 
 
 @dataclass
@@ -257,7 +259,8 @@ def activation_bytes(cfg) -> float:
     else:
         stored = stage * per_layer
     tokens = cfg.dataset.seq_length // model.context_parallel_size * cfg.train.micro_batch_size
-    logits = LOGIT_BYTES * tokens * padded_vocab_size(cfg) / model.tensor_model_parallel_size
+    per_entry = FUSED_LOSS_LOGIT_BYTES if model.cross_entropy_loss_fusion else LOGIT_BYTES
+    logits = per_entry * tokens * padded_vocab_size(cfg) / model.tensor_model_parallel_size
     return stored * micro_batches_in_flight(cfg) + logits
 
 

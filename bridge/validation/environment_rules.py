@@ -8,7 +8,7 @@ from typing import Callable, List, Tuple
 from bridge.config.schema import Device, EngineChoice
 from bridge.machine import version_tuple
 from bridge.translate.versions import RELEASES, SUPPORTED, release
-from bridge.validation.graph_facts import FULL_ITERATION, IMPL, MODULES, TE, impl_of
+from bridge.validation.graph_facts import IMPL, MODULES, TE, impl_of
 from bridge.validation.registry import rule, violation
 
 
@@ -135,9 +135,10 @@ TRANSFORMER_ENGINE_NEEDS = (
                           lambda cfg: cfg.model.moe_permute_fusion),
     TransformerEngineNeed("activation offloading to the CPU", ("model.cpu_offloading",), "2.9",
                           lambda cfg: cfg.model.cpu_offloading),
-    TransformerEngineNeed("TE cross-entropy fusion in a full-iteration graph",
-                          ("model.cross_entropy_fusion_impl", IMPL), "2.7",
-                          lambda cfg: impl_of(cfg) == FULL_ITERATION and cfg.model.cross_entropy_fusion_impl == "te"),
+    # megatron-core raises at the first loss without TE, and under a full-iteration graph below TE 2.7.
+    TransformerEngineNeed("Transformer Engine's fused cross-entropy (cross_entropy_fusion_impl=te)",
+                          ("model.cross_entropy_loss_fusion", "model.cross_entropy_fusion_impl"), "2.9",
+                          lambda cfg: cfg.model.cross_entropy_loss_fusion and cfg.model.cross_entropy_fusion_impl == "te"),
     TransformerEngineNeed("the fused sqrtsoftplus router (megatron-core 0.19)",
                           ("model.moe_router_fusion", "model.moe_router_score_function"), "2.13",
                           lambda cfg: cfg.model.moe_router_fusion and cfg.model.moe_router_score_function == "sqrtsoftplus"),
