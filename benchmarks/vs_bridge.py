@@ -29,6 +29,7 @@ import json
 import platform
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -314,6 +315,15 @@ def environment(records: List[dict]) -> dict:
     return {**ours, "megatron_bridge": bridge_version, "python": platform.python_version()}
 
 
+def graphbridge_commit() -> Optional[str]:
+    """The commit that ran, where the tree is a git checkout (a copy without .git says None)."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    except OSError:
+        return None
+    return done.stdout.strip() or None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("rows", nargs="*", help="names from --list (default: all)")
@@ -343,8 +353,10 @@ def main(argv=None) -> int:
     for name in args.rows or ROWS:
         records.append(run_row(name, args.steps, args.work))
         if args.json:  # after every row: a machine taken back mid-run keeps the rows it finished
-            record = {"steps": args.steps, "warmup_excluded": WARMUP, "environment": environment(records),
-                      "rows": records}
+            record = {"command": " ".join(["python benchmarks/vs_bridge.py", *(argv or sys.argv[1:])]),
+                      "graphbridge_commit": graphbridge_commit(), "date": time.strftime("%Y-%m-%d"),
+                      "tolerance": args.tolerance, "steps": args.steps, "warmup_excluded": WARMUP,
+                      "environment": environment(records), "rows": records}
             args.json.write_text(json.dumps(record, indent=2) + "\n")
     print(table(records, args.tolerance))
     return 0

@@ -46,10 +46,18 @@ def test_the_table_is_built_from_raw_results(tmp_path):
     assert suite.result_name(record) == "llama_tiny_local_h100_mcore0.16.1.json"
 
 
-def test_the_docs_table_is_up_to_date_with_the_committed_results():
+@pytest.mark.parametrize("section", ["suite", "vs_bridge"])
+def test_the_docs_tables_are_up_to_date_with_the_committed_results(section):
     docs = (ROOT / "docs" / "benchmarks.md").read_text()
-    assert with_section(docs, "suite", benchmark_table.markdown()) == docs, (
-        "docs/benchmarks.md's suite section is out of date: run python scripts/benchmark_table.py")
+    body = benchmark_table.markdown() if section == "suite" else benchmark_table.vs_bridge_markdown()
+    assert with_section(docs, section, body) == docs, (
+        f"docs/benchmarks.md's {section} section is out of date: run python scripts/benchmark_table.py")
+
+
+def test_the_vs_bridge_table_shows_both_sides_and_the_ratio():
+    text = benchmark_table.vs_bridge_markdown()
+    assert "| llama32_1b_eager | 1274.07 (1256.31-1308.58) | 1261.82 (1242.33-1296.10) | 1.01x | 32.62 / 32.62 |" in text
+    assert "ours only: Bridge 0.3.1 steps the optimizer outside the graph" in text
 
 
 @pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None, reason="TE installed: variants run")
