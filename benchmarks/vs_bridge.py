@@ -35,8 +35,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "benchmarks")]
 import bridge_fixture  # noqa: E402  (the offline hub cache of the recipes' HF configs)
+import suite  # noqa: E402  (the commit that ran, as the suite records it)
 
 WARMUP = 4  # steps left out of the timing on both sides: graphs are captured at step 3 (warmup 3) or step 0
 LOSS_STEPS = 10
@@ -315,15 +316,6 @@ def environment(records: List[dict]) -> dict:
     return {**ours, "megatron_bridge": bridge_version, "python": platform.python_version()}
 
 
-def graphbridge_commit() -> Optional[str]:
-    """The commit that ran, where the tree is a git checkout (a copy without .git says None)."""
-    try:
-        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    except OSError:
-        return None
-    return done.stdout.strip() or None
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("rows", nargs="*", help="names from --list (default: all)")
@@ -354,7 +346,7 @@ def main(argv=None) -> int:
         records.append(run_row(name, args.steps, args.work))
         if args.json:  # after every row: a machine taken back mid-run keeps the rows it finished
             record = {"command": " ".join(["python benchmarks/vs_bridge.py", *(argv or sys.argv[1:])]),
-                      "graphbridge_commit": graphbridge_commit(), "date": time.strftime("%Y-%m-%d"),
+                      "graphbridge_commit": suite.git_commit(), "date": time.strftime("%Y-%m-%d"),
                       "tolerance": args.tolerance, "steps": args.steps, "warmup_excluded": WARMUP,
                       "environment": environment(records), "rows": records}
             args.json.write_text(json.dumps(record, indent=2) + "\n")

@@ -22,7 +22,7 @@ The model, per GPU (the pipeline stage with the most layers; bytes per parameter
   PP(1 + (PP-1)/(PP x VP)) of them, as Korthikanti et al. count). The logits add 10 bytes per
   token and vocabulary entry / TP (bf16 output, fp32 copy and its gradient in the loss); with
   model.cross_entropy_loss_fusion 6.5 (measured: the fused loss peaked 3.4 GiB lower over 1.05 G
-  logit entries, llama32_1b in benchmarks/results/vs_bridge_*.json).
+  logit entries, benchmarks/results/vs_bridge/llama32_1b_*.json).
 - CUDA-graph pools: a graph replays into the memory it was captured with, which stays reserved
   for it. full_iteration keeps a static copy of the iteration's activations (one micro-batch
   in flight's worth, with the same PP factor); per-layer graphs (TE, local) keep static inputs,
