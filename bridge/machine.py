@@ -22,6 +22,7 @@ PACKAGES = {
     "torch": ("torch", "torch"),
     "megatron-core": ("megatron-core", "megatron.core"),
     "transformer-engine": ("transformer-engine-torch", "transformer_engine_torch"),
+    "apex": ("apex", "apex"),
 }
 TOOLS = ("nsys",)
 """Programs a run may start the training process under (perf.nsys), looked up on PATH."""

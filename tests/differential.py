@@ -62,6 +62,12 @@ def random_config(rng: random.Random) -> Dict[str, object]:
     for key in ("model.attention_dropout", "model.hidden_dropout"):
         if rng.random() < 0.2:
             changes[key] = 0.1
+    for key in ("model.cross_entropy_loss_fusion", "model.bias_dropout_fusion", "model.masked_softmax_fusion",
+                "model.persist_layer_norm"):
+        if rng.random() < 0.2:
+            changes[key] = True
+    if rng.random() < 0.2:
+        changes["model.cross_entropy_fusion_impl"] = "te"
     return changes
 
 

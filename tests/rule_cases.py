@@ -199,6 +199,9 @@ RULE_CASES = {
                        Case({**FULL_ITERATION, "perf.profile": True, "train.train_iters": 10})),
     "nsys_with_profile": (Case({"perf.nsys": True, "perf.profile": True, "train.train_iters": 20}, machine=WITH_NSYS),
                           Case({"perf.nsys": True, "train.train_iters": 20}, machine=WITH_NSYS)),
+    "persist_layer_norm_apex": (Case({"model.persist_layer_norm": True, "model.transformer_impl": "local"}),
+                                Case({"model.persist_layer_norm": True, "model.transformer_impl": "local"},
+                                     machine=Machine(gpus=(H100,), packages={**PACKAGES, "apex": "0.1"}))),
     "nsys_available": (Case({"perf.nsys": True, "train.train_iters": 20}),
                        Case({"perf.nsys": True, "train.train_iters": 20}, machine=WITH_NSYS)),
 }
@@ -345,6 +348,7 @@ EXTRA_REJECTS = {
                        Case({"perf.profile": True, "perf.profile_start_step": 3, "perf.profile_steps": 7,
                              "train.train_iters": 10})],
     "nsys_available": [Case({"perf.nsys": True, "train.train_iters": 20, "device": "cpu"}, machine=WITH_NSYS)],
+    "persist_layer_norm_apex": [Case({"model.persist_layer_norm": True}, machine=NO_TE)],
     "nccl_graph_register": [Case({**te("attn"), "env_vars.PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
                                   "workload.gpu": "b200"})],
     "ep_overlap": [Case({**EP_OVERLAP, **te("attn", "mlp")})],

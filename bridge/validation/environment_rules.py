@@ -177,6 +177,23 @@ def transformer_engine(cfg, target):
             for need in needs if version_tuple(installed) < version_tuple(need.lowest)]
 
 
+@rule("persist_layer_norm_apex", environment=True,
+      rejects="`model.persist_layer_norm=true` where megatron-core builds its local layer spec (model.transformer_impl="
+              "local, or no Transformer Engine here) without apex: its torch LayerNorm has no persistent kernel",
+      fix="`model.persist_layer_norm=false`, or install apex (or Transformer Engine, with "
+          "model.transformer_impl=transformer_engine)")
+def persist_layer_norm_apex(cfg, target):
+    if target.engine != "megatron" or not cfg.model.persist_layer_norm or target.machine.has("apex"):
+        return None
+    if cfg.model.transformer_impl == "transformer_engine" and target.machine.has("transformer-engine"):
+        return None  # Transformer Engine's norm takes the flag
+    return violation("persist_layer_norm_apex", ["model.persist_layer_norm", "model.transformer_impl"],
+                     "model.persist_layer_norm=true asks for apex's persistent layer-norm kernel, but megatron-core "
+                     "builds its local layer spec here and apex is not installed, so it would refuse the torch "
+                     "LayerNorm it falls back to; set model.persist_layer_norm=false, or install apex (or Transformer "
+                     "Engine, with model.transformer_impl=transformer_engine)")
+
+
 @rule("nsys_available", environment=True,
       rejects="`perf.nsys=true` where Nsight Systems' `nsys` is not on PATH, or where the job would train on the CPU",
       fix="install Nsight Systems and put its `nsys` on PATH (on a GPU machine), or `perf.nsys=false` "
