@@ -27,8 +27,8 @@ The model, per GPU (the pipeline stage with the most layers; bytes per parameter
   for it. full_iteration keeps a static copy of the iteration's activations (one micro-batch
   in flight's worth, with the same PP factor); per-layer graphs (TE, local) keep static inputs,
   outputs and the captured layer's activations per graphed layer and micro-batch in flight: the
-  graphed share of the activations once more. An optimizer step inside the graph adds one fp32
-  copy of the parameters (its temporaries live in the graph's pool).
+  graphed share of the activations once more. An optimizer step inside the graph adds an fp32
+  copy of bf16/fp16 gradients for its master weights (fp32 gradient buffers serve as they are).
 - the optimizer step: megatron-core's mixed-precision optimizer gives its fp32 master weights
   fp32 copies of bf16/fp16 gradients for the step (4 bytes per parameter, sharded like the
   optimizer); the trainer frees them before the next forward, so the peak is the larger of the
@@ -113,7 +113,7 @@ def estimate_memory(cfg, gpu_memory_gib: Optional[float] = None, gpu_name: Optio
     grad_bytes = 4 if cfg.ddp.grad_reduce_in_fp32 or not half else 2
     optimizer_bytes = ADAM_STATE_BYTES + (MASTER_BYTES if half else 0)
     dense_shards, expert_shards = (data_parallel_sizes(cfg) if cfg.ddp.use_distributed_optimizer else (1, 1))
-    step_copies = FP32_BYTES if half and not cfg.ddp.grad_reduce_in_fp32 else 0
+    step_copies = FP32_BYTES if half_gradients(cfg) else 0
     gpu = cfg.workload.gpu
     capacity = GPU_MEMORY_GB[gpu] * 1e9 / GIB if gpu in GPU_MEMORY_GB else gpu_memory_gib
     return MemoryEstimate(
@@ -264,12 +264,18 @@ def activation_bytes(cfg) -> float:
     return stored * micro_batches_in_flight(cfg) + logits
 
 
+def half_gradients(cfg) -> bool:
+    """Whether DDP's gradient buffers are bf16/fp16, so that the fp32 master weights need copies."""
+    return (cfg.model.bf16 or cfg.model.fp16) and not cfg.ddp.grad_reduce_in_fp32
+
+
 def graph_pool_bytes(cfg, parameters: float) -> float:
     """What the captured graphs keep on top (see the module's docstring)."""
     impl = graph_impl(cfg.model.cuda_graph_impl)
     if not impl.graphed:
         return 0.0
     if impl.unit == "iteration":
-        optimizer = FP32_BYTES * parameters if cfg.optimizer.optimizer_in_graph else 0
+        copied_grads = cfg.optimizer.optimizer_in_graph and half_gradients(cfg)
+        optimizer = FP32_BYTES * parameters if copied_grads else 0
         return activation_bytes(cfg) + optimizer
     return layers_per_stage(cfg) * layer_activations(cfg, graphed_only=True) * micro_batches_in_flight(cfg)

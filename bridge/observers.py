@@ -68,12 +68,12 @@ class CudaProfilerWindow:
     last (or when the run ends early), so that nsys records the window and nothing else."""
 
     def __init__(self, window: range):
-        self.window = window
+        self.steps = window
         self.traced_steps: List[int] = []
         self._recording = False
 
     def before_step(self, step: int) -> None:
-        if step == self.window.start:
+        if step == self.steps.start:
             torch.cuda.profiler.start()
             self._recording = True
 
@@ -82,7 +82,7 @@ class CudaProfilerWindow:
         if not self._recording:
             return
         self.traced_steps.append(step)
-        if step == self.window[-1]:
+        if step == self.steps[-1]:
             self.stop()
 
     def stop(self) -> None:

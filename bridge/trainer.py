@@ -14,9 +14,9 @@ result.json with what was measured so far.
 import math
 import os
 import signal
-import time
+from functools import partial
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import torch
 from rich.console import Console
@@ -29,6 +29,7 @@ from bridge.engines import build_engine
 from bridge.observers import CudaProfilerWindow, Scalars, StepRanges, capture_step
 from bridge.profiling import StepProfiler
 from bridge.result import RunRecord, build_result, failure, write_result
+from bridge.step_clock import FinishedStep, StepClock
 from bridge.validation import Target, resolve_target
 
 
@@ -82,6 +83,7 @@ class Trainer:
         if cfg.perf.profile:
             self.profiler = StepProfiler(self.job_dir, window.start, cfg.perf.profile_steps, self.engine.device)
         self.nsys_window = CudaProfilerWindow(window) if cfg.perf.nsys else None
+        self.clock = StepClock(self.engine.device)
         self.ranges = StepRanges(nvtx=cfg.perf.nsys, trace=cfg.perf.profile, capture_at=capture_step(
             self.engine.effective_impl, self.engine.name, cfg.model.cuda_graph_warmup_steps))
         reports = cfg.perf.tensorboard is not False and self.is_reporting_rank
@@ -98,13 +100,10 @@ class Trainer:
                 if self._stop_requested():
                     status, reason = "interrupted", self._interrupt_reason(step)
                     break
-                loss, seconds = self._timed_step(step)
-                self.record.losses.append(loss)
-                self.record.step_times_s.append(seconds)
-                if self.scalars is not None:
-                    self.scalars.after_step(step, loss, seconds)
-                self._check_finite(step, loss)
-                self._show_progress(progress, step, loss, seconds)
+                for finished in self._timed_step(step):
+                    self._after_step(progress, finished)
+            for finished in self.clock.finish():
+                self._after_step(progress, finished)
         except (Exception, KeyboardInterrupt) as error:
             status, reason = failure(error, self.steps_completed)
             raise
@@ -159,18 +158,27 @@ class Trainer:
         """The profilers that record a window of steps, which are then left out of the timing."""
         return [window for window in (self.profiler, self.nsys_window) if window is not None]
 
-    def _timed_step(self, step: int):
-        for window in self._windows():
+    def _timed_step(self, step: int) -> List[FinishedStep]:
+        """Queue step ``step``; returns the steps that finished meanwhile (bridge.step_clock). A
+        step a profiler records runs alone: the one queued before it finishes before tracing starts."""
+        windows = [window for window in self._windows() if step in window.steps]
+        finished = self.clock.finish() if windows else []
+        for window in windows:
             window.before_step(step)
-        start = time.perf_counter()
         with self.ranges.step(step):
-            loss = self.engine.train_step(step)
-            if self.engine.device.type == "cuda":
-                torch.cuda.synchronize(self.engine.device)  # the clock must see the GPU work
-        seconds = time.perf_counter() - start
-        for window in self._windows():
+            finished += self.clock.run(step, partial(self.engine.train_step, step), synchronous=bool(windows))
+        for window in windows:
             window.after_step(step)
-        return float(loss), seconds
+        return finished
+
+    def _after_step(self, progress: tqdm, finished: FinishedStep) -> None:
+        step, loss, seconds = finished.step, finished.loss, finished.seconds
+        self.record.losses.append(loss)
+        self.record.step_times_s.append(seconds)
+        if self.scalars is not None:
+            self.scalars.after_step(step, loss, seconds)
+        self._check_finite(step, loss)
+        self._show_progress(progress, step, loss, seconds)
 
     def _check_finite(self, step: int, loss: float) -> None:
         # The loss is on the host anyway, so checking it every step costs nothing.
@@ -186,7 +194,7 @@ class Trainer:
         finite_steps = self.engine.finite_steps() if hasattr(self.engine, "finite_steps") else None
         if finite_steps is None:  # an engine without the device-side check: the losses seen so far
             return next((step for step, loss in enumerate(self.record.losses) if not math.isfinite(loss)), None)
-        # A plain read: _timed_step synchronised the device already, so this is one small copy.
+        # Waits for the step still queued on the GPU too: once per perf.nan_check_interval steps.
         count = int(finite_steps)
         return count if count < self.steps_completed else None
 

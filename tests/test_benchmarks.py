@@ -69,3 +69,23 @@ def test_a_workload_where_nothing_completes_writes_no_result_and_fails(tmp_path)
     assert done.returncode == 1, done.stderr
     assert "llama_tiny_te: no variant completed; nothing written" in done.stdout
     assert not list((tmp_path / "results").glob("*.json"))
+
+
+def test_the_trace_summary_counts_per_step_what_a_profile_shows(tmp_path):
+    def span(name, cat, ts, dur):
+        return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur}
+    events = [span("step 7", "user_annotation", 0, 1000), span("step 8", "user_annotation", 1000, 1000),
+              span("gemm", "kernel", 10, 300), span("gemm", "kernel", 1010, 300), span("copy", "gpu_memcpy", 200, 200),
+              span("cudaLaunchKernel", "cuda_runtime", 5, 4), span("cudaLaunchKernel", "cuda_runtime", 1005, 4),
+              span("cudaStreamSynchronize", "cuda_runtime", 400, 100), span("cudaGraphLaunch", "cuda_runtime", 900, 5)]
+    (tmp_path / "trace.json").write_text(json.dumps({"traceEvents": events}))
+    run = subprocess.run([sys.executable, "benchmarks/trace_summary.py", str(tmp_path), "--json", str(tmp_path / "s.json")],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    summary, = json.loads((tmp_path / "s.json").read_text())
+    assert summary["steps"] == 2
+    assert summary["gpu_busy_ms_per_step"] == pytest.approx((390 + 300) / 1e3 / 2)  # the copy overlaps a gemm
+    assert summary["launches_per_step"] == 1 and summary["graph_replays_per_step"] == 0.5
+    assert summary["host_waits_per_step"] == {"cudaStreamSynchronize": 0.5}
+    assert list(summary["top_kernels_ms_per_step"]) == ["gemm", "copy"]
+    assert "GPU busy 0.34 ms/step" in run.stdout

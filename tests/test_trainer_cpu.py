@@ -52,7 +52,7 @@ def test_torch_run_writes_every_result_key(read_result, small_config, write_job,
 
 def test_capture_and_warmup_steps_are_left_out_of_step_times(scripted_engine, tmp_path, scripted, monkeypatch):
     ticks = iter(range(100))
-    monkeypatch.setattr("bridge.trainer.time.perf_counter", lambda: next(ticks) ** 2)  # step i lasts 4i+1 s
+    monkeypatch.setattr("bridge.step_clock.time.perf_counter", lambda: next(ticks) ** 2)  # step i lasts 4i+1 s
     trainer = scripted(tmp_path, scripted_engine([3.0, 2.5, 2.0, 1.5, 1.0, 0.5], capture_step=2), "train.train_iters=6")
     result = trainer.run()
     assert result["capture_step"] == 2 and result["capture_time_s"] == 9

@@ -16,6 +16,8 @@ call zero with empty buffers.
 from functools import partial
 from typing import Callable, Optional, Set
 
+import torch
+
 from megatron.core.full_cuda_graph import FullCudaGraphWrapper, StaticBufferLoader
 
 from bridge.engines.megatron.compat import full_iteration_wrapper_arguments
@@ -37,8 +39,9 @@ class FullIterationGraphs:
         captured = forward_backward_func
         if self.optimizer_step is not None:
             captured = partial(_forward_backward_then_step, forward_backward_func, self.optimizer_step)
-        return FullCudaGraphWrapper(captured, cuda_graph_warmup_steps=self.warmup_steps,
-                                    **full_iteration_wrapper_arguments(self.transformer_config))
+        wrapper = FullCudaGraphWrapper(captured, cuda_graph_warmup_steps=self.warmup_steps,
+                                       **full_iteration_wrapper_arguments(self.transformer_config))
+        return partial(_behind_queued_work, wrapper)
 
     def before_step(self, step: int) -> None:
         self.first_step.see(step)
@@ -54,6 +57,15 @@ class FullIterationGraphs:
 
     def delete(self) -> None:
         reset_full_iteration_state()
+
+
+def _behind_queued_work(wrapper: FullCudaGraphWrapper, **kwargs):
+    # The wrapper copies the step's batches into its static buffers on a stream of its own. In
+    # 0.16.1 that stream does not wait for work already queued (0.19 added the wait), and the trainer
+    # queues a step while the one before still runs (bridge.step_clock): its copy would overwrite
+    # the batch that step's replay is reading.
+    wrapper.static_loader.stream.wait_stream(torch.cuda.current_stream())
+    return wrapper(**kwargs)
 
 
 def _forward_backward_then_step(forward_backward_func, optimizer_step, **kwargs):

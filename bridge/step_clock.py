@@ -1,0 +1,67 @@
+"""Step timing that lets the GPU run while the host prepares the next step.
+
+On a CUDA device the trainer does not wait for a step before queueing the next one, as a
+training loop without a per-step sync does: the host launches step n+1 while the GPU runs step n.
+A step's time is the GPU-stream time between the events recorded as it and the next step were
+queued. When the GPU is the bottleneck (a graphed step) that is the step's GPU time plus any gap
+the host leaves; when the host is (a launch-bound eager step) it is the host's time per step. Its
+loss is read once the next step is queued, when it is already computed. Waiting for every step
+instead idles the GPU while the host prepares the next one: at a 3 ms graphed step, about a fifth.
+
+Steps that a profiler records run one at a time (``synchronous``): the trace must hold exactly
+their GPU work, and nothing of a neighbour's. On a CPU every step is synchronous and timed by the
+host clock.
+"""
+
+import time
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Tuple
+
+import torch
+
+
+@dataclass(frozen=True)
+class FinishedStep:
+    step: int
+    loss: float
+    seconds: float
+
+
+class StepClock:
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._queued: Optional[Tuple[int, torch.Tensor, torch.cuda.Event]] = None
+        """The step whose work may still run on the GPU: its number, loss and start event."""
+
+    def run(self, step: int, train_step: Callable[[], torch.Tensor], synchronous: bool = False) -> List[FinishedStep]:
+        """Run ``train_step`` as step ``step``; returns the steps that finished meanwhile, in order
+        (on CUDA usually the previous one; with ``synchronous``, the queued one and this one)."""
+        if self.device.type != "cuda":
+            start = time.perf_counter()
+            loss = train_step()
+            return [FinishedStep(step, float(loss), time.perf_counter() - start)]
+        finished = self.finish() if synchronous else []
+        start = self._event()
+        loss = train_step()
+        if self._queued is not None:
+            previous_step, previous_loss, previous_start = self._queued
+            start.synchronize()  # the previous step's work is done; this step's is queued behind it
+            finished.append(FinishedStep(previous_step, float(previous_loss),
+                                         previous_start.elapsed_time(start) / 1e3))
+        self._queued = (step, loss, start)
+        return finished + (self.finish() if synchronous else [])
+
+    def finish(self) -> List[FinishedStep]:
+        """Wait for the queued step, if any, and return it."""
+        if self._queued is None:
+            return []
+        step, loss, start = self._queued
+        self._queued = None
+        end = self._event()
+        end.synchronize()
+        return [FinishedStep(step, float(loss), start.elapsed_time(end) / 1e3)]
+
+    def _event(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
