@@ -31,7 +31,8 @@ class StepClock:
     def __init__(self, device: torch.device):
         self.device = device
         self._queued: Optional[Tuple[int, torch.Tensor, torch.cuda.Event]] = None
-        """The step whose work may still run on the GPU: its number, loss and start event."""
+        """The step whose work may still run on the GPU: its number, its loss (a page-locked host copy
+        that the GPU fills once the step is done) and its start event."""
 
     def run(self, step: int, train_step: Callable[[], torch.Tensor], synchronous: bool = False) -> List[FinishedStep]:
         """Run ``train_step`` as step ``step``; returns the steps that finished meanwhile, in order
@@ -42,7 +43,7 @@ class StepClock:
             return [FinishedStep(step, float(loss), time.perf_counter() - start)]
         finished = self.finish() if synchronous else []
         start = self._event()
-        loss = train_step()
+        loss = self._host_copy(train_step())
         if self._queued is not None:
             previous_step, previous_loss, previous_start = self._queued
             start.synchronize()  # the previous step's work is done; this step's is queued behind it
@@ -60,6 +61,14 @@ class StepClock:
         end = self._event()
         end.synchronize()
         return [FinishedStep(step, float(loss), start.elapsed_time(end) / 1e3)]
+
+    @staticmethod
+    def _host_copy(loss: torch.Tensor) -> torch.Tensor:
+        # float() of a CUDA tensor waits for the whole stream, the next step included; a copy queued
+        # behind the step does not, and it has landed once the next step's start event has.
+        host = torch.empty((), dtype=loss.dtype, pin_memory=True)
+        host.copy_(loss.detach(), non_blocking=True)
+        return host
 
     def _event(self) -> torch.cuda.Event:
         event = torch.cuda.Event(enable_timing=True)

@@ -84,6 +84,7 @@ class Trainer:
             self.profiler = StepProfiler(self.job_dir, window.start, cfg.perf.profile_steps, self.engine.device)
         self.nsys_window = CudaProfilerWindow(window) if cfg.perf.nsys else None
         self.clock = StepClock(self.engine.device)
+        self._queueing: Optional[int] = None
         self.ranges = StepRanges(nvtx=cfg.perf.nsys, trace=cfg.perf.profile, capture_at=capture_step(
             self.engine.effective_impl, self.engine.name, cfg.model.cuda_graph_warmup_steps))
         reports = cfg.perf.tensorboard is not False and self.is_reporting_rank
@@ -97,6 +98,7 @@ class Trainer:
                         desc=f"{self.engine.name} {self.engine.effective_impl}")
         try:
             for step in progress:
+                self._queueing = step
                 if self._stop_requested():
                     status, reason = "interrupted", self._interrupt_reason(step)
                     break
@@ -105,7 +107,7 @@ class Trainer:
             for finished in self.clock.finish():
                 self._after_step(progress, finished)
         except (Exception, KeyboardInterrupt) as error:
-            status, reason = failure(error, self.steps_completed)
+            status, reason = failure(error, self.failing_step)
             raise
         finally:
             progress.close()
@@ -117,6 +119,12 @@ class Trainer:
     @property
     def steps_completed(self) -> int:
         return len(self.record.losses)
+
+    @property
+    def failing_step(self) -> int:
+        """The step a failure belongs to: the one the loop was queueing (the step before may still be
+        running on the GPU, bridge.step_clock), else the next one."""
+        return self._queueing if self._queueing is not None else self.steps_completed
 
     def close(self) -> None:
         """Delete every graph and release the engine; safe to call twice."""
