@@ -18,8 +18,9 @@ from typing import Dict, List
 from bridge.profiling import busy_time_us
 
 DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
-WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
-"""Host calls that block until the GPU catches up (cudaMemcpy: a synchronous copy, e.g. .item())."""
+WAITS = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy"}
+"""Host calls that block until the GPU catches up. .item() and .cpu() show as a cudaMemcpyAsync then a
+cudaStreamSynchronize; a cudaMemcpyAsync alone need not wait."""
 STEP = re.compile(r"^step \d+$")
 
 
@@ -33,8 +34,8 @@ def summarise(trace_path: Path, top: int) -> Dict:
     for event in device:
         kernels[event["name"]] += event["dur"]
     calls = Counter(event["name"] for event in runtime)
-    waits = {name: count for name, count in calls.items() if name.startswith(WAITS)}
-    wait_us = sum(event["dur"] for event in runtime if event["name"].startswith(WAITS))
+    waits = {name: count for name, count in calls.items() if name in WAITS}
+    wait_us = sum(event["dur"] for event in runtime if event["name"] in WAITS)
     return {
         "trace": str(trace_path), "steps": steps,
         "gpu_busy_ms_per_step": busy_time_us([(e["ts"], e["ts"] + e["dur"]) for e in device]) / 1e3 / steps,

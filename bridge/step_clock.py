@@ -31,8 +31,10 @@ class StepClock:
     def __init__(self, device: torch.device):
         self.device = device
         self._queued: Optional[Tuple[int, torch.Tensor, torch.cuda.Event]] = None
-        """The step whose work may still run on the GPU: its number, its loss (a page-locked host copy
-        that the GPU fills once the step is done) and its start event."""
+        """The step whose work may still run on the GPU: its number, loss and start event."""
+        # float() of a CUDA tensor waits for everything queued on the current stream, the next step
+        # included: losses are read on a stream of their own, once they are computed.
+        self._reader = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def run(self, step: int, train_step: Callable[[], torch.Tensor], synchronous: bool = False) -> List[FinishedStep]:
         """Run ``train_step`` as step ``step``; returns the steps that finished meanwhile, in order
@@ -43,32 +45,33 @@ class StepClock:
             return [FinishedStep(step, float(loss), time.perf_counter() - start)]
         finished = self.finish() if synchronous else []
         start = self._event()
-        loss = self._host_copy(train_step())
+        loss = train_step()
         if self._queued is not None:
             previous_step, previous_loss, previous_start = self._queued
             start.synchronize()  # the previous step's work is done; this step's is queued behind it
-            finished.append(FinishedStep(previous_step, float(previous_loss),
+            finished.append(FinishedStep(previous_step, self._read(previous_loss),
                                          previous_start.elapsed_time(start) / 1e3))
         self._queued = (step, loss, start)
         return finished + (self.finish() if synchronous else [])
 
     def finish(self) -> List[FinishedStep]:
-        """Wait for the queued step, if any, and return it."""
+        """Wait for the queued step, if any, and return it (it is no longer queued, even if waiting fails)."""
         if self._queued is None:
             return []
         step, loss, start = self._queued
         self._queued = None
         end = self._event()
         end.synchronize()
-        return [FinishedStep(step, float(loss), start.elapsed_time(end) / 1e3)]
+        return [FinishedStep(step, self._read(loss), start.elapsed_time(end) / 1e3)]
 
-    @staticmethod
-    def _host_copy(loss: torch.Tensor) -> torch.Tensor:
-        # float() of a CUDA tensor waits for the whole stream, the next step included; a copy queued
-        # behind the step does not, and it has landed once the next step's start event has.
-        host = torch.empty((), dtype=loss.dtype, pin_memory=True)
-        host.copy_(loss.detach(), non_blocking=True)
-        return host
+    @property
+    def queued_step(self) -> Optional[int]:
+        return None if self._queued is None else self._queued[0]
+
+    def _read(self, loss: torch.Tensor) -> float:
+        """The value of a loss whose step is done (its successor's start event has passed)."""
+        with torch.cuda.stream(self._reader):
+            return float(loss)
 
     def _event(self) -> torch.cuda.Event:
         event = torch.cuda.Event(enable_timing=True)

@@ -85,8 +85,8 @@ class Trainer:
         self.nsys_window = CudaProfilerWindow(window) if cfg.perf.nsys else None
         self.clock = StepClock(self.engine.device)
         self._queueing: Optional[int] = None
-        self.ranges = StepRanges(nvtx=cfg.perf.nsys, trace=cfg.perf.profile, capture_at=capture_step(
-            self.engine.effective_impl, self.engine.name, cfg.model.cuda_graph_warmup_steps))
+        self.capture_at = capture_step(self.engine.effective_impl, self.engine.name, cfg.model.cuda_graph_warmup_steps)
+        self.ranges = StepRanges(nvtx=cfg.perf.nsys, trace=cfg.perf.profile, capture_at=self.capture_at)
         reports = cfg.perf.tensorboard is not False and self.is_reporting_rank
         self.scalars = Scalars(self.job_dir, self.engine.device, asked=bool(cfg.perf.tensorboard)) if reports else None
         self._closed = False
@@ -107,6 +107,7 @@ class Trainer:
             for finished in self.clock.finish():
                 self._after_step(progress, finished)
         except (Exception, KeyboardInterrupt) as error:
+            self._settle_queued_step()
             status, reason = failure(error, self.failing_step)
             raise
         finally:
@@ -167,14 +168,16 @@ class Trainer:
         return [window for window in (self.profiler, self.nsys_window) if window is not None]
 
     def _timed_step(self, step: int) -> List[FinishedStep]:
-        """Queue step ``step``; returns the steps that finished meanwhile (bridge.step_clock). A
-        step a profiler records runs alone: the one queued before it finishes before tracing starts."""
+        """Queue step ``step``; returns the steps that finished meanwhile (bridge.step_clock). A step
+        a profiler records runs alone (the one before finishes before tracing starts), and so does the
+        capture step: a capture that fails is then that step's failure, with every step before it done."""
         windows = [window for window in self._windows() if step in window.steps]
-        finished = self.clock.finish() if windows else []
+        alone = bool(windows) or step == self.capture_at
+        finished = self.clock.finish() if alone else []
         for window in windows:
             window.before_step(step)
         with self.ranges.step(step):
-            finished += self.clock.run(step, partial(self.engine.train_step, step), synchronous=bool(windows))
+            finished += self.clock.run(step, partial(self.engine.train_step, step), synchronous=alone)
         for window in windows:
             window.after_step(step)
         return finished
@@ -187,6 +190,20 @@ class Trainer:
             self.scalars.after_step(step, loss, seconds)
         self._check_finite(step, loss)
         self._show_progress(progress, step, loss, seconds)
+
+    def _settle_queued_step(self) -> None:
+        """After a failure, the step still queued on the GPU: recorded if it finished. After a sticky
+        CUDA error (an illegal address) the GPU cannot say, and the failure is put on that step: CUDA
+        reports such an error late, and its work ran first."""
+        queued = self.clock.queued_step
+        try:
+            finished = self.clock.finish()
+        except Exception:
+            self._queueing = queued
+            return
+        for done in finished:
+            self.record.losses.append(done.loss)
+            self.record.step_times_s.append(done.seconds)
 
     def _check_finite(self, step: int, loss: float) -> None:
         # The loss is on the host anyway, so checking it every step costs nothing.
