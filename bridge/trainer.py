@@ -224,7 +224,8 @@ class Trainer:
         return count if count < self.steps_completed else None
 
     def _show_progress(self, progress: tqdm, step: int, loss: float, seconds: float) -> None:
-        progress.set_postfix(loss=f"{loss:.4f}", step_ms=f"{seconds * 1e3:.1f}")
+        # tqdm redraws at its own pace (mininterval): a redraw per step would cost the host time per step.
+        progress.set_postfix(loss=f"{loss:.4f}", step_ms=f"{seconds * 1e3:.1f}", refresh=False)
         if step in self.engine.capture_steps():
             progress.write(f"step {step}: captured, {self.engine.graph_count()} graph(s), "
                            f"{seconds:.2f} s including capture")
