@@ -25,15 +25,29 @@ The model, per GPU (the pipeline stage with the most layers; bytes per parameter
   logit entries, benchmarks/results/vs_bridge/llama32_1b_*.json).
 - CUDA-graph pools: a graph replays into the memory it was captured with, which stays reserved
   for it. full_iteration keeps a static copy of the iteration's activations (one micro-batch
-  in flight's worth, with the same PP factor); per-layer graphs (TE, local) keep static inputs,
-  outputs and the captured layer's activations per graphed layer and micro-batch in flight: the
-  graphed share of the activations once more. An optimizer step inside the graph adds an fp32
-  copy of bf16/fp16 gradients for its master weights (fp32 gradient buffers serve as they are).
+  in flight's worth, with the same PP factor); Transformer Engine's per-layer graphs keep static
+  inputs, outputs and the captured layer's activations per graphed layer and micro-batch in
+  flight: the graphed share of the activations once more. An optimizer step inside the graph adds
+  an fp32 copy of bf16/fp16 gradients for its master weights (fp32 gradient buffers serve as they are).
+- megatron-core's local per-layer graphs (CudaGraphManager) capture at the end of the first step,
+  after its eager backward freed its activations: every layer's forward graph in order, then the
+  backward graphs in reverse, all into one shared pool. The layers' activations are allocated
+  once there (as in an eager backward, and before Adam's moments exist); each backward capture
+  frees its layer's share back to the pool, and the replays reuse those blocks unallocated. What
+  stays allocated, and tops every later optimizer step, is: per graphed layer and runner (one per
+  layer without PP, one per micro-batch with PP) its static output and input-gradient buffers
+  (2 x sbh in the activation dtype, plus the first input and the last output gradient); in
+  megatron-core 0.16.1 without Transformer Engine, the weight gradients the backward graph
+  returns (one per graphed parameter in the parameter dtype; 0.19 adds them to main_grad inside
+  the graph: counted as 0.16.1 has it); and four more cuBLAS workspaces (32 MiB each, one per
+  thread, forward and autograd's, and stream): the capture stream's, in the pool, and the
+  default stream's, which megatron-core switches to after capture.
 - the optimizer step: megatron-core's mixed-precision optimizer gives its fp32 master weights
   fp32 copies of bf16/fp16 gradients for the step (4 bytes per parameter, sharded like the
   optimizer); the trainer frees them before the next forward, so the peak is the larger of the
   backward's (activations) and the step's.
-- workspaces: cuBLAS's and Transformer Engine's GEMM workspaces, about 64 MiB.
+- workspaces: cuBLAS's and Transformer Engine's GEMM workspaces, about 64 MiB (PyTorch gives
+  each cuBLAS handle and stream its own, 32 MiB on Hopper: the forward's and the backward's).
 
 The estimate is of the peak the PyTorch allocator sees (``result.json``'s
 memory.peak_allocated_gb); the CUDA context, NCCL buffers and fragmentation come on top, so a
@@ -46,6 +60,7 @@ from dataclasses import asdict, dataclass
 from typing import Dict, Optional
 
 from bridge.config.graphs import graph_impl
+from bridge.config.schema import CudaGraphImpl
 from bridge.translate import padded_vocab_size
 from bridge.validation.model_facts import moe_layer_pattern, recompute_modules
 
@@ -54,7 +69,9 @@ GPU_MEMORY_GB = {"h100": 80, "h200": 141, "b200": 180, "b300": 288, "gb200": 186
 """Memory of each preset GPU in GB (10^9 bytes), as NVIDIA specifies it."""
 USABLE_FRACTION = 0.9
 """What a job may plan to allocate: the rest is the CUDA context, NCCL buffers, fragmentation."""
-WORKSPACE_BYTES = 64 * 2 ** 20
+CUBLAS_WORKSPACE_BYTES = 32 * 2 ** 20
+"""PyTorch's cuBLAS workspace per handle (thread) and stream on Hopper (CUBLAS_WORKSPACE_CONFIG :4096:8)."""
+WORKSPACE_BYTES = 2 * CUBLAS_WORKSPACE_BYTES
 ADAM_STATE_BYTES, MASTER_BYTES, FP32_BYTES = 8, 4, 4
 LOGIT_BYTES, FUSED_LOSS_LOGIT_BYTES = 10, 6.5
 
@@ -143,7 +160,8 @@ def layers_per_stage(cfg) -> int:
 
 
 def parameters_per_gpu(cfg) -> Dict[str, float]:
-    """Parameters one GPU of the largest stage holds: dense ones and experts."""
+    """Parameters one GPU of the largest stage holds: dense ones and experts (and of the dense ones,
+    the embedding and output layer's)."""
     model = cfg.model
     tp, pp = model.tensor_model_parallel_size, model.pipeline_model_parallel_size
     etp = model.expert_tensor_parallel_size or tp
@@ -162,7 +180,8 @@ def parameters_per_gpu(cfg) -> Dict[str, float]:
     tied = model.share_embeddings_and_output_weights
     embeddings = vocab if (pp > 1 or tied) else 2 * vocab
     return {"dense": (stage * dense_per_layer + embeddings) / tp,
-            "experts": stage * moe_share * experts * h * moe_ffn * glu / (model.expert_model_parallel_size * etp)}
+            "experts": stage * moe_share * experts * h * moe_ffn * glu / (model.expert_model_parallel_size * etp),
+            "embeddings": embeddings / tp}
 
 
 def attention_parameters(model) -> float:
@@ -233,18 +252,22 @@ def graphed_term(cfg, term: str) -> bool:
     return bool(parts[term] & modules)
 
 
+def micro_batches(cfg) -> int:
+    """Micro-batches one data-parallel rank runs per step."""
+    dp, _ = data_parallel_sizes(cfg)
+    return max(1, cfg.train.global_batch_size // (cfg.train.micro_batch_size * dp))
+
+
 def micro_batches_in_flight(cfg) -> float:
     """How many micro-batches' activations the first pipeline stage holds at once."""
     model = cfg.model
     pp = model.pipeline_model_parallel_size
     if pp == 1:
         return 1
-    dp, _ = data_parallel_sizes(cfg)
-    micro_batches = max(1, cfg.train.global_batch_size // (cfg.train.micro_batch_size * dp))
     vp = model.virtual_pipeline_model_parallel_size
     if vp:
         return pp * (1 + (pp - 1) / (pp * vp))
-    return min(pp, micro_batches)
+    return min(pp, micro_batches(cfg))
 
 
 def activation_bytes(cfg) -> float:
@@ -278,4 +301,22 @@ def graph_pool_bytes(cfg, parameters: float) -> float:
         copied_grads = cfg.optimizer.optimizer_in_graph and half_gradients(cfg)
         optimizer = FP32_BYTES * parameters if copied_grads else 0
         return activation_bytes(cfg) + optimizer
+    if impl.impl == CudaGraphImpl.local:
+        return local_graph_bytes(cfg)
     return layers_per_stage(cfg) * layer_activations(cfg, graphed_only=True) * micro_batches_in_flight(cfg)
+
+
+def local_graph_bytes(cfg) -> float:
+    """What megatron-core's local per-layer graphs keep allocated after capture (the module's docstring)."""
+    model = cfg.model
+    runners = 1 if model.pipeline_model_parallel_size == 1 else micro_batches(cfg)  # per graphed layer
+    layers = layers_per_stage(cfg) * runners
+    tokens = cfg.dataset.seq_length // model.context_parallel_size * cfg.train.micro_batch_size
+    half = model.bf16 or model.fp16
+    hidden = tokens * model.hidden_size * (2 if half else 4)
+    if model.sequence_parallel:
+        hidden /= model.tensor_model_parallel_size
+    static_io = (2 * layers + 2) * hidden
+    params = parameters_per_gpu(cfg)
+    weight_grads = (params["dense"] + params["experts"] - params["embeddings"]) * runners * (2 if half else 4)
+    return static_io + weight_grads + 4 * CUBLAS_WORKSPACE_BYTES
