@@ -9,15 +9,19 @@ loss is read once the next step is queued, when it is already computed. Waiting 
 instead idles the GPU while the host prepares the next one: at a 3 ms graphed step, about a fifth.
 
 Steps that a profiler records run one at a time (``synchronous``): the trace must hold exactly
-their GPU work, and nothing of a neighbour's. On a CPU every step is synchronous and timed by the
-host clock.
+their GPU work, and nothing of a neighbour's. On a CPU the same bookkeeping runs with host
+timestamps in place of events (the work itself is done when ``train_step`` returns), so a step is
+reported after the next one is queued on every device.
 """
 
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple, Union
 
 import torch
+
+Mark = Union[torch.cuda.Event, float]
+"""Where the device's work stood when a step was queued: a CUDA event, or a host timestamp on a CPU."""
 
 
 @dataclass(frozen=True)
@@ -29,28 +33,28 @@ class FinishedStep:
 
 class StepClock:
     def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
         self.device = device
-        self._queued: Optional[Tuple[int, torch.Tensor, torch.cuda.Event]] = None
-        """The step whose work may still run on the GPU: its number, loss and start event."""
+        self._queued: Optional[Tuple[int, torch.Tensor, Mark]] = None
+        """The step whose work may still run on the device: its number, loss and start mark."""
         # float() of a CUDA tensor waits for everything queued on the current stream, the next step
         # included: losses are read on a stream of their own, once they are computed.
-        self._reader = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._reader = torch.cuda.Stream(device) if self.cuda else None
+
+    @property
+    def queued_step(self) -> Optional[int]:
+        return None if self._queued is None else self._queued[0]
 
     def run(self, step: int, train_step: Callable[[], torch.Tensor], synchronous: bool = False) -> List[FinishedStep]:
-        """Run ``train_step`` as step ``step``; returns the steps that finished meanwhile, in order
-        (on CUDA usually the previous one; with ``synchronous``, the queued one and this one)."""
-        if self.device.type != "cuda":
-            start = time.perf_counter()
-            loss = train_step()
-            return [FinishedStep(step, float(loss), time.perf_counter() - start)]
+        """Queue ``train_step`` as step ``step``; returns the steps that finished meanwhile, in order
+        (usually the previous one; with ``synchronous``, the queued one and this one)."""
         finished = self.finish() if synchronous else []
-        start = self._event()
+        start = self._mark()
         loss = train_step()
         if self._queued is not None:
             previous_step, previous_loss, previous_start = self._queued
-            start.synchronize()  # the previous step's work is done; this step's is queued behind it
-            finished.append(FinishedStep(previous_step, self._read(previous_loss),
-                                         previous_start.elapsed_time(start) / 1e3))
+            self._wait(start)  # the previous step's work is done; this step's is queued behind it
+            finished.append(FinishedStep(previous_step, self._read(previous_loss), self._seconds(previous_start, start)))
         self._queued = (step, loss, start)
         return finished + (self.finish() if synchronous else [])
 
@@ -60,20 +64,27 @@ class StepClock:
             return []
         step, loss, start = self._queued
         self._queued = None
-        end = self._event()
-        end.synchronize()
-        return [FinishedStep(step, self._read(loss), start.elapsed_time(end) / 1e3)]
+        end = self._mark()
+        self._wait(end)
+        return [FinishedStep(step, self._read(loss), self._seconds(start, end))]
 
-    @property
-    def queued_step(self) -> Optional[int]:
-        return None if self._queued is None else self._queued[0]
-
-    def _read(self, loss: torch.Tensor) -> float:
-        """The value of a loss whose step is done (its successor's start event has passed)."""
-        with torch.cuda.stream(self._reader):
-            return float(loss)
-
-    def _event(self) -> torch.cuda.Event:
+    def _mark(self) -> Mark:
+        if not self.cuda:
+            return time.perf_counter()
         event = torch.cuda.Event(enable_timing=True)
         event.record(torch.cuda.current_stream(self.device))
         return event
+
+    def _wait(self, mark: Mark) -> None:
+        if self.cuda:
+            mark.synchronize()
+
+    def _seconds(self, start: Mark, end: Mark) -> float:
+        return start.elapsed_time(end) / 1e3 if self.cuda else end - start
+
+    def _read(self, loss: torch.Tensor) -> float:
+        """The value of a loss whose step is done (its successor's start mark has passed)."""
+        if not self.cuda:
+            return float(loss)
+        with torch.cuda.stream(self._reader):
+            return float(loss)

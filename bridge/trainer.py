@@ -102,12 +102,9 @@ class Trainer:
                 if self._stop_requested():
                     status, reason = "interrupted", self._interrupt_reason(step)
                     break
-                for finished in self._timed_step(step):
-                    self._after_step(progress, finished)
-            for finished in self.clock.finish():
-                self._after_step(progress, finished)
+                self._timed_step(progress, step)
+            self._after_steps(progress, self.clock.finish())
         except (Exception, KeyboardInterrupt) as error:
-            self._settle_queued_step()
             status, reason = failure(error, self.failing_step)
             raise
         finally:
@@ -167,32 +164,37 @@ class Trainer:
         """The profilers that record a window of steps, which are then left out of the timing."""
         return [window for window in (self.profiler, self.nsys_window) if window is not None]
 
-    def _timed_step(self, step: int) -> List[FinishedStep]:
-        """Queue step ``step``; returns the steps that finished meanwhile (bridge.step_clock). A step
+    def _timed_step(self, progress: tqdm, step: int) -> None:
+        """Queue step ``step`` and record the steps that finished meanwhile (bridge.step_clock). A step
         a profiler records runs alone (the one before finishes before tracing starts), and so does the
         capture step: a capture that fails is then that step's failure, with every step before it done."""
         windows = [window for window in self._windows() if step in window.steps]
         alone = bool(windows) or step == self.capture_at
-        finished = self.clock.finish() if alone else []
+        if alone:
+            self._after_steps(progress, self.clock.finish())
         for window in windows:
             window.before_step(step)
         with self.ranges.step(step):
-            finished += self.clock.run(step, partial(self.engine.train_step, step), synchronous=alone)
+            try:
+                finished = self.clock.run(step, partial(self.engine.train_step, step), synchronous=alone)
+            except BaseException:
+                self._settle_queued_step()
+                raise
         for window in windows:
             window.after_step(step)
-        return finished
+        self._after_steps(progress, finished)
 
-    def _after_step(self, progress: tqdm, finished: FinishedStep) -> None:
-        step, loss, seconds = finished.step, finished.loss, finished.seconds
-        self.record.losses.append(loss)
-        self.record.step_times_s.append(seconds)
-        if self.scalars is not None:
-            self.scalars.after_step(step, loss, seconds)
-        self._check_finite(step, loss)
-        self._show_progress(progress, step, loss, seconds)
+    def _after_steps(self, progress: tqdm, finished: List[FinishedStep]) -> None:
+        for done in finished:
+            self.record.losses.append(done.loss)
+            self.record.step_times_s.append(done.seconds)
+            if self.scalars is not None:
+                self.scalars.after_step(done.step, done.loss, done.seconds)
+            self._check_finite(done.step, done.loss)
+            self._show_progress(progress, done.step, done.loss, done.seconds)
 
     def _settle_queued_step(self) -> None:
-        """After a failure, the step still queued on the GPU: recorded if it finished. After a sticky
+        """After a step failed, the one still queued on the GPU: recorded if it finished. After a sticky
         CUDA error (an illegal address) the GPU cannot say, and the failure is put on that step: CUDA
         reports such an error late, and its work ran first."""
         queued = self.clock.queued_step

@@ -18,6 +18,7 @@ import torch
 import bridge.atomic
 from bridge import run
 from bridge.engines.megatron.engine import free_port
+from bridge.step_clock import StepClock
 from bridge.result import build_result, percentile, write_result, RunRecord
 from bridge.trainer import Trainer
 
@@ -51,9 +52,17 @@ def test_torch_run_writes_every_result_key(read_result, small_config, write_job,
 
 
 def test_capture_and_warmup_steps_are_left_out_of_step_times(scripted_engine, tmp_path, scripted, monkeypatch):
-    ticks = iter(range(100))
-    monkeypatch.setattr("bridge.step_clock.time.perf_counter", lambda: next(ticks) ** 2)  # step i lasts 4i+1 s
-    trainer = scripted(tmp_path, scripted_engine([3.0, 2.5, 2.0, 1.5, 1.0, 0.5], capture_step=2), "train.train_iters=6")
+    now = [0.0]
+    monkeypatch.setattr("bridge.step_clock.time.perf_counter", lambda: now[0])
+    engine = scripted_engine([3.0, 2.5, 2.0, 1.5, 1.0, 0.5], capture_step=2)
+    scripted_step = engine.train_step
+
+    def step_lasting_4i_plus_1_s(step):
+        now[0] += 4 * step + 1
+        return scripted_step(step)
+
+    engine.train_step = step_lasting_4i_plus_1_s
+    trainer = scripted(tmp_path, engine, "train.train_iters=6")
     result = trainer.run()
     assert result["capture_step"] == 2 and result["capture_time_s"] == 9
     assert result["graph_count"] == 1
@@ -80,7 +89,38 @@ def test_non_finite_loss_fails_the_run(read_result, scripted_engine, tmp_path, s
     trainer = scripted(tmp_path, scripted_engine([3.0, float("nan"), 1.0, 1.0, 1.0]))
     with pytest.raises(FloatingPointError):
         trainer.run()
-    assert "loss is nan at step 1" in read_result(tmp_path)["reason"]
+    result = read_result(tmp_path)
+    assert "loss is nan at step 1" in result["reason"]
+    # Step 2 was queued when step 1's loss was read (bridge.step_clock); the run ends at step 1.
+    assert result["steps_completed"] == 2 and result["loss"][0] == 3.0
+
+
+def test_a_failure_the_queued_step_cannot_outlive_is_put_on_that_step(read_result, scripted_engine, tmp_path, scripted,
+                                                                      monkeypatch):
+    # A sticky CUDA error (an illegal address) surfaces late, while the next step is being queued, and
+    # the queued step can no longer be waited for: the failure is that step's.
+    error = RuntimeError("CUDA error: an illegal memory access was encountered")
+    engine = scripted_engine([3.0, 2.0, 1.0, 1.0, 1.0], fail_at=3, error=error)
+    trainer = scripted(tmp_path, engine, "model.cuda_graph_warmup_steps=1")  # capture (alone) at step 1
+    wait = StepClock._wait
+
+    def wait_unless_the_context_is_lost(clock, mark):
+        if engine.failed:
+            raise error
+        wait(clock, mark)
+
+    scripted_step = engine.train_step
+
+    def step_losing_the_context(step):
+        engine.failed = step == engine.fail_at
+        return scripted_step(step)
+
+    engine.train_step = step_losing_the_context
+    monkeypatch.setattr(StepClock, "_wait", wait_unless_the_context_is_lost)
+    with pytest.raises(RuntimeError):
+        trainer.run()
+    result = read_result(tmp_path)
+    assert trainer.failing_step == 2 and result["steps_completed"] == 2 and result["loss"] == [3.0, 2.0]
 
 
 def test_result_write_is_atomic(read_result, tmp_path, monkeypatch):
