@@ -126,8 +126,8 @@ def estimate_memory(cfg, gpu_memory_gib: Optional[float] = None, gpu_name: Optio
     params = parameters_per_gpu(cfg)
     dense, experts = params["dense"], params["experts"]
     half = cfg.model.bf16 or cfg.model.fp16
-    weight_bytes = 2 if half else 4
-    grad_bytes = 4 if cfg.ddp.grad_reduce_in_fp32 or not half else 2
+    weight_bytes = model_dtype_bytes(cfg)
+    grad_bytes = weight_bytes if half_gradients(cfg) else FP32_BYTES
     optimizer_bytes = ADAM_STATE_BYTES + (MASTER_BYTES if half else 0)
     dense_shards, expert_shards = (data_parallel_sizes(cfg) if cfg.ddp.use_distributed_optimizer else (1, 1))
     step_copies = FP32_BYTES if half_gradients(cfg) else 0
@@ -270,18 +270,27 @@ def micro_batches_in_flight(cfg) -> float:
     return min(pp, micro_batches(cfg))
 
 
+def tokens_per_micro_batch(cfg) -> int:
+    """Tokens of one micro-batch on one context-parallel rank."""
+    return cfg.dataset.seq_length // cfg.model.context_parallel_size * cfg.train.micro_batch_size
+
+
+def model_dtype_bytes(cfg) -> int:
+    """Bytes per element of the weights and activations: 2 in bf16/fp16, else 4."""
+    return 2 if cfg.model.bf16 or cfg.model.fp16 else 4
+
+
 def activation_bytes(cfg) -> float:
     """Activations of the largest stage at its peak, with the logits."""
     model = cfg.model
     stage = layers_per_stage(cfg)
     per_layer = layer_activations(cfg)
+    tokens = tokens_per_micro_batch(cfg)
     if model.recompute_granularity == "full":
-        tokens = cfg.dataset.seq_length // model.context_parallel_size * cfg.train.micro_batch_size
         kept = 2 * model.hidden_size * tokens / model.tensor_model_parallel_size
         stored = stage * kept + per_layer  # layer inputs, and one layer being recomputed
     else:
         stored = stage * per_layer
-    tokens = cfg.dataset.seq_length // model.context_parallel_size * cfg.train.micro_batch_size
     per_entry = FUSED_LOSS_LOGIT_BYTES if model.cross_entropy_loss_fusion else LOGIT_BYTES
     logits = per_entry * tokens * padded_vocab_size(cfg) / model.tensor_model_parallel_size
     return stored * micro_batches_in_flight(cfg) + logits
@@ -311,12 +320,10 @@ def local_graph_bytes(cfg) -> float:
     model = cfg.model
     runners = 1 if model.pipeline_model_parallel_size == 1 else micro_batches(cfg)  # per graphed layer
     layers = layers_per_stage(cfg) * runners
-    tokens = cfg.dataset.seq_length // model.context_parallel_size * cfg.train.micro_batch_size
-    half = model.bf16 or model.fp16
-    hidden = tokens * model.hidden_size * (2 if half else 4)
+    hidden = tokens_per_micro_batch(cfg) * model.hidden_size * model_dtype_bytes(cfg)
     if model.sequence_parallel:
         hidden /= model.tensor_model_parallel_size
     static_io = (2 * layers + 2) * hidden
     params = parameters_per_gpu(cfg)
-    weight_grads = (params["dense"] + params["experts"] - params["embeddings"]) * runners * (2 if half else 4)
+    weight_grads = (params["dense"] + params["experts"] - params["embeddings"]) * runners * model_dtype_bytes(cfg)
     return static_io + weight_grads + 4 * CUBLAS_WORKSPACE_BYTES
