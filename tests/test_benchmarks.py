@@ -21,11 +21,13 @@ VARIANTS = [(name, variant) for name, workload in suite.WORKLOADS.items() for va
 
 
 @pytest.mark.parametrize("name, variant", VARIANTS, ids=[f"{n}-{v}" for n, v in VARIANTS])
-def test_every_suite_variant_is_a_valid_configuration(name, variant):
+def test_every_suite_variant_is_a_valid_configuration_that_fits_its_gpu(name, variant):
     workload = suite.WORKLOADS[name]
     plan = bridge.plan([*workload.base, *workload.variants[variant], "train.train_iters=40", "perf.profile=true"])
     assert plan.valid, plan.config_violations
     assert plan.config.train.num_gpus == workload.gpus
+    # A variant planned not to fit is device time spent on an out-of-memory error.
+    assert plan.memory().verdict != "does not fit", plan.memory().to_text()
 
 
 def test_the_table_is_built_from_raw_results(tmp_path):
