@@ -74,20 +74,27 @@ def test_a_workload_where_nothing_completes_writes_no_result_and_fails(tmp_path)
 
 
 def test_the_trace_summary_counts_per_step_what_a_profile_shows(tmp_path):
-    def span(name, cat, ts, dur):
-        return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur}
+    def span(name, cat, ts, dur, correlation=None):
+        return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "args": {"correlation": correlation}}
     events = [span("step 7", "user_annotation", 0, 1000), span("step 8", "user_annotation", 1000, 1000),
               span("gemm", "kernel", 10, 300), span("gemm", "kernel", 1010, 300), span("copy", "gpu_memcpy", 200, 200),
               span("cudaLaunchKernel", "cuda_runtime", 5, 4), span("cudaLaunchKernel", "cuda_runtime", 1005, 4),
-              span("cudaStreamSynchronize", "cuda_runtime", 400, 100), span("cudaGraphLaunch", "cuda_runtime", 900, 5)]
+              span("cudaStreamSynchronize", "cuda_runtime", 400, 100),
+              # one replay of two kernels with 3 us between them; a kernel of another launch inside its span
+              span("cudaGraphLaunch", "cuda_runtime", 900, 5, correlation=42), span("add", "kernel", 910, 20, 42),
+              span("mul", "kernel", 933, 7, 42), span("other", "kernel", 931, 1, 7)]
     (tmp_path / "trace.json").write_text(json.dumps({"traceEvents": events}))
     run = subprocess.run([sys.executable, "benchmarks/trace_summary.py", str(tmp_path), "--json", str(tmp_path / "s.json")],
                          cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     summary, = json.loads((tmp_path / "s.json").read_text())
     assert summary["steps"] == 2
-    assert summary["gpu_busy_ms_per_step"] == pytest.approx((390 + 300) / 1e3 / 2)  # the copy overlaps a gemm
+    # the copy overlaps a gemm, the other launch's kernel a replay gap
+    assert summary["gpu_busy_ms_per_step"] == pytest.approx((390 + 300 + 20 + 1 + 7) / 1e3 / 2)
     assert summary["launches_per_step"] == 1 and summary["graph_replays_per_step"] == 0.5
+    assert summary["replay_span_ms_per_step"] == pytest.approx(30 / 1e3 / 2)
+    assert summary["replay_idle_ms_per_step"] == pytest.approx(3 / 1e3 / 2)
     assert summary["host_waits_per_step"] == {"cudaStreamSynchronize": 0.5}
-    assert list(summary["top_kernels_ms_per_step"]) == ["gemm", "copy"]
-    assert "GPU busy 0.34 ms/step" in run.stdout
+    assert list(summary["top_kernels_ms_per_step"]) == ["gemm", "copy", "add", "mul", "other"]
+    assert "GPU busy 0.36 ms/step" in run.stdout
+    assert "graph replays span 0.01 ms/step, of which 0.00 ms between kernels" in run.stdout
