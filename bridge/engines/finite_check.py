@@ -20,6 +20,9 @@ class FiniteCheck:
         self.finite_steps = torch.zeros((), dtype=torch.int64, device=device)
 
     def record(self, loss: torch.Tensor, grad_norm: Optional[torch.Tensor]) -> None:
-        finite = torch.isfinite(loss) if grad_norm is None else torch.isfinite(loss) & torch.isfinite(grad_norm)
+        # .all(): megatron-core 0.19.2 returns the gradient norm as a one-element tensor, not a scalar.
+        finite = torch.isfinite(loss).all()
+        if grad_norm is not None:
+            finite = finite & torch.isfinite(grad_norm).all()
         self.all_finite.logical_and_(finite)
         self.finite_steps.add_(self.all_finite)
