@@ -51,7 +51,7 @@ def matrix() -> list:
         "install": [f"`pip install -e '.[{row.extra}]'`" for row in rows],
         "with Transformer Engine": [f"`pip install -e '.[{row.te_extra}]'`: TE {row.transformer_engine_range}"
                                     for row in rows],
-        "Transformer Engine measured with": [row.tested_transformer_engine or "not measured yet" for row in rows],
+        "Transformer Engine measured with": [", ".join(row.tested_transformer_engine) or "not measured yet" for row in rows],
         "`cuda_graph=full_iteration` is given as": [
             f"`cuda_graph_impl={row.full_iteration[0]!r}`, `{row.modules_field}={list(row.full_iteration[1])}`"
             for row in rows],

@@ -28,8 +28,8 @@ class MegatronCoreRelease:
     """The extra that pins it together with the Transformer Engine releases it accepts."""
     transformer_engine: Tuple[str, str]
     """The Transformer Engine releases it accepts: (lowest, first one too new)."""
-    tested_transformer_engine: Optional[str]
-    """The Transformer Engine the GPU suite and the benchmarks ran with; None: not measured yet."""
+    tested_transformer_engine: Tuple[str, ...]
+    """The Transformer Engine releases the GPU suite and the benchmarks ran with; empty: not measured yet."""
     carriers: Dict[str, Optional[str]]
     """graphbridge key -> the megatron-core field that carries it; None: this release has none."""
     full_iteration: Tuple[str, Tuple[str, ...]]
@@ -65,7 +65,7 @@ LEGACY_GROUPED_GEMM = "model.moe_use_legacy_grouped_gemm"
 RELEASES: Dict[str, MegatronCoreRelease] = {release.version: release for release in (
     MegatronCoreRelease(
         version="0.16.1", python=(3, 11), extra="mcore016", te_extra="te016", transformer_engine=("2.9", "2.12"),
-        tested_transformer_engine="2.10.0",
+        tested_transformer_engine=("2.10.0",),
         carriers={"model.cuda_graph_modules": "cuda_graph_scope", INFERENCE_SCOPE: None,
                   INFERENCE_EXPERT_PADDING: None},
         full_iteration=("local", ("full_iteration",)),
@@ -76,7 +76,7 @@ RELEASES: Dict[str, MegatronCoreRelease] = {release.version: release for release
         )),
     MegatronCoreRelease(
         version="0.19.2", python=(3, 12), extra="mcore019", te_extra="te019", transformer_engine=("2.10", "2.21"),
-        tested_transformer_engine="2.10.0",
+        tested_transformer_engine=("2.10.0", "2.20.2"),  # 2.20.2: the newest release 0.19.2 accepts
         carriers={LEGACY_GROUPED_GEMM: None},
         full_iteration=("full_iteration", ()),
         inference_scopes={"none": ("none",), "local": ("layer", "block"), "transformer_engine": ("none",),
