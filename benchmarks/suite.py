@@ -2,7 +2,7 @@
 fresh process, raw results as JSON under benchmarks/results/ (GPU, versions, the exact commands).
 
     python benchmarks/suite.py --list
-    python benchmarks/suite.py llama_tiny_local qwen3_moe_dropless [--steps 40] [--out benchmarks/results]
+    python benchmarks/suite.py llama_tiny_local qwen3_moe_dropless [--steps 40] [--rounds 3] [--out benchmarks/results]
     python scripts/benchmark_table.py          # the docs table, from the JSON files
 
 Every variant runs ``--steps`` steps with perf.profile=true: the first perf.warmup_steps (3) steps,
@@ -10,6 +10,12 @@ the capture step and the 5 profiled steps are left out of the step-time statisti
 the default 40), and the profiled steps give the GPU-busy fraction. Per variant: median, p10, p90
 step time, GPU-busy, peak allocated and reserved memory, capture time, graphs, and the speedup over
 the eager variant of the same workload. A variant that fails is recorded with its status and reason.
+
+A launch-bound step's time follows the host, which drifts between processes and machines (the eager
+llama/tiny step measured 44.8 ms in one run and 66.1 ms in the next on the same kind of H100). With
+``--rounds N`` every variant runs N times, every other round in reverse order so that drift cancels
+in the ratios; a variant's row is its middle round by median step time, with every round's median
+and the range of the per-round speedups beside it.
 """
 
 import argparse
@@ -130,20 +136,40 @@ def run_variant(workload: Workload, overrides: Tuple[str, ...], job_dir: Path, s
     return Measured(["graphbridge", *command[3:-1]], json.loads(result_path.read_text()) if result_path.is_file() else {})
 
 
-def run_workload(name: str, steps: int, scratch: Path) -> dict:
+def run_workload(name: str, steps: int, scratch: Path, rounds: int = 1) -> dict:
     workload = WORKLOADS[name]
-    rows = {variant: run_variant(workload, overrides, scratch / name / variant, steps).row()
-            for variant, overrides in workload.variants.items()}
+    measured: Dict[str, List[Measured]] = {variant: [] for variant in workload.variants}
+    for round_index in range(rounds):
+        order = list(workload.variants) if round_index % 2 == 0 else list(workload.variants)[::-1]
+        for variant in order:
+            job_dir = scratch / name / (f"round{round_index + 1}" if rounds > 1 else "") / variant
+            measured[variant].append(run_variant(workload, workload.variants[variant], job_dir, steps))
+    round_rows = {variant: [run.row() for run in runs] for variant, runs in measured.items()}
+    rows = {variant: middle_round(per_round) for variant, per_round in round_rows.items()}
     eager = rows.get(EAGER, {}).get("median_ms")
-    for row in rows.values():
+    for variant, row in rows.items():
         row["speedup"] = eager / row["median_ms"] if eager and row["median_ms"] else None
-    environment = next((json.loads((scratch / name / v / "result.json").read_text())["env"]
-                        for v in workload.variants if (scratch / name / v / "result.json").is_file()), {})
+        if rounds > 1:
+            speedups = [e["median_ms"] / v["median_ms"] for e, v in zip(round_rows.get(EAGER, []), round_rows[variant])
+                        if e["median_ms"] and v["median_ms"]]
+            row["round_medians_ms"] = [run["median_ms"] for run in round_rows[variant]]
+            row["speedup_range"] = [min(speedups), max(speedups)] if speedups else None
+    environment = next((run.result["env"] for runs in measured.values() for run in runs if "env" in run.result), {})
     return {"workload": name, "description": workload.description, "gpus": workload.gpus, "steps": steps,
-            "date": time.strftime("%Y-%m-%d"), "gpu": environment.get("gpu"), "driver": driver_version(),
+            "rounds": rounds, "date": time.strftime("%Y-%m-%d"), "gpu": environment.get("gpu"),
+            "driver": driver_version(),
             "versions": {key: environment.get(key) for key in ("torch", "megatron_core", "transformer_engine",
                                                                 "python")} | {"graphbridge": git_commit()},
-            "suite_command": f"python benchmarks/suite.py {name} --steps {steps}", "variants": rows}
+            "suite_command": f"python benchmarks/suite.py {name} --steps {steps}"
+                             + (f" --rounds {rounds}" if rounds > 1 else ""),
+            "variants": rows}
+
+
+def middle_round(rows: List[dict]) -> dict:
+    """The round whose median step time is the middle one (the lower of two middles), so that its
+    spread, GPU-busy and memory come from one run; the last round when none completed."""
+    completed = sorted((row for row in rows if row["median_ms"]), key=lambda row: row["median_ms"])
+    return dict(completed[(len(completed) - 1) // 2] if completed else rows[-1])
 
 
 def driver_version() -> Optional[str]:
@@ -178,6 +204,7 @@ def main(argv=None) -> int:
     parser.add_argument("workloads", nargs="*", help="names from --list")
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=1, help="runs of every variant, in alternating order")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/graphbridge-suite"))
     args = parser.parse_args(argv)
@@ -194,7 +221,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     unmeasured = []
     for name in args.workloads:
-        record = run_workload(name, args.steps, args.scratch / time.strftime("%H%M%S"))
+        record = run_workload(name, args.steps, args.scratch / time.strftime("%H%M%S"), args.rounds)
         if not any(row["status"] == "completed" for row in record["variants"].values()):
             print(f"{name}: no variant completed; nothing written (the job logs are under {args.scratch})")
             unmeasured.append(name)

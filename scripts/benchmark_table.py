@@ -55,7 +55,10 @@ def table(record: dict) -> List[str]:
              HEADER, "|" + "---|" * HEADER.count(" | ") + "---|"]
     for name, row in record["variants"].items():
         spread = f"{number(row['p10_ms'], '.2f')}-{number(row['p90_ms'], '.2f')}" if row["p10_ms"] else ""
-        cells = (name, number(row["median_ms"], ".2f"), spread, number(row["speedup"], ".2f", "x"),
+        speedup = number(row["speedup"], ".2f", "x")
+        if row.get("speedup_range"):  # --rounds: the per-round ratios
+            speedup += f" ({row['speedup_range'][0]:.2f}-{row['speedup_range'][1]:.2f})"
+        cells = (name, number(row["median_ms"], ".2f"), spread, speedup,
                  busy(row["gpu_busy"]), number(row["peak_allocated_gb"], ".2f"),
                  number(row.get("estimate_gb"), ".2f"),
                  number(row["capture_time_s"], ".2f"), number(row["graph_count"], "d"),
@@ -75,7 +78,9 @@ def markdown(directory: Path = RESULTS) -> str:
              "far above 100 %, which graphbridge f7c7096 and earlier measured when the profiler's step annotations "
              "were counted as GPU work. From graphbridge 16a9d7e on, the trainer queues each step while the one "
              "before runs and times steps by GPU-stream events (bridge.step_clock); earlier commits waited for "
-             "every step, which adds the host's time per step to launch-bound and graphed steps.")
+             "every step, which adds the host's time per step to launch-bound and graphed steps. A command with "
+             "`--rounds N` ran every variant N times in alternating order: its row is the middle round, and the "
+             "brackets after the speedup give the lowest and highest per-round ratio.")
     return "\n".join([intro, ""] + [line for record in found for line in table(record)]).rstrip()
 
 

@@ -48,6 +48,37 @@ def test_the_table_is_built_from_raw_results(tmp_path):
     assert suite.result_name(record) == "llama_tiny_local_h100_mcore0.16.1.json"
 
 
+def test_rounds_alternate_the_order_and_keep_the_middle_round(monkeypatch, tmp_path):
+    """--rounds: every other round runs the variants in reverse; a row is the variant's middle round,
+    with every round's median and the range of the per-round speedups."""
+    medians = {("eager", 1): 40.0, ("eager", 2): 60.0, ("eager", 3): 50.0,
+               ("full_iteration", 1): 5.0, ("full_iteration", 2): 4.0, ("full_iteration", 3): None}
+    order = []
+
+    def run_variant(workload, overrides, job_dir, steps):
+        variant, round_number = job_dir.name, int(job_dir.parent.name.removeprefix("round"))
+        order.append((round_number, variant))
+        median = medians[variant, round_number]
+        result = {"status": "completed" if median else "failed", "step_time_ms": {"median": median},
+                  "env": {"gpu": "NVIDIA H100 80GB HBM3"}}
+        return suite.Measured(["graphbridge", *overrides], result)
+
+    workload = suite.Workload("two variants", ("recipe=llama/tiny",),
+                              {"eager": ("cuda_graph=none",), "full_iteration": ("cuda_graph=full_iteration",)})
+    monkeypatch.setitem(suite.WORKLOADS, "two_variants", workload)
+    monkeypatch.setattr(suite, "run_variant", run_variant)
+    record = suite.run_workload("two_variants", 40, tmp_path, rounds=3)
+    assert order == [(1, "eager"), (1, "full_iteration"), (2, "full_iteration"), (2, "eager"),
+                     (3, "eager"), (3, "full_iteration")]
+    eager, graphed = record["variants"]["eager"], record["variants"]["full_iteration"]
+    assert eager["median_ms"] == 50.0 and eager["round_medians_ms"] == [40.0, 60.0, 50.0]
+    assert graphed["median_ms"] == 4.0 and graphed["speedup"] == pytest.approx(12.5)
+    assert graphed["speedup_range"] == pytest.approx([8.0, 15.0])  # the failed third round has no ratio
+    assert record["suite_command"] == "python benchmarks/suite.py two_variants --steps 40 --rounds 3"
+    assert "| full_iteration | 4.00 |  | 12.50x (8.00-15.00) |" in "\n".join(benchmark_table.table(record | {
+        "driver": "580", "date": "2026-11-24", "versions": {**record["versions"], "torch": "2.11"}}))
+
+
 @pytest.mark.parametrize("section", ["suite", "vs_bridge"])
 def test_the_docs_tables_are_up_to_date_with_the_committed_results(section):
     docs = (ROOT / "docs" / "benchmarks.md").read_text()
