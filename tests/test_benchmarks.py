@@ -48,6 +48,14 @@ def test_the_table_is_built_from_raw_results(tmp_path):
     assert suite.result_name(record) == "llama_tiny_local_h100_mcore0.16.1.json"
 
 
+@pytest.mark.parametrize("name", ["qwen3_moe_dropless", "qwen3_moe_drop_and_pad", "qwen3_moe_ep2"])
+def test_the_recipe_default_variant_graphs_what_the_h100_preset_graphs(name):
+    workload = suite.WORKLOADS[name]
+    model = bridge.plan([*workload.base, *workload.variants[suite.RECIPE_DEFAULT]]).config.model
+    assert model.cuda_graph_impl.value == "transformer_engine"
+    assert list(model.cuda_graph_modules) == ["moe_router", "moe_preprocess"]
+
+
 def test_rounds_alternate_the_order_and_keep_the_middle_round(monkeypatch, tmp_path):
     """--rounds: every other round runs the variants in reverse; a row is the variant's middle round,
     with every round's median and the range of the per-round speedups."""
