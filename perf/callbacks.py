@@ -19,6 +19,14 @@ SWEEP_EXIT_CODE = 0
 after Hydra returns, so that a sweep with failed or refused jobs does not end in status 0."""
 
 
+def refused_job() -> None:
+    """A job of this sweep was refused (exit 2). A plan sweep writes no results for its summary to
+    judge, so this is its verdict; a training sweep's summary, which reads every job's result, has the
+    last word."""
+    global SWEEP_EXIT_CODE
+    SWEEP_EXIT_CODE = SWEEP_EXIT_CODE or 2
+
+
 class SummaryCallback(Callback):
     """Writes summary.md, summary.csv and summary.png into the sweep directory."""
 

@@ -27,6 +27,7 @@ from bridge.config.store import register
 from bridge.planning import build_plan
 from bridge.prepare import prepare
 from bridge.result import write_invalid_result
+from bridge.validation.violation import Violation
 from perf import bridge_config, callbacks
 from perf.bridge_config_export import to_yaml
 from perf.errors import one_line_errors
@@ -54,9 +55,8 @@ def app(composed: DictConfig) -> None:
     try:
         plan = build_plan(prepare(composed))
     except OmegaConfBaseException as error:  # an interpolation that resolves to nothing or to the wrong type
-        key = getattr(error, "full_key", None)
-        print(f"graphbridge: {key + ': ' if key else ''}{str(error).splitlines()[0]}", file=sys.stderr)
-        sys.exit(INVALID)
+        refuse_unresolvable(error, composed, job_dir, job, multirun)
+        return
     report_violations(plan)
     if plan.config.mode == Mode.plan:  # the plan itself carries its notes
         shown = rendered(plan)
@@ -73,6 +73,23 @@ def app(composed: DictConfig) -> None:
         code = run_job(plan.config, job_dir, job, job_log=job_log_path())
     if code and not multirun:  # a sweep records the failure and goes on with its other jobs
         sys.exit(code)
+    if code == INVALID:
+        callbacks.refused_job()
+
+
+def refuse_unresolvable(error: OmegaConfBaseException, composed: DictConfig, job_dir: Path, job: dict,
+                        multirun: bool) -> None:
+    """One line and exit 2; in a sweep the job is refused like one that breaks a rule (a training
+    sweep's summary lists it) and the sweep goes on with its other jobs."""
+    key = getattr(error, "full_key", None)
+    violation = Violation("resolvable", [key] if key else [],
+                          f"{str(error).splitlines()[0]}; give it a value or an interpolation that resolves")
+    print(f"graphbridge: {key + ': ' if key else ''}{violation.message}", file=sys.stderr)
+    if not multirun:
+        sys.exit(INVALID)
+    if OmegaConf.select(composed, "mode", throw_on_resolution_failure=False) != Mode.plan.value:
+        write_invalid_result(job_dir, [violation], job)
+    callbacks.refused_job()
 
 
 def rendered(plan) -> Optional[str]:

@@ -53,6 +53,24 @@ def test_plan_sweep_plans_every_choice_and_writes_no_summary(cli, tmp_path):
     assert not sweep_dir.exists() and "no summary" not in result.stdout + result.stderr  # plans write nothing
 
 
+def test_a_plan_sweep_with_an_invalid_job_plans_every_job_and_exits_2(cli, tmp_path):
+    result = cli("-m", "mode=plan", "cuda_graph=none,te_attn", "model.cuda_graph_warmup_steps=-1,3", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr  # a script gating on a plan sweep must see the invalid jobs
+    verdicts = [line for line in result.stdout.splitlines() if line.startswith("graphbridge plan:")]
+    assert len(verdicts) == 4 and sum("INVALID" in verdict for verdict in verdicts) == 2
+
+
+def test_a_job_whose_override_does_not_resolve_is_refused_and_the_sweep_goes_on(cli, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    result = cli("-m", *TINY, "engine=torch", "train.global_batch_size=${oops},2", "train.train_iters=2",
+                 "perf.warmup_steps=1", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "graphbridge: train.global_batch_size: Interpolation key 'oops' not found; give it a value" in result.stderr
+    rows = read_summary(sweep_dir)
+    assert [row["status"] for row in rows] == ["invalid", "completed"]
+    assert rows[0]["note"].startswith("[resolvable] train.global_batch_size: Interpolation key 'oops' not found")
+
+
 def read_summary(sweep_dir: Path):
     assert all((sweep_dir / name).is_file() for name in ("summary.md", "summary.csv", "summary.png"))
     with (sweep_dir / "summary.csv").open() as handle:
