@@ -93,7 +93,10 @@ def test_bad_keys_and_types_fail_at_composition_with_the_full_path(cli, tmp_path
 @pytest.mark.parametrize(
     "args,expected",
     [(["--help"], "cuda_graph: full_iteration, local_layer, none"), (["--cfg", "job"], "cuda_graph_impl: none"),
-     (["--info", "defaults"], "recipe/llama/tiny"), (["--info", "searchpath"], "conf")],
+     (["--info", "defaults"], "recipe/llama/tiny"), (["--info", "searchpath"], "conf"),
+     # The hydra node resolved without the job's keys: the mode comes from the command line.
+     (["--cfg", "hydra", "--resolve"], "output_subdir: .hydra"),
+     (["--cfg", "hydra", "--resolve", "mode=plan"], "output_subdir: null")],
 )
 def test_hydra_introspection_works_from_any_directory(cli, tmp_path, args, expected):
     result = cli(*args, cwd=tmp_path)

@@ -57,7 +57,14 @@ def gpus_per_node(gpus: int, nodes: int) -> int:
 
 
 def hydra_subdir(mode) -> Optional[str]:
-    """Hydra's .hydra/ record of a job; a plan runs no job, so it leaves none (conf/config.yaml)."""
+    """Hydra's .hydra/ record of a job; a plan runs no job, so it leaves none (conf/config.yaml).
+
+    ``mode`` is the job's mode, or, where the hydra node is resolved on its own (``--cfg hydra
+    --resolve``) and the job's keys are out of reach, the command line's overrides (hydra.overrides.task),
+    of which the last ``mode=`` counts (the default is train)."""
+    if isinstance(mode, (list, ListConfig)):
+        given = [override.split("=", 1)[1] for override in mode if str(override).startswith("mode=")]
+        mode = given[-1] if given else "train"
     return None if str(getattr(mode, "value", mode)) == "plan" else ".hydra"
 
 
