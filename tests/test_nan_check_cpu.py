@@ -34,7 +34,7 @@ def finite_steps_after(values):
     ([(2.0, 1.0), (2.0, 1.0), (NAN, 1.0), (2.0, 1.0)], 2),  # later finite steps do not count
     ([(2.0, 1.0), (2.0, INF), (2.0, 1.0)], 1),  # a bad gradient norm with a finite loss
     ([(2.0, None), (-INF, None)], 1),  # no clipping: the loss alone
-    ([(2.0, [1.0]), (2.0, [NAN])], 1),  # megatron-core 0.19.2's norm: a one-element tensor
+    ([(2.0, [1.0]), (2.0, [NAN])], 1),  # megatron-core 0.19.2 with TE 2.20.2: a one-element tensor
 ])
 def test_finite_check_counts_the_steps_before_the_first_bad_one(values, expected):
     assert finite_steps_after(values) == expected

@@ -20,7 +20,8 @@ class FiniteCheck:
         self.finite_steps = torch.zeros((), dtype=torch.int64, device=device)
 
     def record(self, loss: torch.Tensor, grad_norm: Optional[torch.Tensor]) -> None:
-        # .all(): megatron-core 0.19.2 returns the gradient norm as a one-element tensor, not a scalar.
+        # .all(): megatron-core 0.19.2 returns the gradient norm as a one-element tensor, not a scalar, when
+        # Transformer Engine has multi_tensor_scale_tensor (2.20.2 has it, 2.10 not): the norm is left unsynced.
         finite = torch.isfinite(loss).all()
         if grad_norm is not None:
             finite = finite & torch.isfinite(grad_norm).all()
