@@ -83,7 +83,7 @@ def refuse_unresolvable(error: OmegaConfBaseException, composed: DictConfig, job
     sweep's summary lists it) and the sweep goes on with its other jobs."""
     key = getattr(error, "full_key", None)
     violation = Violation("resolvable", [key] if key else [],
-                          f"{str(error).splitlines()[0]}; give it a value or an interpolation that resolves")
+                          f"{str(error).splitlines()[0]}; give it a value of its type, or an interpolation that resolves to one")
     print(f"graphbridge: {key + ': ' if key else ''}{violation.message}", file=sys.stderr)
     if not multirun:
         sys.exit(INVALID)
