@@ -82,8 +82,8 @@ def refuse_unresolvable(error: OmegaConfBaseException, composed: DictConfig, job
     """One line and exit 2; in a sweep the job is refused like one that breaks a rule (a training
     sweep's summary lists it) and the sweep goes on with its other jobs."""
     key = getattr(error, "full_key", None)
-    violation = Violation("resolvable", [key] if key else [],
-                          f"{str(error).splitlines()[0]}; give it a value of its type, or an interpolation that resolves to one")
+    fix = "give it a value of its type, or an interpolation that resolves to one"
+    violation = Violation("resolvable", [key] if key else [], f"{str(error).splitlines()[0]}; {fix}")
     print(f"graphbridge: {key + ': ' if key else ''}{violation.message}", file=sys.stderr)
     if not multirun:
         sys.exit(INVALID)
