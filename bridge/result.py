@@ -64,6 +64,10 @@ def failure(error: BaseException, step: Optional[int] = None) -> Tuple[str, str]
     """(status, reason) for an exception that ended a run at ``step`` (None: before the loop)."""
     if isinstance(error, KeyboardInterrupt):
         return "interrupted", "interrupted (KeyboardInterrupt)"
+    if isinstance(error, BrokenPipeError):  # writing progress or logs: whoever read them has gone
+        at = f" at step {step}" if step is not None else ""
+        return "interrupted", (f"output pipe closed{at}: the graphbridge process that started this run ended "
+                               "(run it again, or `python -m bridge.run <job dir>` in a new directory)")
     return "failed", failure_reason(error, step)
 
 

@@ -14,9 +14,12 @@ them too.
 SIGINT and SIGTERM sent to this process while a job trains go on to the training process, which
 stops at a step boundary and writes a partial result.json; one that is still running
 ``GRACE_S`` seconds later is killed. The signal then ends the whole command, a sweep included.
-SIGUSR2, submitit's notice that the Slurm time limit is near, goes on as SIGTERM.
+SIGUSR2, submitit's notice that the Slurm time limit is near, goes on as SIGTERM. SIGKILL reaches no
+handler here: on Linux the kernel then sends the training process SIGTERM (its parent-death signal),
+so it stops at its next step boundary too instead of training on, unseen, in the job directory.
 """
 
+import ctypes
 import logging
 import os
 import re
@@ -26,7 +29,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from omegaconf import OmegaConf
 
@@ -216,7 +219,8 @@ class SignalForwarding:
         # Its own process group: a terminal's Ctrl-C reaches it once, through _forward, not twice
         # (torchrun would start its shutdown twice). torchrun passes signals on to its workers.
         self._child = subprocess.Popen(command, env=tee_environment(env) if job_log is not None else env,
-                                       process_group=0, stdout=piped, stderr=piped)
+                                       process_group=0, stdout=piped, stderr=piped,
+                                       preexec_fn=ended_with_this_process())
         tees = [Tee(self._child.stdout, sys.stdout.buffer, job_log),
                 Tee(self._child.stderr, sys.stderr.buffer, job_log)] if job_log is not None else []
         if self.received:  # came while it was starting
@@ -255,6 +259,25 @@ class SignalForwarding:
             os.killpg(self._child.pid, signum)
         except ProcessLookupError:  # it has exited already
             pass
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def ended_with_this_process() -> Optional[Callable[[], None]]:
+    """Popen's preexec_fn on Linux: the child gets SIGTERM when this process dies, of SIGKILL too (its
+    own process group keeps it from a terminal's signals, so nothing else would tell it). None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: between fork and exec only the call runs
+    parent = os.getpid()
+
+    def set_parent_death_signal() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        if os.getppid() != parent:  # this process died before the request was made
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return set_parent_death_signal
 
 
 def tee_environment(env: Dict[str, str]) -> Dict[str, str]:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -176,6 +177,50 @@ def test_kill_of_the_graphbridge_process_ends_with_a_partial_result(read_result,
     assert {"job.json", "resolved.yaml", "result.json"} <= names and not [n for n in names if n.endswith(".tmp")]
     assert not (out / "1").exists()
     assert "Traceback" not in stderr.text
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+@pytest.mark.parametrize("logging, reason", [
+    # Its output goes through the graphbridge process (into the job log too): the SIGTERM, or its next
+    # progress line into the closed pipe, stops it.
+    ((), r"SIGTERM received|output pipe closed at step \d+: the graphbridge process"),
+    # Without a job log it writes to the terminal directly, which stays: only the SIGTERM tells it.
+    (("hydra/job_logging=disabled",), r"SIGTERM received"),
+], ids=["piped", "not-piped"])
+def test_a_killed_graphbridge_process_takes_its_training_process_with_it(read_result, tmp_path, logging, reason):
+    """SIGKILL reaches no handler of the graphbridge process: the kernel passes its death on to the
+    training process as SIGTERM, which stops at its next step boundary instead of training on."""
+    out = tmp_path / "out"
+    process = subprocess.Popen(
+        [sys.executable, "-c", "from perf.main import main; main()", "train.train_iters=3000", f"hydra.run.dir={out}",
+         "recipe=llama/tiny", "engine=torch", "model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64",
+         *logging], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    stderr = StderrReader(process)
+    try:
+        stderr.wait_for(r"\b[1-9]\d*/3000\b", timeout=120)
+        process.kill()
+        deadline = time.monotonic() + 60
+        while processes_running_in(out) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not processes_running_in(out), "the training process trains on without its graphbridge process"
+    finally:
+        process.kill()
+        for pid in processes_running_in(out):  # were it left running, it would train on for minutes
+            os.kill(pid, signal.SIGKILL)
+    result = read_result(out)
+    assert result["status"] == "interrupted" and re.match(reason, result["reason"]), result["reason"]
+    assert 0 < result["steps_completed"] < 3000
+
+
+def processes_running_in(job_dir):
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(job_dir).encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:  # gone meanwhile
+            pass
+    return found
 
 
 class StderrReader:
