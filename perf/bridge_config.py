@@ -61,7 +61,7 @@ def expand(argv: Sequence[str]) -> List[str]:
     imported = read_file(path)
     if imported.ignored:
         count = len(imported.ignored)
-        print(f"graphbridge: {KEY}={path}: ignored, no graphbridge key ({count} field{'s' if count > 1 else ''}): "
+        print(f"graphbridge: {KEY}={path}: ignored, no graphbridge key ({count} field{'s' if count > 1 else ''}):\n"
               f"{grouped(imported.ignored)}", file=sys.stderr)
     replaced = keys_set_by_groups(argv[place + 1:])
     if "model.cuda_graph_impl" in replaced:
@@ -71,18 +71,19 @@ def expand(argv: Sequence[str]) -> List[str]:
 
 
 def grouped(paths: Iterable[str]) -> str:
-    """section.field names, one brace group per section: model.{a,b}; train.c."""
+    """One indented line per section, with its count when it holds several: a Bridge recipe's file
+    leaves hundreds of fields (checkpointing, logging, ...), which on one line nobody reads."""
     sections = {}
     for path in paths:
         section, _, name = path.partition(".")
         sections.setdefault(section, []).append(name)
-    return "; ".join(_group(section, names) for section, names in sections.items())
+    return "\n".join(f"  {_group(section, names)}" for section, names in sections.items())
 
 
 def _group(section: str, names: List[str]) -> str:
     if names == [""]:  # a section that is a value (mixed_precision: bf16_mixed)
         return section
-    return f"{section}.{names[0]}" if len(names) == 1 else f"{section}.{{{','.join(names)}}}"
+    return f"{section}: {names[0]}" if len(names) == 1 else f"{section} ({len(names)}): {', '.join(names)}"
 
 
 def keys_set_by_groups(overrides: Sequence[str]) -> Set[str]:
