@@ -66,8 +66,7 @@ def failure(error: BaseException, step: Optional[int] = None) -> Tuple[str, str]
         return "interrupted", "interrupted (KeyboardInterrupt)"
     if isinstance(error, BrokenPipeError):  # writing progress or logs: whoever read them has gone
         at = f" at step {step}" if step is not None else ""
-        return "interrupted", (f"output pipe closed{at}: the graphbridge process that started this run ended "
-                               "(run it again, or `python -m bridge.run <job dir>` in a new directory)")
+        return "interrupted", f"output pipe closed{at}: the graphbridge process that started this run ended"
     return "failed", failure_reason(error, step)
 
 
