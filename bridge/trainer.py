@@ -186,8 +186,7 @@ class Trainer:
 
     def _after_steps(self, progress: tqdm, finished: List[FinishedStep]) -> None:
         for done in finished:
-            self.record.losses.append(done.loss)
-            self.record.step_times_s.append(done.seconds)
+            self._record(done)
             if self.scalars is not None:
                 self.scalars.after_step(done.step, done.loss, done.seconds)
             self._check_finite(done.step, done.loss)
@@ -204,8 +203,11 @@ class Trainer:
             self._queueing = queued
             return
         for done in finished:
-            self.record.losses.append(done.loss)
-            self.record.step_times_s.append(done.seconds)
+            self._record(done)
+
+    def _record(self, done: FinishedStep) -> None:
+        self.record.losses.append(done.loss)
+        self.record.step_times_s.append(done.seconds)
 
     def _check_finite(self, step: int, loss: float) -> None:
         # The loss is on the host anyway, so checking it every step costs nothing.
