@@ -124,7 +124,6 @@ def _model(cfg: GraphBridgeConfig, precision: Dict[str, Any]) -> Dict[str, Any]:
         fields["rope_type"] = "yarn" if yarn else "rope"
     elif yarn:
         fields.update({name: getattr(model, key) for name, key in YARN.items()})
-        fields["yarn_correction_range_round_to_int"] = True  # as graphbridge's engine builds the rotary table
     provider = PROVIDERS["mla" if mla else "yarn" if yarn else "gpt"]
     return {"_target_": provider, **fields}
 

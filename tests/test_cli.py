@@ -51,6 +51,14 @@ def test_plan_json_carries_verdict_config_and_megatron_arguments(cli, tmp_path):
     assert plan["megatron"]["transformer_config"]["cuda_graph_scope"] == ["full_iteration"]
 
 
+@pytest.mark.parametrize("override, rounded", [((), False), (("model.yarn_correction_range_round_to_int=true",), True)])
+def test_gpt_oss_gives_megatron_its_unrounded_yarn_ramp_unless_the_user_rounds_it(cli, tmp_path, override, rounded):
+    # GPT-OSS's rope_scaling says truncate: false, as Megatron-Bridge builds it; megatron-core rounds by default.
+    result = cli("recipe=gpt_oss/gpt_oss_20b", "mode=plan", "plan.format=json", *override, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["megatron"]["config_attributes"]["yarn_correction_range_round_to_int"] is rounded
+
+
 @pytest.mark.parametrize("mode", ["plan", "train"])
 def test_invalid_config_exits_2_with_every_violation_and_no_traceback(cli, tmp_path, mode):
     result = cli(

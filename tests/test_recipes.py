@@ -46,7 +46,8 @@ GPT_OSS = dict(hidden_size=2880, ffn_hidden_size=2880, moe_ffn_hidden_size=2880,
                window_attn_skip_freq=2, softmax_type="learnable", activation_func="quick_gelu",
                activation_func_clamp_value=7.0, glu_linear_offset=1.0, gated_linear_unit=True,
                position_embedding_type="yarn", rotary_base=150000.0, rotary_scaling_factor=32.0,
-               original_max_position_embeddings=4096, beta_fast=32.0, beta_slow=1.0, moe_router_topk=4,
+               original_max_position_embeddings=4096, beta_fast=32.0, beta_slow=1.0,
+               yarn_correction_range_round_to_int=False, moe_router_topk=4, moe_grouped_gemm=True,
                moe_layer_freq=1, moe_router_load_balancing_type="none", moe_router_pre_softmax=False,
                normalization="RMSNorm", seq_length=4096)
 ARCHITECTURES = {
@@ -169,7 +170,9 @@ def test_tiny_recipes_are_small_single_process_and_engine_neutral(composed, reci
     assert cfg.train.train_iters == 50 and cfg.dataset.mock and cfg.dataset.seq_length == 256
     assert cfg.train.micro_batch_size == 2 and cfg.model.vocab_size == 4096
     assert cfg.model.num_layers <= 8 and cfg.model.hidden_size <= 512
-    assert not (cfg.model.moe_grouped_gemm or cfg.model.moe_permute_fusion or cfg.model.moe_router_fusion)
+    assert not (cfg.model.moe_permute_fusion or cfg.model.moe_router_fusion)
+    # Grouped experts only where the experts have biases: one-by-one experts cannot add them (sequential_expert_bias).
+    assert cfg.model.moe_grouped_gemm == bool(cfg.model.num_moe_experts and cfg.model.add_bias_linear)
     assert cfg.env_vars == {}
 
 

@@ -139,6 +139,9 @@ class ModelConfig:
     """YaRN: attention temperature scale."""
     mscale_all_dim: float = 0.0
     """YaRN: attention temperature scale over all dimensions."""
+    yarn_correction_range_round_to_int: bool = True
+    """YaRN outside MLA: round the frequency ramp's bounds to whole dimensions (megatron-core's default);
+    GPT-OSS does not (its rope_scaling says truncate: false). MLA's YaRN always rounds."""
     # --- mixture of experts ---
     num_moe_experts: Optional[int] = None
     """Experts per MoE layer; None (or 1) is a dense model."""

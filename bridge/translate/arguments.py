@@ -31,7 +31,8 @@ MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim
 NOT_PASSED = ("vocab_size", "make_vocab_size_divisible_by", "seq_length", "cuda_graph_impl",
               "cuda_graph_modules", "cuda_graph_scope", "inference_cuda_graph_scope", "cuda_graph_use_single_mempool",
               "enable_cuda_graph", "external_cuda_graph", "use_te_rng_tracker", "window_size", "rope_scaling", "rope_scaling_factor",
-              "position_embedding_type", "share_embeddings_and_output_weights")
+              "position_embedding_type", "share_embeddings_and_output_weights",
+              "yarn_correction_range_round_to_int")  # a GPTModel config attribute, below
 OPTIMIZER_ONLY_OURS = ("lr_warmup_iters", "lr_decay_style", "optimizer_in_graph")
 
 
@@ -121,7 +122,7 @@ def yarn_attributes(cfg: GraphBridgeConfig) -> Dict[str, Any]:
         "yarn_beta_slow": model.beta_slow,
         "yarn_mscale": model.mscale,
         "yarn_mscale_all_dim": model.mscale_all_dim,
-        "yarn_correction_range_round_to_int": True,
+        "yarn_correction_range_round_to_int": model.yarn_correction_range_round_to_int,
     }
 
 

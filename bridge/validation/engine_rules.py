@@ -188,3 +188,17 @@ def attention_variant_needs_te_spec(cfg, target):
             "megatron-core's Transformer Engine spec; set model.transformer_impl=transformer_engine",
         )
     return None
+
+
+@rule("yarn_rounding_mla", engine="megatron",
+      rejects="`model.yarn_correction_range_round_to_int=false` with multi-latent attention, whose YaRN always rounds",
+      fix="`model.yarn_correction_range_round_to_int=true`, or a model without MLA")
+def yarn_rounding_mla(cfg, target):
+    model = cfg.model
+    if model.multi_latent_attention and not model.yarn_correction_range_round_to_int:
+        return violation(
+            "yarn_rounding_mla", ["model.yarn_correction_range_round_to_int", "model.multi_latent_attention"],
+            "megatron-core's multi-latent attention builds its YaRN table with the ramp bounds rounded and has no "
+            "setting for it; set model.yarn_correction_range_round_to_int=true",
+        )
+    return None

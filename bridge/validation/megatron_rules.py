@@ -21,6 +21,24 @@ def moe_padding_needs_capacity(cfg, target):
     return None
 
 
+@rule("sequential_expert_bias", engine="megatron",
+      rejects="MoE experts with biases run one by one (`model.add_bias_linear=true`, `model.moe_grouped_gemm=false`)",
+      fix="`model.moe_grouped_gemm=true`, or `model.add_bias_linear=false`")
+def sequential_expert_bias(cfg, target):
+    # megatron-core's MLP adds an expert's bias in place to its linear layer's output, which autograd
+    # refuses in the first forward pass (measured on 0.19.2 with the TE and the local spec, gpt_oss/tiny;
+    # 0.16.1's MLP has the same in-place add). The grouped experts add it out of place.
+    model = cfg.model
+    if is_moe_model(model) and model.add_bias_linear and not model.moe_grouped_gemm:
+        return violation(
+            "sequential_expert_bias", ["model.add_bias_linear", "model.moe_grouped_gemm"],
+            "megatron-core's one-by-one experts add their bias in place to a linear layer's output, which autograd "
+            "refuses at the first step; set model.moe_grouped_gemm=true (grouped experts) or "
+            "model.add_bias_linear=false",
+        )
+    return None
+
+
 @rule("expert_parallel_needs_experts",
       rejects='expert parallelism on a dense model',
       fix='`model.expert_model_parallel_size=1`')
