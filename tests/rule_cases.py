@@ -231,8 +231,9 @@ RULE_CASES.update({
               **TORCH})),
     "te_graphs_need_te_spec": (Case({**te("attn"), "model.transformer_impl": "local"}),
                                Case({**local(), "model.transformer_impl": "local"})),
-    "sequential_expert_bias": (Case({**MOE, "model.add_bias_linear": True}),
-                               Case({**MOE, "model.add_bias_linear": True, "model.moe_grouped_gemm": True})),
+    "expert_bias": (Case({**MOE, "model.add_bias_linear": True, "model.moe_grouped_gemm": True,
+                          "model.bias_dropout_fusion": True}),
+                    Case({**MOE, "model.add_bias_linear": True, "model.moe_grouped_gemm": True})),
     "yarn_rounding_mla": (
         Case({"model.multi_latent_attention": True, "model.yarn_correction_range_round_to_int": False}),
         Case({"model.position_embedding_type": "yarn", "model.yarn_correction_range_round_to_int": False})),

@@ -171,7 +171,7 @@ def test_tiny_recipes_are_small_single_process_and_engine_neutral(composed, reci
     assert cfg.train.micro_batch_size == 2 and cfg.model.vocab_size == 4096
     assert cfg.model.num_layers <= 8 and cfg.model.hidden_size <= 512
     assert not (cfg.model.moe_permute_fusion or cfg.model.moe_router_fusion)
-    # Grouped experts only where the experts have biases: one-by-one experts cannot add them (sequential_expert_bias).
+    # Grouped experts only where the experts have biases: one-by-one experts cannot add them (expert_bias).
     assert cfg.model.moe_grouped_gemm == bool(cfg.model.num_moe_experts and cfg.model.add_bias_linear)
     assert cfg.env_vars == {}
 

@@ -21,22 +21,33 @@ def moe_padding_needs_capacity(cfg, target):
     return None
 
 
-@rule("sequential_expert_bias", engine="megatron",
-      rejects="MoE experts with biases run one by one (`model.add_bias_linear=true`, `model.moe_grouped_gemm=false`)",
-      fix="`model.moe_grouped_gemm=true`, or `model.add_bias_linear=false`")
-def sequential_expert_bias(cfg, target):
-    # megatron-core's MLP adds an expert's bias in place to its linear layer's output, which autograd
-    # refuses in the first forward pass (measured on 0.19.2 with the TE and the local spec, gpt_oss/tiny;
-    # 0.16.1's MLP has the same in-place add). The grouped experts add it out of place.
+@rule("expert_bias", engine="megatron",
+      rejects="MoE experts with biases (`model.add_bias_linear=true`) other than Transformer Engine's grouped experts "
+              "without bias-dropout fusion",
+      fix="`model.moe_grouped_gemm=true` on the TE spec, `model.bias_dropout_fusion=false`; or "
+          "`model.add_bias_linear=false`")
+def expert_bias(cfg, target):
+    # One-by-one experts add their bias in place to a linear layer's output, which autograd refuses in the
+    # first forward pass (measured on 0.19.2 with the TE and the local spec, gpt_oss/tiny; 0.16.1's MLP has
+    # the same in-place add). The local spec's grouped experts are one-by-one on 0.19 and refuse biases
+    # on 0.16.1, as do the legacy grouped experts; TE's grouped experts refuse bias-dropout fusion.
     model = cfg.model
-    if is_moe_model(model) and model.add_bias_linear and not model.moe_grouped_gemm:
-        return violation(
-            "sequential_expert_bias", ["model.add_bias_linear", "model.moe_grouped_gemm"],
-            "megatron-core's one-by-one experts add their bias in place to a linear layer's output, which autograd "
-            "refuses at the first step; set model.moe_grouped_gemm=true (grouped experts) or "
-            "model.add_bias_linear=false",
-        )
-    return None
+    if not (is_moe_model(model) and model.add_bias_linear):
+        return None
+    unmet = [key for key, ok in (
+        ("model.moe_grouped_gemm=true", model.moe_grouped_gemm),
+        ("model.transformer_impl=transformer_engine", model.transformer_impl == "transformer_engine"),
+        ("model.moe_use_legacy_grouped_gemm=false", not model.moe_use_legacy_grouped_gemm),
+        ("model.bias_dropout_fusion=false", not model.bias_dropout_fusion),
+    ) if not ok]
+    if not unmet:
+        return None
+    return violation(
+        "expert_bias", ["model.add_bias_linear"] + [key.split("=")[0] for key in unmet],
+        "megatron-core trains MoE experts with biases only as Transformer Engine's grouped experts without "
+        f"bias-dropout fusion (one-by-one experts fail at the first step); set {' '.join(unmet)}, or "
+        "model.add_bias_linear=false",
+    )
 
 
 @rule("expert_parallel_needs_experts",
