@@ -138,7 +138,8 @@ ALIKE_BUT_NOT_MAPPED = {
 YARN = {"yarn_rotary_scaling_factor": "rotary_scaling_factor",
         "yarn_original_max_position_embeddings": "original_max_position_embeddings",
         "yarn_beta_fast": "beta_fast", "yarn_beta_slow": "beta_slow", "yarn_mscale": "mscale",
-        "yarn_mscale_all_dim": "mscale_all_dim", "yarn_correction_range_round_to_int": "yarn_correction_range_round_to_int"}
+        "yarn_mscale_all_dim": "mscale_all_dim",
+        "yarn_correction_range_round_to_int": "yarn_correction_range_round_to_int"}
 """GPTOSSProvider's YaRN fields (model.yarn_*) -> graphbridge's model keys; MLA configs use the plain names."""
 
 ACTIVATIONS = {

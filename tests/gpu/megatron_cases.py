@@ -74,7 +74,7 @@ DENSE_TE = ("none", "full_iteration", "local_layer", "te_layer", "te_attn", "te_
 # layers or the whole iteration needs drop-and-pad routing through the alltoall dispatcher.
 DROP_AND_PAD = ("model.moe_token_dispatcher_type=alltoall", "model.moe_expert_capacity_factor=1.0",
                 "model.moe_pad_expert_input_to_capacity=true")
-MOE_RECIPES = ("qwen/tiny", "deepseek/tiny", "gpt_oss/tiny")  # gpt_oss: sinks, sliding window, unrounded YaRN
+MOE_RECIPES = ("qwen/tiny", "deepseek/tiny", "gpt_oss/tiny")  # gpt_oss: sinks, windows, biased grouped experts
 CASES = (
     [TrainingCase("llama/tiny", choice) for choice in DENSE_TE]
     + [TrainingCase("llama/tiny", "full_iteration", (OPTIMIZER_IN_GRAPH,))]
