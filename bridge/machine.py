@@ -1,9 +1,11 @@
-"""What this machine offers a job: its CUDA GPUs, the installed versions of the packages an
-engine needs and the command-line tools a run may start (nsys), found without importing torch or
+"""What a machine offers a job: its CUDA GPUs, the installed versions of the packages an engine
+needs and the command-line tools a run may start (nsys), found without importing torch or
 megatron-core (the planning process stays light).
 
-GPUs come from the CUDA driver API through ctypes (it honours CUDA_VISIBLE_DEVICES, as torch
-does); versions from the installed distributions' metadata. The environment rules of the
+``probe()`` describes this machine: GPUs come from the CUDA driver API through ctypes (it honours
+CUDA_VISIBLE_DEVICES, as torch does); versions from the installed distributions' metadata.
+``preset_machine(gpu, release)`` describes one node of the cluster a ``gpu=`` preset was written
+for, so that a plan made on a laptop judges the job for that cluster. The environment rules of the
 catalogue judge a job against these facts, in ``mode=plan`` and again before a run starts.
 """
 
@@ -15,6 +17,10 @@ import shutil
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Dict, Optional, Tuple
+
+from omegaconf import OmegaConf
+
+from bridge.config.paths import config_dir
 
 # The packages whose versions the rules read: name -> (distribution, module it provides). For
 # Transformer Engine that is its PyTorch extension: without it TE does not import in torch.
@@ -58,8 +64,62 @@ class Machine:
 
     def describe(self) -> str:
         gpus = f"{self.gpu_count} x {self.gpus[0].name}" if self.gpus else "no CUDA GPU"
-        installed = ", ".join(f"{name} {version}" for name, version in self.packages.items() if version)
+        installed = ", ".join(name if version == "unknown" else f"{name} {version}"
+                              for name, version in self.packages.items() if version)
         return f"{gpus}; {installed or 'none of torch, megatron-core, transformer-engine'}"
+
+    def has_gpu_kind(self, kind: str) -> bool:
+        """Whether a GPU here is of the preset kind ``kind`` (h100, gb200, ...)."""
+        return any(gpu_kind(gpu.name) == kind for gpu in self.gpus)
+
+
+@dataclass(frozen=True)
+class PresetGPU:
+    name: str
+    capability: Tuple[int, int]
+    memory_gb: int
+    """Device memory in GB (10^9 bytes), as NVIDIA specifies it."""
+
+
+PRESET_GPUS = {
+    "h100": PresetGPU("NVIDIA H100", (9, 0), 80),
+    "h200": PresetGPU("NVIDIA H200", (9, 0), 141),
+    "b200": PresetGPU("NVIDIA B200", (10, 0), 180),
+    "gb200": PresetGPU("NVIDIA GB200", (10, 0), 186),
+    "b300": PresetGPU("NVIDIA B300", (10, 0), 288),
+    "gb300": PresetGPU("NVIDIA GB300", (10, 0), 288),
+}
+"""The GPUs Bridge writes presets for (conf/gpu/), by the name gpu= gives them."""
+
+
+def gpu_kind(device_name: str) -> Optional[str]:
+    """The preset kind of a GPU the driver names (``NVIDIA H100 80GB HBM3`` -> h100), else None.
+    Whole words only: a GB200 is no B200."""
+    words = re.findall(r"[a-z0-9]+", device_name.lower())
+    return next((kind for kind in PRESET_GPUS if kind in words), None)
+
+
+def preset_gpus_per_node(kind: str) -> int:
+    """GPUs in one node of the preset GPU's machine: conf/gpu/<kind>.yaml's workload.gpus_per_node."""
+    return OmegaConf.load(config_dir() / "gpu" / f"{kind}.yaml").workload.gpus_per_node
+
+
+def preset_machine(gpu: str, megatron_core: str) -> Machine:
+    """One node of the cluster a ``gpu=`` preset is written for (``gpu``: a key of PRESET_GPUS), set up
+    for megatron-core release ``megatron_core``: its GPUs, that release with the newest Transformer
+    Engine the GPU record tested it with (bridge.translate.versions), torch of a version not known
+    here, and Nsight Systems (the NGC containers Bridge runs in ship it)."""
+    # Imported here: the release table imports this module for Machine and version_tuple.
+    from bridge.translate.versions import release
+
+    preset = PRESET_GPUS[gpu]
+    row = release(megatron_core)
+    engine = row.tested_transformer_engine[-1] if row and row.tested_transformer_engine else None
+    node = tuple(GPU(preset.name, preset.capability, preset.memory_gb * 10 ** 9)
+                 for _ in range(preset_gpus_per_node(gpu)))
+    return Machine(gpus=node, packages={"torch": "unknown", "megatron-core": megatron_core,
+                                        "transformer-engine": engine, "apex": None},
+                   tools={name: name for name in TOOLS})
 
 
 @lru_cache(maxsize=1)
