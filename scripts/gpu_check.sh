@@ -7,6 +7,7 @@
 #   bash scripts/gpu_check.sh tests      # every gpu-marked test that needs one GPU (or: tests <paths>)
 #   bash scripts/gpu_check.sh sweep      # the dense-scope sweep (profiled)
 #   bash scripts/gpu_check.sh suite W... # the benchmark suite's workloads W (python benchmarks/suite.py --list)
+#   bash scripts/gpu_check.sh differential [ARGS] # plan equals run: benchmarks/gpu_differential.py ARGS
 #   bash scripts/gpu_check.sh overhead   # trainer vs minimal megatron-core loop; torch engine vs torch.compile
 #   bash scripts/gpu_check.sh nan        # the in-graph NaN check's overhead
 #   bash scripts/gpu_check.sh multigpu   # two GPUs: the multigpu tests
@@ -52,6 +53,11 @@ case "${1:-tests}" in
   suite)  # bash scripts/gpu_check.sh suite <workload>...: the benchmark suite's JSON into $out
     shift
     python3 benchmarks/suite.py "$@" --out "$out" 2>&1 | grep -v "step/s\|it/s" | tail -40
+    ;;
+  differential)  # the GPU differential's JSON (rewritten after every run) and its log into $out
+    shift
+    python3 benchmarks/gpu_differential.py --out "$out/gpu_differential.json" "$@" 2>&1 \
+      | tee "$out/gpu_differential.log" | tail -60
     ;;
   overhead)
     timeout 360 python3 benchmarks/minimal_megatron_loop.py --rounds 3 --profile-dir /tmp/profiles 2>&1 | tee "$out/minimal_loop.log" | tail -12

@@ -1,0 +1,113 @@
+"""The GPU differential's draw: seeded random configurations of the tiny recipes, as the Hydra overrides a user
+types, over what the rule catalogue judges on one GPU: graph choices, layer spec, precision, recompute, fusions,
+dropout, MoE routing and dispatch, batch and accumulation, the optimizer (in the graph, distributed), the RNG
+tracker, the host NaN checks and the graph options.
+
+Values are drawn independently, so many draws break a rule on purpose: the differential counts what the plan
+refuses as well as what the GPU does with what it accepts. Parallel layouts need several GPUs and are left to
+the two-GPU differential.
+"""
+
+import random
+from typing import Dict, List
+
+TINY_RECIPES = ("llama/tiny", "qwen/tiny", "deepseek/tiny", "gpt_oss/tiny")
+MOE_RECIPES = ("qwen/tiny", "deepseek/tiny", "gpt_oss/tiny")
+CUDA_GRAPHS = ("none", "full_iteration", "local_layer", "te_attn", "te_attn_mlp", "te_mlp", "te_layer", "te_moe",
+               "te_moe_router", "te_attn_moe_router")
+"""Every choice of conf/cuda_graph/ but te_mamba (no tiny recipe has Mamba layers)."""
+MOE_GRAPHS = ("none", "full_iteration", "local_layer", "te_attn", "te_layer", "te_moe", "te_moe_router",
+              "te_attn_moe_router")
+FITTING_GRAPHS = {"llama/tiny": ("none", "full_iteration", "local_layer", "te_attn", "te_attn_mlp", "te_mlp", "te_layer"),
+                  "qwen/tiny": MOE_GRAPHS, "gpt_oss/tiny": MOE_GRAPHS, "deepseek/tiny": CUDA_GRAPHS}
+"""The choices a recipe's layers have modules for (DeepSeek's dense first layer takes te_mlp too): drawn four
+times in five, so that most draws test what the GPU does rather than a module-name rule."""
+PRECISIONS = ("bf16",) * 5 + ("fp8_cs", "fp8_sc", "fp8_mx", "nvfp4")
+RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm", "moe", "moe_act", "shared_experts", "mla_up_proj")
+FUSIONS = ("bias_dropout_fusion", "masked_softmax_fusion", "apply_rope_fusion", "bias_activation_fusion",
+           "gradient_accumulation_fusion", "persist_layer_norm", "cross_entropy_loss_fusion")
+
+
+def draw(rng: random.Random) -> List[str]:
+    """One configuration: ``recipe=...`` first, then its overrides."""
+    recipe = rng.choice(TINY_RECIPES)
+    graphs = FITTING_GRAPHS[recipe] if rng.random() < 0.8 else CUDA_GRAPHS
+    changes: Dict[str, object] = {"cuda_graph": rng.choice(graphs), "precision": rng.choice(PRECISIONS)}
+    if rng.random() < 0.15:
+        changes["model.transformer_impl"] = "local"
+    changes.update(recompute(rng))
+    changes.update(fusions(rng))
+    if recipe in MOE_RECIPES:
+        changes.update(moe(rng, recipe))
+    changes.update(training(rng))
+    return [f"recipe={recipe}"] + [f"{key}={hydra_value(value)}" for key, value in changes.items()]
+
+
+def recompute(rng: random.Random) -> Dict[str, object]:
+    roll = rng.random()
+    if roll < 0.2:
+        return {"model.recompute_granularity": "selective",
+                "model.recompute_modules": rng.sample(RECOMPUTE_MODULES, rng.randint(1, 2))}
+    if roll < 0.27:
+        return {"model.recompute_granularity": "full", "model.recompute_method": rng.choice(["uniform", "block"]),
+                "model.recompute_num_layers": 1}
+    return {}
+
+
+def fusions(rng: random.Random) -> Dict[str, object]:
+    changes: Dict[str, object] = {f"model.{name}": True for name in FUSIONS if rng.random() < 0.15}
+    if changes.get("model.cross_entropy_loss_fusion") and rng.random() < 0.5:
+        changes["model.cross_entropy_fusion_impl"] = "te"
+    for key in ("model.attention_dropout", "model.hidden_dropout"):
+        if rng.random() < 0.12:
+            changes[key] = 0.1
+    return changes
+
+
+def moe(rng: random.Random, recipe: str) -> Dict[str, object]:
+    changes: Dict[str, object] = {"model.moe_token_dispatcher_type": rng.choice(["allgather", "alltoall"])}
+    roll = rng.random()
+    if roll < 0.3:
+        changes.update({"model.moe_expert_capacity_factor": 1.0, "model.moe_pad_expert_input_to_capacity": True})
+    elif roll < 0.38:
+        changes["model.moe_expert_capacity_factor"] = 1.0
+    for key, chance in (("model.moe_grouped_gemm", 0.3), ("model.moe_permute_fusion", 0.15),
+                        ("model.moe_router_fusion", 0.1), ("model.moe_router_padding_for_fp8", 0.08),
+                        ("model.moe_router_force_load_balancing", 0.1)):
+        if rng.random() < chance:
+            changes[key] = rng.random() < 0.7
+    if rng.random() < 0.2:
+        changes["model.moe_router_dtype"] = rng.choice(["fp32", "fp64"])
+    if rng.random() < 0.2:
+        changes["model.moe_router_load_balancing_type"] = rng.choice(["aux_loss", "seq_aux_loss", "none"])
+    if recipe != "deepseek/tiny" and rng.random() < 0.15:
+        changes["model.moe_shared_expert_intermediate_size"] = 128
+    if rng.random() < 0.08:
+        changes["model.moe_input_jitter_eps"] = 0.01
+    return changes
+
+
+def training(rng: random.Random) -> Dict[str, object]:
+    micro = rng.choice([1, 2])
+    changes: Dict[str, object] = {"train.micro_batch_size": micro,
+                                  "train.global_batch_size": micro * rng.choice([1, 1, 2, 4])}
+    for key, chance in (("optimizer.optimizer_in_graph", 0.15), ("ddp.use_distributed_optimizer", 0.15),
+                        ("ddp.overlap_grad_reduce", 0.1), ("rng.te_rng_tracker", 0.06),
+                        ("rerun_state_machine.check_for_nan_in_loss", 0.1), ("ddp.check_for_nan_in_grad", 0.06),
+                        ("model.cuda_graph_use_single_mempool", 0.08),
+                        ("model.cuda_graph_retain_backward_graph", 0.05)):
+        if rng.random() < chance:
+            changes[key] = rng.random() < 0.5
+    if rng.random() < 0.15:
+        changes["model.cuda_graph_warmup_steps"] = rng.choice([1, 2])
+    return changes
+
+
+def hydra_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return "[" + ",".join(hydra_value(item) for item in value) + "]"
+    return str(value)

@@ -1,0 +1,309 @@
+"""The GPU differential: plan equals run, on the GPU. Seeded random configurations of the tiny recipes
+(benchmarks/differential_draw.py) are planned on this machine, every one the plan accepts trains for a few
+steps through the real `graphbridge` CLI, and the failures are grouped by cause:
+
+    python benchmarks/gpu_differential.py --seed 0 --count 700 --out gpu_differential.json
+    bash scripts/gpu_check.sh differential       # on the GPU machine, into $OUT/mcore-<release>/
+
+Besides the accepted configurations it trains two samples:
+- refused ones with the refusing rules not asked again (benchmarks/unchecked_run.py): a rule whose refused
+  configurations all train is over-strict;
+- the eager twin of graphed ones (the same overrides with cuda_graph=none): a graphed run whose losses leave
+  its twin's by more than LOSS_TOLERANCE trains differently, a failure like a crash.
+
+Several runs share the GPU at once (--workers); the JSON is rewritten atomically after every run, so a run cut
+off by its time limit still leaves what it finished, and --deadline-s stops starting runs in time.
+"""
+
+import argparse
+import json
+import multiprocessing
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+
+from bridge.atomic import write_json_atomic  # noqa: E402
+from differential_draw import draw  # noqa: E402
+
+GRAPHBRIDGE = [sys.executable, "-m", "perf.main"]
+UNCHECKED = [sys.executable, str(ROOT / "benchmarks" / "unchecked_run.py")]
+STEPS = 6
+"""Enough for the default three eager warmup steps, the capture and two replays."""
+RUN_TIMEOUT_S = 300
+LOSS_TOLERANCE = 0.02
+"""Largest relative gap, at any of the first STEPS steps, between a graphed run's loss and its eager twin's.
+A graph that replays stale inputs or skips an update leaves its twin by far more; rounding (graphs and eager
+kernels sum in other orders) by far less over six steps."""
+ACCEPTED, BYPASS, EAGER_TWIN, WITNESS = "accepted", "bypass", "eager_twin", "witness"
+SELECTIVE = "model.recompute_granularity=selective"
+DROP_AND_PAD = ("model.moe_expert_capacity_factor=1.0", "model.moe_pad_expert_input_to_capacity=true")
+DROPLESS_ROUTER = ("recipe=qwen/tiny", "cuda_graph=te_attn_moe_router", "model.moe_token_dispatcher_type=alltoall")
+WITNESS_CASES = {
+    # The failure classes of issue 28 and their neighbours, trained with every refusing rule unasked: what the
+    # GPU does with each is the witness a rule keeps (or the proof that it trains).
+    "fp8_mx": ("recipe=llama/tiny", "precision=fp8_mx"),
+    "nvfp4": ("recipe=llama/tiny", "precision=nvfp4"),
+    "fp8_sc": ("recipe=llama/tiny", "precision=fp8_sc"),
+    "recompute_core_attn_te_attn": ("recipe=llama/tiny", "cuda_graph=te_attn", SELECTIVE,
+                                    "model.recompute_modules=[core_attn]"),
+    "recompute_layernorm_te_attn": ("recipe=llama/tiny", "cuda_graph=te_attn", SELECTIVE,
+                                    "model.recompute_modules=[layernorm]"),
+    "recompute_mlp_te_attn_mlp": ("recipe=llama/tiny", "cuda_graph=te_attn_mlp", SELECTIVE,
+                                  "model.recompute_modules=[mlp]"),
+    "recompute_mlp_te_attn": ("recipe=llama/tiny", "cuda_graph=te_attn", SELECTIVE, "model.recompute_modules=[mlp]"),
+    "recompute_moe_act_te_attn_moe_router": ("recipe=qwen/tiny", "cuda_graph=te_attn_moe_router", SELECTIVE,
+                                             "model.recompute_modules=[moe_act]"),
+    "recompute_core_attn_local_layer": ("recipe=llama/tiny", "cuda_graph=local_layer", SELECTIVE,
+                                        "model.recompute_modules=[core_attn]"),
+    "recompute_core_attn_full_iteration": ("recipe=llama/tiny", "cuda_graph=full_iteration", SELECTIVE,
+                                           "model.recompute_modules=[core_attn]"),
+    "drop_and_pad_te_moe": ("recipe=qwen/tiny", "cuda_graph=te_moe", *DROP_AND_PAD),
+    "drop_and_pad_te_layer": ("recipe=qwen/tiny", "cuda_graph=te_layer", *DROP_AND_PAD),
+    "drop_and_pad_full_iteration": ("recipe=qwen/tiny", "cuda_graph=full_iteration", *DROP_AND_PAD),
+    "drop_and_pad_full_iteration_alltoall": ("recipe=qwen/tiny", "cuda_graph=full_iteration", *DROP_AND_PAD,
+                                             "model.moe_token_dispatcher_type=alltoall"),
+    "drop_and_pad_full_iteration_gpt_oss": ("recipe=gpt_oss/tiny", "cuda_graph=full_iteration", *DROP_AND_PAD),
+    "shared_expert_gpt_oss": ("recipe=gpt_oss/tiny", "model.moe_shared_expert_intermediate_size=128"),
+    "dropless_router_no_nan_check": (*DROPLESS_ROUTER, "rerun_state_machine.check_for_nan_in_loss=false"),
+    "dropless_router_nan_check": (*DROPLESS_ROUTER, "rerun_state_machine.check_for_nan_in_loss=true"),
+    "dropless_router_allgather_no_nan_check": ("recipe=qwen/tiny", "cuda_graph=te_attn_moe_router",
+                                               "rerun_state_machine.check_for_nan_in_loss=false"),
+    "local_layer_without_te_tracker": ("recipe=llama/tiny", "cuda_graph=local_layer", "rng.te_rng_tracker=false"),
+    "full_iteration_without_te_tracker": ("recipe=llama/tiny", "cuda_graph=full_iteration",
+                                          "rng.te_rng_tracker=false"),
+    "eager_llama": ("recipe=llama/tiny", "cuda_graph=none"),
+}
+
+
+@dataclass
+class Run:
+    index: int
+    overrides: List[str]
+    kind: str = ACCEPTED
+    plan: Dict[str, object] = field(default_factory=dict)
+    unchecked_rules: List[str] = field(default_factory=list)
+    twin_of: Optional[int] = None
+    label: Optional[str] = None
+    status: Optional[str] = None
+    error: Optional[str] = None
+    losses: List[float] = field(default_factory=list)
+    seconds: Optional[float] = None
+
+
+def plan_verdict(overrides: List[str]) -> Dict[str, object]:
+    """The plan of this machine for ``overrides``: what ``graphbridge mode=plan`` decides, in-process."""
+    import bridge
+
+    try:
+        plan = bridge.plan(overrides)
+    except Exception as error:  # an override the CLI refuses in one line before any rule runs
+        return {"valid": False, "runnable_here": False, "violations": [{"rule": "override", "where": "config"}],
+                "error": f"{type(error).__name__}: {str(error).splitlines()[0]}"}
+    return {"valid": plan.valid, "runnable_here": plan.runnable_here,
+            "violations": [{"rule": v.rule, "where": v.where} for v in plan.violations]}
+
+
+def refused_rules(run: Run) -> List[str]:
+    return sorted({v["rule"] for v in run.plan["violations"]})
+
+
+def drawn_runs(seed: int, count: int, workers: int) -> List[Run]:
+    rng = random.Random(seed)
+    runs = [Run(index, draw(rng) + [f"train.train_iters={STEPS}"]) for index in range(count)]
+    with multiprocessing.get_context("fork").Pool(workers) as pool:  # a plan costs ~0.2 s of one core
+        for run, verdict in zip(runs, pool.map(plan_verdict, [run.overrides for run in runs])):
+            run.plan = verdict
+    return runs
+
+
+def samples(runs: List[Run], rng: random.Random, per_rule: int, twins: int, next_index: int) -> List[Run]:
+    """Refused runs to train unchecked (up to ``per_rule`` for each rule, refused by config rules alone) and
+    eager twins of accepted graphed runs."""
+    extra = []
+    by_rule = defaultdict(list)
+    for run in runs:
+        if not run.plan["valid"] and all(v["where"] == "config" for v in run.plan["violations"]) \
+                and "override" not in refused_rules(run):
+            for rule in refused_rules(run):
+                by_rule[rule].append(run)
+    for rule in sorted(by_rule):
+        for run in rng.sample(by_rule[rule], min(per_rule, len(by_rule[rule]))):
+            extra.append(Run(next_index, run.overrides, BYPASS, run.plan, refused_rules(run)))
+            next_index += 1
+    graphed = [run for run in runs if run.plan["runnable_here"] and "cuda_graph=none" not in run.overrides]
+    for run in rng.sample(graphed, min(twins, len(graphed))):
+        overrides = [("cuda_graph=none" if item.startswith("cuda_graph=") else item) for item in run.overrides
+                     if not item.startswith("optimizer.optimizer_in_graph=")]
+        twin = Run(next_index, overrides, EAGER_TWIN, plan_verdict(overrides), twin_of=run.index)
+        if twin.plan["runnable_here"]:
+            extra.append(twin)
+            next_index += 1
+    return extra
+
+
+def witnesses(first_index: int) -> List[Run]:
+    runs = []
+    for index, (label, overrides) in enumerate(WITNESS_CASES.items(), first_index):
+        overrides = [*overrides, f"train.train_iters={STEPS}"]
+        verdict = plan_verdict(overrides)
+        runs.append(Run(index, overrides, WITNESS, verdict, refused_rules(Run(0, [], plan=verdict)), label=label))
+    return runs
+
+
+def train(run: Run, workdir: Path) -> Run:
+    """Train ``run`` in its own directory and read its result.json."""
+    run_dir = workdir / f"run{run.index}"
+    start = time.monotonic()
+    if run.unchecked_rules:
+        import bridge
+        from perf.launch import job_record, write_job
+
+        write_job(bridge.plan(run.overrides).config, run_dir, job_record({}, run.overrides))
+        command = [*UNCHECKED, str(run_dir), ",".join(run.unchecked_rules)]
+    else:
+        command = [*GRAPHBRIDGE, *run.overrides, f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1"}
+    with open(workdir / f"run{run.index}.log", "w") as log:
+        try:
+            subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            run.status, run.error = "timeout", f"no result within {RUN_TIMEOUT_S} s"
+    run.seconds = round(time.monotonic() - start, 1)
+    result_file = run_dir / "result.json"
+    if run.status is None:
+        if result_file.exists():
+            result = json.loads(result_file.read_text())
+            run.status, run.error, run.losses = result.get("status"), result.get("reason"), result.get("loss", [])
+        else:
+            run.status, run.error = "failed", last_line(workdir / f"run{run.index}.log")
+    return run
+
+
+def last_line(log: Path) -> str:
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "no output"
+
+
+def failure_class(error: Optional[str]) -> str:
+    """The cause of a failure without its numbers, names of temporary paths and addresses."""
+    text = (error or "no reason").split("; e.g.")[0]
+    text = re.sub(r"0x[0-9a-f]+|/[\w./-]+|\d+(\.\d+)?", "#", text)
+    return text[:200]
+
+
+def eager_agreement(runs: List[Run]) -> Dict[str, object]:
+    """Each completed twin pair: the largest relative loss gap over the first steps."""
+    by_index = {run.index: run for run in runs}
+    pairs = []
+    for twin in runs:
+        graphed = by_index.get(twin.twin_of) if twin.kind == EAGER_TWIN else None
+        if graphed is None or twin.status != "completed" or graphed.status != "completed":
+            continue
+        gaps = [abs(a - b) / max(abs(b), 1e-6) for a, b in zip(graphed.losses, twin.losses)]
+        pairs.append({"graphed": graphed.index, "twin": twin.index, "max_relative_gap": max(gaps, default=0.0),
+                      "cuda_graph": next(o for o in graphed.overrides if o.startswith("cuda_graph="))})
+    differ = [pair for pair in pairs if pair["max_relative_gap"] > LOSS_TOLERANCE]
+    return {"compared": len(pairs), "tolerance": LOSS_TOLERANCE, "differ": differ,
+            "largest_gap": max((pair["max_relative_gap"] for pair in pairs), default=None)}
+
+
+def summary(runs: List[Run], args, environment: Dict[str, object], elapsed: float) -> Dict[str, object]:
+    drawn = [run for run in runs if run.kind == ACCEPTED]
+    accepted = [run for run in drawn if run.plan["runnable_here"]]
+    trained = [run for run in accepted if run.status is not None]
+    crashed = [run for run in trained if run.status != "completed"]
+    bypass = defaultdict(Counter)
+    for run in runs:
+        if run.kind == BYPASS and run.status is not None:
+            for rule in run.unchecked_rules:
+                bypass[rule]["completed" if run.status == "completed" else "failed"] += 1
+    classes = Counter(failure_class(run.error) for run in crashed)
+    return {
+        **environment, "num_gpus": 1, "seed": args.seed, "drawn": len(drawn), "accepted": len(accepted),
+        "trained": len(trained), "completed": len(trained) - len(crashed), "crash_after_accept": len(crashed),
+        "rejections": dict(Counter(rule for run in drawn if not run.plan["runnable_here"]
+                                   for rule in refused_rules(run)).most_common()),
+        "failure_classes": [{"cause": cause, "count": count,
+                             "example": next(run.index for run in crashed if failure_class(run.error) == cause)}
+                            for cause, count in classes.most_common()],
+        "bypassed_rules": {rule: dict(counts) for rule, counts in sorted(bypass.items())},
+        "eager_twins": eager_agreement(runs),
+        "witnesses": [{"label": run.label, "overrides": run.overrides, "unchecked_rules": run.unchecked_rules,
+                       "status": run.status, "error": run.error} for run in runs if run.kind == WITNESS],
+        "steps": STEPS, "elapsed_s": round(elapsed, 1),
+    }
+
+
+def environment(command: List[str]) -> Dict[str, object]:
+    from bridge.machine import probe
+
+    machine = probe()
+    return {"megatron_core": machine.version("megatron-core"), "transformer_engine": machine.version("transformer-engine"),
+            "torch": machine.version("torch"), "gpu": machine.gpus[0].name if machine.gpus else None,
+            "commit": os.environ.get("GRAPHBRIDGE_COMMIT") or git_commit(), "command": " ".join(command)}
+
+
+def git_commit() -> Optional[str]:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--count", type=int, default=700, help="configurations drawn")
+    parser.add_argument("--workers", type=int, default=12, help="runs sharing the GPU at once")
+    parser.add_argument("--bypass-per-rule", type=int, default=2, help="refused runs trained unchecked, per rule")
+    parser.add_argument("--eager-twins", type=int, default=30)
+    parser.add_argument("--witnesses", action="store_true", help="first train WITNESS_CASES, rules unasked")
+    parser.add_argument("--deadline-s", type=float, default=None, help="start no run after this many seconds")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    start = time.monotonic()
+    env = environment(["python", "benchmarks/gpu_differential.py", *sys.argv[1:]])
+    runs = drawn_runs(args.seed, args.count, args.workers)
+    queue = witnesses(len(runs)) if args.witnesses else []
+    queue += [run for run in runs if run.plan["runnable_here"]]
+    queue += samples(runs, random.Random(args.seed), args.bypass_per_rule, args.eager_twins, len(runs) + len(queue))
+    all_runs = runs + [run for run in queue if run.kind != ACCEPTED]
+    print(f"{len(runs)} drawn, {len(queue)} to train, {args.workers} at once", flush=True)
+
+    def record() -> None:
+        write_json_atomic(args.out, {"summary": summary(all_runs, args, env, time.monotonic() - start),
+                                     "runs": [asdict(run) for run in all_runs]})
+
+    workdir = Path(tempfile.mkdtemp(prefix="gpu_differential_"))
+    with ThreadPoolExecutor(args.workers) as pool:
+        def in_time(run: Run) -> Run:
+            late = args.deadline_s is not None and time.monotonic() - start > args.deadline_s
+            return run if late else train(run, workdir)
+
+        for done, future in enumerate(as_completed([pool.submit(in_time, run) for run in queue]), 1):
+            run = future.result()
+            if run.status is not None and run.status != "completed":
+                print(f"[{done}/{len(queue)}] {run.kind} {run.status}: {' '.join(run.overrides)}\n    {run.error}",
+                      flush=True)
+            record()
+    record()
+    result = summary(all_runs, args, env, time.monotonic() - start)
+    print({key: result[key] for key in ("drawn", "accepted", "trained", "completed", "crash_after_accept")})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
