@@ -50,6 +50,22 @@ def expert_bias(cfg, target):
     )
 
 
+@rule("shared_expert_bias",
+      rejects="a shared expert (`model.moe_shared_expert_intermediate_size`) with biases (`model.add_bias_linear=true`)",
+      fix="`model.moe_shared_expert_intermediate_size=null`, or `model.add_bias_linear=false`")
+def shared_expert_bias(cfg, target):
+    # megatron-core's SharedExpertMLP asserts add_bias_linear is off when it is built (0.16.1 and 0.19.2):
+    # gpt_oss/tiny with a shared expert failed so at model build on an H100.
+    model = cfg.model
+    if is_moe_model(model) and model.moe_shared_expert_intermediate_size and model.add_bias_linear:
+        return violation(
+            "shared_expert_bias", ["model.moe_shared_expert_intermediate_size", "model.add_bias_linear"],
+            "megatron-core builds shared experts without biases only (it asserts \"bias is not supported in the "
+            "shared experts\"); set model.moe_shared_expert_intermediate_size=null, or model.add_bias_linear=false",
+        )
+    return None
+
+
 @rule("expert_parallel_needs_experts",
       rejects='expert parallelism on a dense model',
       fix='`model.expert_model_parallel_size=1`')
