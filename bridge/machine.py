@@ -28,6 +28,9 @@ PACKAGES = {
     "torch": ("torch", "torch"),
     "megatron-core": ("megatron-core", "megatron.core"),
     "transformer-engine": ("transformer-engine-torch", "transformer_engine_torch"),
+    # TE's Python package alone: megatron-core imports it whenever it is there, and without the extension
+    # above that import fails (FileNotFoundError), so megatron-core does not import at all.
+    "transformer-engine-python": ("transformer-engine", "transformer_engine"),
     "apex": ("apex", "apex"),
 }
 TOOLS = ("nsys",)

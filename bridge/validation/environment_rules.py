@@ -212,3 +212,69 @@ def nsys_available(cfg, target):
                          "trains on the CPU; run it on a GPU machine, or set perf.nsys=false (perf.profile=true "
                          "traces the CPU with torch.profiler)")
     return None
+
+
+
+# Transformer Engine's support checks (transformer_engine/pytorch/quantization.py, 2.10): per quantized precision
+# (the precision group's choice it is written with), the lowest compute capability that runs it and the first
+# that no longer does. A model built with one of them asserts at the first forward pass on any other GPU.
+PRECISION_CAPABILITY = {
+    "fp8_cs": ((8, 9), None),   # fp8 with tensorwise (or delayed) scaling
+    "fp8_sc": ((9, 0), None),   # fp8 blockwise scaling
+    "fp8_mx": ((10, 0), (12, 0)),
+    "nvfp4": ((10, 0), None),
+}
+
+
+def quantized_precision(model):
+    """The precision choice this model's fp8/fp4 settings amount to, or None for bf16/fp16."""
+    if model.fp4:
+        return "nvfp4"
+    if not model.fp8:
+        return None
+    return {"blockwise": "fp8_sc", "mxfp8": "fp8_mx"}.get(model.fp8_recipe, "fp8_cs")
+
+
+def runs_on(precision: str, capability) -> bool:
+    lowest, end = PRECISION_CAPABILITY[precision]
+    return capability >= lowest and (end is None or capability < end)
+
+
+@rule("quantized_precision_gpu", environment=True,
+      rejects="fp8/fp4 precisions this machine's GPU cannot run: fp8 below compute capability 8.9, fp8 blockwise "
+              "below 9.0, MXFP8 and NVFP4 below 10.0 (Blackwell), MXFP8 from 12.0 on",
+      fix="`precision=bf16` or `precision=fp8_cs` on an H100/H200; `precision=fp8_mx` and `precision=nvfp4` on a "
+          "B200/GB200/B300/GB300")
+def quantized_precision_gpu(cfg, target):
+    precision = quantized_precision(cfg.model)
+    if target.engine != "megatron" or precision is None or not target.machine.gpus:
+        return None
+    gpu = target.machine.gpus[0]
+    if runs_on(precision, gpu.capability):
+        return None
+    lowest, end = (".".join(map(str, c)) if c else None for c in PRECISION_CAPABILITY[precision])
+    needs = f"{lowest} to below {end}" if end else f"{lowest} or newer"
+    here = ", ".join(["precision=bf16"] + [f"precision={p}" for p in PRECISION_CAPABILITY if runs_on(p, gpu.capability)])
+    keys = ["model.fp4"] if precision == "nvfp4" else ["model.fp8", "model.fp8_recipe"]
+    return violation("quantized_precision_gpu", keys,
+                     f"precision={precision} needs a GPU of compute capability {needs}, and this machine's {gpu.name} "
+                     f"is {'.'.join(map(str, gpu.capability))} (Transformer Engine asserts at the first forward pass); "
+                     f"use {here} here, or run it on a GPU that has it")
+
+
+@rule("transformer_engine_extension", environment=True,
+      rejects="the megatron engine where Transformer Engine's Python package is installed without its PyTorch "
+              "extension (megatron-core imports the package and fails)",
+      fix="install the extension with the package (`pip install 'graphbridge[te016]'` or `'.[te019]'`), or remove "
+          "the package (`pip uninstall transformer-engine`) so that megatron-core builds its local layer spec")
+def transformer_engine_extension(cfg, target):
+    machine = target.machine
+    if target.engine != "megatron" or not machine.has("transformer-engine-python") or machine.has("transformer-engine"):
+        return None
+    row = release(target.megatron_core)
+    extra = f"graphbridge[{row.te_extra}]" if row else "transformer-engine[pytorch]"
+    return violation("transformer_engine_extension", ["engine"],
+                     f"Transformer Engine {machine.version('transformer-engine-python')} is installed here without its "
+                     "PyTorch extension (transformer_engine_torch), and megatron-core fails to import when it finds "
+                     f"the package; pip install '{extra}' for the extension, or pip uninstall transformer-engine (the "
+                     "local layer spec then trains), or engine=torch")
