@@ -27,6 +27,9 @@ NO_TE = Machine(gpus=(H100,), packages={**PACKAGES, "transformer-engine": None})
 NO_MEGATRON = Machine(gpus=(H100,), packages={**PACKAGES, "megatron-core": None})
 PACKAGES_019 = {"torch": "2.11.0", "megatron-core": "0.19.2", "transformer-engine": "2.20.2"}
 ONE_H100_019 = Machine(gpus=(H100,), packages=PACKAGES_019)
+ONE_B200 = Machine(gpus=(GPU("NVIDIA B200", (10, 0)),), packages=PACKAGES)
+TE_WITHOUT_EXTENSION = Machine(gpus=(H100,), packages={**PACKAGES, "transformer-engine": None,
+                                                       "transformer-engine-python": "2.10.0"})
 WITH_NSYS = Machine(gpus=(H100,), packages=PACKAGES, tools={"nsys": "/opt/nvidia/nsight-systems/bin/nsys"})
 
 MOE = {"model.num_moe_experts": 8, "model.moe_router_topk": 2, "model.moe_ffn_hidden_size": 128}
@@ -276,6 +279,13 @@ RULE_CASES.update({
         Case({**EP_OVERLAP, "model.delay_wgrad_compute": True, **te("attn", "moe_router", "moe_preprocess")}),
         Case({**EP_OVERLAP, "model.delay_wgrad_compute": True, "model.gradient_accumulation_fusion": True,
               **te("attn", "moe_router", "moe_preprocess")})),
+    "shared_expert_bias": (Case({**MOE, "model.moe_shared_expert_intermediate_size": 64, "model.add_bias_linear": True,
+                                 "model.moe_grouped_gemm": True}),
+                           Case({**MOE, "model.moe_shared_expert_intermediate_size": 64})),
+    "quantized_precision_gpu": (Case({"model.fp8": "e4m3", "model.fp8_recipe": "mxfp8"}),
+                                Case({"model.fp8": "e4m3", "model.fp8_recipe": "mxfp8"}, machine=ONE_B200)),
+    "transformer_engine_extension": (Case({"engine": "megatron"}, machine=TE_WITHOUT_EXTENSION),
+                                     Case({"engine": "megatron"}, machine=NO_TE)),
     "router_topk_one": (Case({**MOE, "model.moe_router_topk": 1}, megatron=True),
                         Case({**MOE, "model.moe_router_topk": 1, "model.moe_router_pre_softmax": True}, megatron=True)),
 })
@@ -354,6 +364,9 @@ EXTRA_REJECTS = {
                        Case({"perf.profile": True, "perf.profile_start_step": 3, "perf.profile_steps": 7,
                              "train.train_iters": 10})],
     "nsys_available": [Case({"perf.nsys": True, "train.train_iters": 20, "device": "cpu"}, machine=WITH_NSYS)],
+    "quantized_precision_gpu": [Case({"model.fp4": "e2m1"}),
+                                Case({"model.fp8": "e4m3", "model.fp8_recipe": "blockwise"},
+                                     machine=Machine(gpus=(GPU("NVIDIA L40S", (8, 9)),), packages=PACKAGES))],
     "persist_layer_norm_apex": [Case({"model.persist_layer_norm": True}, machine=NO_TE)],
     "nccl_graph_register": [Case({**te("attn"), "env_vars.PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
                                   "workload.gpu": "b200"})],
