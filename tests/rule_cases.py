@@ -182,6 +182,10 @@ RULE_CASES = {
                   Case({"train.num_gpus": 4, "model.tensor_model_parallel_size": 2})),
     "node_count": (Case({"train.num_gpus": 12, "train.num_nodes": 8}),
                    Case({"train.num_gpus": 16, "train.num_nodes": 2, "train.global_batch_size": 16})),
+    "node_size": (Case({"workload.gpu": "h100", "workload.gpus_per_node": 8, "train.num_gpus": 16,
+                        "train.num_nodes": 1, "train.global_batch_size": 16}),
+                  Case({"workload.gpu": "h100", "workload.gpus_per_node": 8, "train.num_gpus": 16,
+                        "train.num_nodes": 2, "train.global_batch_size": 16})),
     "global_batch": (Case({"train.num_gpus": 2, "train.global_batch_size": 3}),
                      Case({"train.num_gpus": 2, "train.global_batch_size": 4})),
     # megatron-core's scheduler asserts warmup < decay steps with no message, at engine build.

@@ -205,7 +205,8 @@ def test_every_h100_preset_has_an_h200_twin_that_is_exactly_it():
         assert OmegaConf.to_container(twin) == {"defaults": [f"h100_{precision}"]}, recipe
     # And the gpu options differ only in the name they record.
     gpus = {gpu: OmegaConf.to_container(OmegaConf.load(config_dir() / "gpu" / f"{gpu}.yaml")) for gpu in by_gpu}
-    assert gpus["h200"] == {"workload": {"gpu": "h200"}} and gpus["h100"] == {"workload": {"gpu": "h100"}}
+    assert gpus["h200"] == {"workload": {"gpu": "h200", "gpus_per_node": 8}}
+    assert gpus["h100"] == {"workload": {"gpu": "h100", "gpus_per_node": 8}}
 
 
 @pytest.mark.parametrize("key, connections", [

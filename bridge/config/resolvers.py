@@ -1,8 +1,8 @@
 """The OmegaConf resolvers behind the schema's derived defaults.
 
 A field that graphbridge derives from others (the TE RNG tracker from the graph impl, the NaN
-checks, the warmup length, the weak-scaled global batch) has an interpolation as its default,
-``${graphbridge.<name>:...}``. So ``graphbridge --cfg job`` shows where a value comes from,
+checks, the warmup length, the weak-scaled global batch, the node count) has an interpolation as
+its default, ``${graphbridge.<name>:...}``. So ``graphbridge --cfg job`` shows where a value comes from,
 ``--resolve`` shows the value, and a value the user sets anywhere (command line, recipe, preset,
 Python) replaces the interpolation: it is never flipped by a derivation.
 """
@@ -51,6 +51,14 @@ def dense_first(dense: int, layers: int) -> ListConfig:
     return OmegaConf.create([0] * min(dense, layers) + [1] * max(0, layers - dense))
 
 
+def num_nodes(gpus: int, gpus_per_node: Optional[int]) -> int:
+    """As few nodes as hold the job's GPUs (Bridge rounds up the same way), each at most the preset
+    GPU's machine (workload.gpus_per_node); one node when no gpu= names the machine."""
+    if gpus_per_node is None:
+        return 1
+    return max(1, -(-int(gpus) // max(1, int(gpus_per_node))))
+
+
 def gpus_per_node(gpus: int, nodes: int) -> int:
     """conf/hydra/launcher/submitit_slurm.yaml asks Slurm for the GPUs of one node."""
     return gpus // max(1, nodes)
@@ -74,6 +82,7 @@ RESOLVERS = {
     "graphbridge.lr_warmup": lr_warmup,
     "graphbridge.global_batch": global_batch,
     "graphbridge.dense_first": dense_first,
+    "graphbridge.num_nodes": num_nodes,
     "graphbridge.gpus_per_node": gpus_per_node,
     "graphbridge.hydra_subdir": hydra_subdir,
 }

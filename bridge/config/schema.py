@@ -90,8 +90,9 @@ class TrainConfig:
     """Optimizer steps to run."""
     num_gpus: int = 1
     """GPUs the job runs on; data parallel size = num_gpus / (TP * PP * CP)."""
-    num_nodes: int = 1
-    """Nodes the job spans; GPUs per node = num_gpus / num_nodes (one torchrun per node)."""
+    num_nodes: int = II("graphbridge.num_nodes:${train.num_gpus},${workload.gpus_per_node}")
+    """Nodes the job spans; GPUs per node = num_gpus / num_nodes (one torchrun per node). Derived: as few
+    nodes of the preset GPU's machine (workload.gpus_per_node) as hold train.num_gpus; one without a gpu=."""
     exit_signal_handler: bool = True
     """Stop at the next step boundary on SIGINT/SIGTERM and write a partial result (never inside a captured
     region)."""
@@ -150,6 +151,9 @@ class WorkloadConfig:
     """h100, h200 (the H100 presets), b200, b300, gb200 or gb300; None when the recipe has no preset."""
     precision: Optional[str] = None
     """The preset's precision key (bf16, fp8_cs, fp8_mx, fp8_sc, nvfp4)."""
+    gpus_per_node: Optional[int] = None
+    """GPUs in one node of the gpu= preset's machine (conf/gpu/, Bridge's per-GPU -gn default: 8 on HGX,
+    4 on a GB200/GB300 compute tray); train.num_nodes derives from it. None without a gpu=."""
     preset_num_gpus: Optional[int] = None
     """GPU count the preset was tuned for (global batch is weak-scaled from it)."""
     preset_global_batch_size: Optional[int] = None

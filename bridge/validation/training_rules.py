@@ -114,6 +114,22 @@ def node_count(cfg, target):
     )
 
 
+@rule("node_size",
+      rejects="more GPUs per node (`train.num_gpus` / `train.num_nodes`) than a node of the `gpu=` preset's machine "
+              "has (`workload.gpus_per_node`)",
+      fix='the `train.num_nodes` the message names (derived when unset)')
+def node_size(cfg, target):
+    gpus, nodes, per_node = cfg.train.num_gpus, cfg.train.num_nodes, cfg.workload.gpus_per_node
+    if per_node is None or nodes < 1 or per_node < 1 or gpus <= nodes * per_node:
+        return None  # positive_sizes reports sizes below 1
+    return violation(
+        "node_size", ["train.num_nodes", "train.num_gpus"],
+        f"train.num_gpus={gpus} over train.num_nodes={nodes} puts {-(-gpus // nodes)} GPUs on a node and a "
+        f"{cfg.workload.gpu} node has {per_node}; set train.num_nodes={-(-gpus // per_node)}, or leave it "
+        "unset: it follows train.num_gpus",
+    )
+
+
 @rule("global_batch",
       rejects='a global batch that is not a multiple of micro-batch x data-parallel size (weak scaling included)',
       fix='the multiple the message names')

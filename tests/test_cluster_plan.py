@@ -1,0 +1,37 @@
+"""Planning a cluster job from a laptop: the node count of a GPU preset's machine, the workload
+command without Slurm, and the tips a refused plan gives (issue 31)."""
+
+import json
+
+import pytest
+
+
+def plan_json(cli, tmp_path, *overrides):
+    result = cli("mode=plan", "plan.format=json", *overrides, cwd=tmp_path)
+    return result, json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("gpu, nodes", [("h100", 8), ("h200", 8), ("b200", 8), ("gb200", 16), ("gb300", 16)])
+def test_a_multi_node_preset_spans_the_nodes_of_its_gpus_machine(cli, tmp_path, gpu, nodes):
+    result, plan = plan_json(cli, tmp_path, "recipe=llama/llama3_70b", f"gpu={gpu}")
+    assert plan["config"]["train"]["num_gpus"] == 64
+    assert plan["config"]["train"]["num_nodes"] == nodes
+    assert plan["derived"]["train.num_nodes"] == nodes
+    assert not plan["violations"], result.stderr
+
+
+def test_the_node_count_follows_num_gpus(cli, tmp_path):
+    _, plan = plan_json(cli, tmp_path, "recipe=llama/llama3_8b", "gpu=h100", "train.num_gpus=16")
+    assert plan["config"]["train"]["num_nodes"] == 2
+
+
+def test_an_explicit_node_count_wins(cli, tmp_path):
+    _, plan = plan_json(cli, tmp_path, "recipe=llama/llama3_70b", "gpu=h100", "train.num_nodes=16")
+    assert plan["config"]["train"]["num_nodes"] == 16
+    assert "train.num_nodes" not in plan["derived"]
+
+
+def test_an_explicit_node_count_too_small_for_the_gpus_machine_is_refused_with_the_fix(cli, tmp_path):
+    result = cli("mode=plan", "recipe=llama/llama3_70b", "gpu=h100", "train.num_nodes=1", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "[node_size]" in result.stderr and "set train.num_nodes=8" in result.stderr
