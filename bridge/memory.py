@@ -8,8 +8,8 @@ The model, per GPU (the pipeline stage with the most layers; bytes per parameter
 - gradients: megatron-core DDP's contiguous gradient buffer, fp32 with
   ``ddp.grad_reduce_in_fp32`` or an fp32 model, else in the parameter dtype.
 - optimizer: Adam's two fp32 moments, plus fp32 master weights for a bf16/fp16 model: 12 bytes
-  per parameter (8 in fp32); ``ddp.use_distributed_optimizer`` shards it over the data-parallel
-  ranks (the expert-data-parallel ranks for experts).
+  per parameter (8 in fp32); ``ddp.use_distributed_optimizer`` shards it over the data- and
+  context-parallel ranks (the expert-data-parallel ranks for experts).
 - activations: what one layer keeps for its backward, per micro-batch, after Korthikanti et al.
   2022 ("Reducing Activation Recomputation in Large Transformer Models"): sbh(34 + 5as/h) bytes
   for GPT with GELU, here term by term so that SwiGLU, GQA, MoE (top-k routed tokens, shared
@@ -19,16 +19,32 @@ The model, per GPU (the pipeline stage with the most layers; bytes per parameter
   ``recompute_granularity=full`` keeps each layer's input only (plus one layer's activations
   while it is recomputed); ``selective`` drops the modules it recomputes. With pipelining, the
   first stage holds min(PP, micro-batches) micro-batches in flight (interleaved:
-  PP(1 + (PP-1)/(PP x VP)) of them, as Korthikanti et al. count). The logits add 10 bytes per
-  token and vocabulary entry / TP (bf16 output, fp32 copy and its gradient in the loss); with
-  model.cross_entropy_loss_fusion 6.5 (measured: the fused loss peaked 3.4 GiB lower over 1.05 G
-  logit entries, benchmarks/results/vs_bridge/llama32_1b_*.json).
-- CUDA-graph pools: a graph replays into the memory it was captured with, which stays reserved
-  for it. full_iteration keeps a static copy of the iteration's activations (one micro-batch
-  in flight's worth, with the same PP factor); Transformer Engine's per-layer graphs keep static
-  inputs, outputs and the captured layer's activations per graphed layer and micro-batch in
-  flight: the graphed share of the activations once more. An optimizer step inside the graph adds
-  an fp32 copy of bf16/fp16 gradients for its master weights (fp32 gradient buffers serve as they are).
+  PP(1 + (PP-1)/(PP x VP)) of them, as Korthikanti et al. count). ``model.cpu_offloading`` moves
+  the activations of ``cpu_offloading_num_layers`` layers of the stage to the host. The logits add
+  2 bytes per token and vocabulary entry / TP with model.cross_entropy_loss_fusion (Transformer
+  Engine's fused loss writes its gradient into the bf16 logits in place), 5.5 without it (the fp32
+  softmax it keeps on top; measured: the unfused loss peaked 3.4 GiB higher over 1.05 G logit
+  entries, benchmarks/results/vs_bridge/llama32_1b_*.json, where the layers' terms account for the
+  rest of both peaks within 2 %).
+- CUDA-graph pools: a graph replays into the memory it was captured with, in a private pool that
+  stays reserved for it; what counts here is what stays allocated in it. megatron-core's
+  FullCudaGraphWrapper captures the whole forward-backward on a side stream into a fresh pool:
+  the step's activations are allocated there during capture as in an eager step and freed by its
+  backward, so they stay reserved for the replays (``peak_reserved_gb`` roughly doubles: the eager
+  steps' cached blocks, which the allocator releases when it runs short, and the pool) but are
+  not allocated twice. What it adds is the capture stream's two cuBLAS workspaces (forward thread
+  and autograd's; measured: full_iteration peaked 0.06 GiB above eager on llama/tiny, the Qwen3
+  proxy (35.11 against 35.05 GiB) and Llama 3.2 1B (32.69 against 32.62 GiB)). An optimizer step
+  inside that graph (optimizer.optimizer_in_graph) keeps 4 bytes per parameter allocated on top:
+  the fp32 copies of bf16/fp16 gradients its master weights step with, and as much with fp32
+  gradients (measured: +6.77 GiB over 1.87 G parameters on the Qwen3 proxy, +0.10 GiB over 28 M on
+  llama/tiny with ddp.grad_reduce_in_fp32). Transformer Engine's per-layer graphs
+  (make_graphed_callables) hold each graphed callable's static inputs, outputs and saved
+  activations as tensors of the graph, allocated for the job's life, per graphed layer and
+  micro-batch in flight: the graphed share of the activations, held through the optimizer step.
+  Their replays write the graphed modules' activations into that pool instead of allocating them,
+  so in the backward's peak it holds its share of the activations (counted once) and in the
+  optimizer step's it comes on top of the step's copies.
 - megatron-core's local per-layer graphs (CudaGraphManager) capture at the end of the first step,
   after its eager backward freed its activations: every layer's forward graph in order, then the
   backward graphs in reverse, all into one shared pool. The layers' activations are allocated
@@ -72,8 +88,10 @@ USABLE_FRACTION = 0.9
 CUBLAS_WORKSPACE_BYTES = 32 * 2 ** 20
 """PyTorch's cuBLAS workspace per handle (thread) and stream on Hopper (CUBLAS_WORKSPACE_CONFIG :4096:8)."""
 WORKSPACE_BYTES = 2 * CUBLAS_WORKSPACE_BYTES
+CAPTURE_STREAM_WORKSPACE_BYTES = 2 * CUBLAS_WORKSPACE_BYTES
+"""A graph captured on its own stream gets that stream's cuBLAS workspaces, forward's and backward's."""
 ADAM_STATE_BYTES, MASTER_BYTES, FP32_BYTES = 8, 4, 4
-LOGIT_BYTES, FUSED_LOSS_LOGIT_BYTES = 10, 6.5
+LOGIT_BYTES, FUSED_LOSS_LOGIT_BYTES = 5.5, 2
 
 
 @dataclass
@@ -84,14 +102,17 @@ class MemoryEstimate:
     activations_gib: float
     optimizer_step_gib: float
     graphs_gib: float
+    graphed_activations_gib: float
+    """The part of the activations that lives in the graphs' pools: in graphs_gib, counted once."""
     workspace_gib: float
     gpu: Optional[str]
     capacity_gib: Optional[float]
 
     @property
     def total_gib(self) -> float:
+        eager_activations = self.activations_gib - self.graphed_activations_gib
         return (self.weights_gib + self.gradients_gib + self.optimizer_gib
-                + max(self.activations_gib, self.optimizer_step_gib) + self.graphs_gib + self.workspace_gib)
+                + max(eager_activations, self.optimizer_step_gib) + self.graphs_gib + self.workspace_gib)
 
     @property
     def fits(self) -> Optional[bool]:
@@ -108,8 +129,10 @@ class MemoryEstimate:
         return {**asdict(self), "total_gib": self.total_gib, "fits": self.fits, "verdict": self.verdict}
 
     def to_text(self) -> str:
+        eager = (f"activations {self.activations_gib:.2f} - {self.graphed_activations_gib:.2f} in graphs"
+                 if self.graphed_activations_gib else f"activations {self.activations_gib:.2f}")
         parts = (f"weights {self.weights_gib:.2f} + grads {self.gradients_gib:.2f} + optimizer "
-                 f"{self.optimizer_gib:.2f} + max(activations {self.activations_gib:.2f}, optimizer step "
+                 f"{self.optimizer_gib:.2f} + max({eager}, optimizer step "
                  f"{self.optimizer_step_gib:.2f}) + graphs {self.graphs_gib:.2f} + workspace {self.workspace_gib:.2f}")
         if self.capacity_gib is None:
             verdict = f"GPU memory unknown (set gpu=<{'|'.join(GPU_MEMORY_GB)}>)"
@@ -129,7 +152,7 @@ def estimate_memory(cfg, gpu_memory_gib: Optional[float] = None, gpu_name: Optio
     weight_bytes = model_dtype_bytes(cfg)
     grad_bytes = weight_bytes if half_gradients(cfg) else FP32_BYTES
     optimizer_bytes = ADAM_STATE_BYTES + (MASTER_BYTES if half else 0)
-    dense_shards, expert_shards = (data_parallel_sizes(cfg) if cfg.ddp.use_distributed_optimizer else (1, 1))
+    dense_shards, expert_shards = (optimizer_shards(cfg) if cfg.ddp.use_distributed_optimizer else (1, 1))
     step_copies = FP32_BYTES if half_gradients(cfg) else 0
     gpu = cfg.workload.gpu
     capacity = GPU_MEMORY_GB[gpu] * 1e9 / GIB if gpu in GPU_MEMORY_GB else gpu_memory_gib
@@ -140,6 +163,7 @@ def estimate_memory(cfg, gpu_memory_gib: Optional[float] = None, gpu_name: Optio
         activations_gib=activation_bytes(cfg) / GIB,
         optimizer_step_gib=(dense / dense_shards + experts / expert_shards) * step_copies / GIB,
         graphs_gib=graph_pool_bytes(cfg, dense + experts) / GIB,
+        graphed_activations_gib=graphed_activation_bytes(cfg) / GIB,
         workspace_gib=WORKSPACE_BYTES / GIB,
         gpu=gpu if gpu in GPU_MEMORY_GB else gpu_name,
         capacity_gib=capacity,
@@ -152,6 +176,14 @@ def data_parallel_sizes(cfg):
     tp, pp, cp = model.tensor_model_parallel_size, model.pipeline_model_parallel_size, model.context_parallel_size
     etp = model.expert_tensor_parallel_size or tp
     return max(1, gpus // (tp * pp * cp)), max(1, gpus // (model.expert_model_parallel_size * etp * pp))
+
+
+def optimizer_shards(cfg):
+    """(dense, expert) ranks the distributed optimizer shards over: context-parallel ranks hold the same
+    weights, so megatron-core reduces and shards dense gradients over data x context parallel."""
+    model = cfg.model
+    _, expert_dp = data_parallel_sizes(cfg)
+    return max(1, cfg.train.num_gpus // (model.tensor_model_parallel_size * model.pipeline_model_parallel_size)), expert_dp
 
 
 def layers_per_stage(cfg) -> int:
@@ -290,10 +322,18 @@ def activation_bytes(cfg) -> float:
         kept = 2 * model.hidden_size * tokens / model.tensor_model_parallel_size
         stored = stage * kept + per_layer  # layer inputs, and one layer being recomputed
     else:
-        stored = stage * per_layer
+        stored = on_gpu_layers(cfg) * per_layer
     per_entry = FUSED_LOSS_LOGIT_BYTES if model.cross_entropy_loss_fusion else LOGIT_BYTES
     logits = per_entry * tokens * padded_vocab_size(cfg) / model.tensor_model_parallel_size
     return stored * micro_batches_in_flight(cfg) + logits
+
+
+def on_gpu_layers(cfg) -> int:
+    """Layers of the stage whose activations stay on the GPU: cpu_offloading moves some to the host."""
+    stage = layers_per_stage(cfg)
+    if not cfg.model.cpu_offloading:
+        return stage
+    return max(1, stage - cfg.model.cpu_offloading_num_layers)
 
 
 def half_gradients(cfg) -> bool:
@@ -307,11 +347,18 @@ def graph_pool_bytes(cfg, parameters: float) -> float:
     if not impl.graphed:
         return 0.0
     if impl.unit == "iteration":
-        copied_grads = cfg.optimizer.optimizer_in_graph and half_gradients(cfg)
-        optimizer = FP32_BYTES * parameters if copied_grads else 0
-        return activation_bytes(cfg) + optimizer
+        optimizer = FP32_BYTES * parameters if cfg.optimizer.optimizer_in_graph else 0
+        return CAPTURE_STREAM_WORKSPACE_BYTES + optimizer
     if impl.impl == CudaGraphImpl.local:
         return local_graph_bytes(cfg)
+    return graphed_activation_bytes(cfg)
+
+
+def graphed_activation_bytes(cfg) -> float:
+    """The activations Transformer Engine's per-layer graphs hold in their pool: their replays write
+    them there instead of allocating them, so they are not on top of the eager activations."""
+    if graph_impl(cfg.model.cuda_graph_impl).impl != CudaGraphImpl.transformer_engine:
+        return 0.0
     return layers_per_stage(cfg) * layer_activations(cfg, graphed_only=True) * micro_batches_in_flight(cfg)
 
 
