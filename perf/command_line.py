@@ -1,9 +1,11 @@
 """Checks on the argument list itself, before anything reads it: flags Hydra's argparse would answer
 with a usage block (an unknown one, one between overrides), bytes that are not UTF-8, a key too
-long to be a file name (Hydra looks keys up as config groups), and a symlink loop in a
---config-dir that --help would walk without end. Each is one line naming the argument."""
+long to be a file name (Hydra looks keys up as config groups), a Slurm submission from a machine
+without Slurm, and a symlink loop in a --config-dir that --help would walk without end. Each is one
+line naming the argument."""
 
 import os
+import shutil
 from pathlib import Path
 from typing import List, Optional
 
@@ -65,6 +67,19 @@ def long_key_error(overrides: List[str]) -> Optional[str]:
         if any(len(part.encode("utf-8")) > NAME_MAX for part in key.split("/")):
             return f"{shown(override)}: no config key or group has a name this long (at most {NAME_MAX} bytes)"
     return None
+
+
+def submission_error(argv: List[str]) -> Optional[str]:
+    """The submitit Slurm launcher fails in a traceback where there is no ``srun``. Only a sweep starts
+    the launcher: a single run, and so a plan, of the same command needs no Slurm."""
+    overrides = [arg for arg in argv if not arg.startswith("-")]
+    launchers = [override.split("=", 1)[1] for override in overrides
+                 if override.split("=", 1)[0].lstrip("+") == "hydra/launcher" and "=" in override]
+    submits = any(arg in ("-m", "--multirun") for arg in argv) or "hydra.mode=MULTIRUN" in overrides
+    if not (submits and launchers and launchers[-1] == "submitit_slurm") or shutil.which("srun"):
+        return None
+    return ("hydra/launcher=submitit_slurm submits to Slurm, and this machine has no srun: run the command on a "
+            "Slurm login node, or plan it here, which needs no Slurm: mode=plan without -m (graphbridge-workload: -d)")
 
 
 def loop_error(roots: List[Path]) -> Optional[str]:

@@ -3,7 +3,8 @@ a YAML syntax error or a duplicate key in a config file, a malformed '# @package
 defaults list that is not a list of names, a primary config that no longer loads the schema (each
 a long traceback), an unknown key, a misspelled group choice (no suggestion), a group set to null,
 a callable set in Hydra's tree (perf/hydra_overrides.py), and what perf/command_line.py checks in
-the argument list itself. Each becomes one line naming the file and line, or the override.
+the argument list itself (a Slurm submission without Slurm among them). Each becomes one line
+naming the file and line, or the override.
 """
 
 import dataclasses
@@ -21,7 +22,8 @@ from hydra.errors import HydraException
 from bridge.config.paths import config_dir
 from bridge.config.schema import GraphBridgeConfig
 from bridge.recipes import presets
-from perf.command_line import FLAGS_WITH_VALUE, encoding_error, flag_error, long_key_error, loop_error
+from perf.command_line import (FLAGS_WITH_VALUE, encoding_error, flag_error, long_key_error, loop_error,
+                               submission_error)
 from perf.help import PRINTS_HELP
 from perf.hydra_overrides import hydra_override_error, own_callbacks
 
@@ -80,9 +82,9 @@ def check(argv: List[str], config_root: Optional[Path] = None) -> Optional[str]:
     """An error line for the first problem found, or None; ``config_root`` replaces conf/."""
     if any(arg.split("=", 1)[0] in SHELL_COMPLETION for arg in argv):
         return None
-    encoding = encoding_error(argv) or flag_error(argv)
-    if encoding:
-        return encoding
+    argument = encoding_error(argv) or flag_error(argv) or submission_error(argv)
+    if argument:
+        return argument
     overrides, config_dirs, own_primary = _split(argv)
     own_root = config_root or config_dir()
     user_roots = [Path(d) for d in config_dirs]

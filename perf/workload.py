@@ -10,7 +10,8 @@ key=value overrides so that a flag wins over an override of the same key (Bridge
 its argparse flags after its Hydra overrides); a flag graphbridge has no equivalent for stops
 the command, naming the key to use. Then this process becomes ``graphbridge`` with that command
 line (printed on stderr), so plans, runs, sweeps, run directories and exit codes are exactly
-graphbridge's. ``-d/--dryrun`` is ``mode=plan``.
+graphbridge's. ``-d/--dryrun`` is ``mode=plan``, and a trailing ``mode=plan`` is ``-d``: a Slurm job is
+planned on this machine and submitted only without them.
 
 Three Bridge v0.3.1 behaviours are deliberately fixed: ``--cuda_graph_impl transformer_engine``
 without ``--cuda_graph_scope`` keeps the recipe's modules (Bridge crashes), ``-ol 0`` means no
@@ -78,10 +79,23 @@ def flags_to_overrides(argv: Sequence[str]) -> List[str]:
                 for flag in FLAGS if flag.refusal and flag.dest in args and not flag.keeps(args[flag.dest])]
     if refusals:
         parser.error("no graphbridge equivalent: " + "; ".join(refusals))
+    if plans(overrides):  # Bridge's -d: a plan of a Slurm job is made here, with nothing submitted
+        overrides = [override for override in overrides if not is_mode(override)]
+        args["dryrun"] = True
     try:
         return overrides + flag_overrides(args)
     except ValueError as error:
         parser.error(str(error))
+
+
+def is_mode(override: str) -> bool:
+    return override.split("=", 1)[0].lstrip("+") == "mode"
+
+
+def plans(overrides: Sequence[str]) -> bool:
+    """Whether the trailing overrides end in mode=plan (the last mode= counts, as in Hydra)."""
+    modes = [override.split("=", 1)[1] for override in overrides if is_mode(override) and "=" in override]
+    return bool(modes) and modes[-1] == "plan"
 
 
 def shell_word(argument: str) -> str:

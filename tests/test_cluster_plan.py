@@ -2,6 +2,7 @@
 command without Slurm, and the tips a refused plan gives (issue 31)."""
 
 import json
+import os
 
 import pytest
 
@@ -35,3 +36,31 @@ def test_an_explicit_node_count_too_small_for_the_gpus_machine_is_refused_with_t
     result = cli("mode=plan", "recipe=llama/llama3_70b", "gpu=h100", "train.num_nodes=1", cwd=tmp_path)
     assert result.returncode == 2
     assert "[node_size]" in result.stderr and "set train.num_nodes=8" in result.stderr
+
+
+SLURM_JOB = ("-m", "llama", "-mr", "llama3_8b", "-g", "h100", "-ng", "16", "-gn", "8", "-a", "my_account", "-p", "batch",
+             "-t", "01:00:00")
+
+
+@pytest.fixture
+def no_slurm(tmp_path):
+    """The environment of a laptop: no srun on the PATH."""
+    (tmp_path / "bin").mkdir()
+    return {**os.environ, "PATH": str(tmp_path / "bin")}
+
+
+def test_a_slurm_job_plans_on_a_laptop(workload_cli, tmp_path, no_slurm):
+    result = workload_cli(*SLURM_JOB, "mode=plan", cwd=tmp_path, env=no_slurm)
+    assert result.returncode == 0, result.stderr
+    assert "graphbridge plan: VALID" in result.stdout and "num_gpus=16 num_nodes=2" in result.stdout
+    assert "MULTIRUN" not in result.stderr and not (tmp_path / "multirun").exists()
+
+
+def test_submitting_without_slurm_is_one_line_naming_the_fix(workload_cli, cli, tmp_path, no_slurm):
+    submitted = workload_cli(*SLURM_JOB, cwd=tmp_path, env=no_slurm)
+    assert submitted.returncode == 2
+    [echo, error] = submitted.stderr.splitlines()
+    assert echo.startswith("graphbridge recipe=llama/llama3_8b") and "hydra.mode=MULTIRUN" in echo
+    assert "no srun" in error and "graphbridge-workload: -d" in error
+    swept = cli("-m", "mode=plan", "hydra/launcher=submitit_slurm", cwd=tmp_path, env=no_slurm)
+    assert swept.returncode == 2 and swept.stderr.count("\n") == 1 and "mode=plan without -m" in swept.stderr
