@@ -2,7 +2,10 @@
 
 It holds the catalogue's verdict in two parts: violations in the configuration (it can run
 nowhere) and violations on this machine (it can run elsewhere: planning for a cluster from a
-laptop still says VALID), the migration notes, the derived values, what is graphed and when, the
+laptop still says VALID). When ``gpu=`` names a preset GPU this machine does not have, the
+configuration is judged for one node of that GPU's cluster (bridge.machine.preset_machine: its
+GPUs, megatron-core and Transformer Engine), and what this machine lacks is one line. Then the
+migration notes, the derived values, what is graphed and when, the
 engine and device it would train on here, and the arguments megatron-core would be given. A run
 refuses exactly what the plan reports. The arguments are those of the target megatron-core release
 (plan.megatron_core, else the installed one), in that release's spelling (bridge.translate.versions).
@@ -16,12 +19,12 @@ from typing import Any, Dict, List, Optional
 from bridge.config.graphs import graph_impl
 from bridge.config.migration import scope_names
 from bridge.config.schema import GraphBridgeConfig
-from bridge.machine import Machine
+from bridge.machine import PRESET_GPUS, Machine, preset_machine, probe
 from bridge.memory import MemoryEstimate, estimate_memory
 from bridge.prepare import Prepared
-from bridge.translate import cuda_graph_arguments, megatron_arguments, release
+from bridge.translate import cuda_graph_arguments, default_release, megatron_arguments, release
 from bridge.validation import Target, resolve_target, validate
-from bridge.validation.violation import Violation
+from bridge.validation.violation import CONFIG, Violation
 
 
 @dataclass
@@ -34,6 +37,10 @@ class Plan:
     derived: Dict[str, Any] = field(default_factory=dict)
     machine_notes: List[str] = field(default_factory=list)
     """How this machine changes the way the job runs, short of refusing it."""
+    here_violations: List[Violation] = field(default_factory=list)
+    """When the target is a preset GPU's machine: what refuses the job on this one."""
+    here: Optional[str] = None
+    """When the target is a preset GPU's machine: whether this one can run the job too, in one line."""
 
     @property
     def config_violations(self) -> List[Violation]:
@@ -41,7 +48,8 @@ class Plan:
 
     @property
     def machine_violations(self) -> List[Violation]:
-        return [v for v in self.violations if not v.in_config]
+        """Why this machine cannot run it (what a run here refuses)."""
+        return [v for v in self.violations if not v.in_config] + self.here_violations
 
     @property
     def valid(self) -> bool:
@@ -50,7 +58,7 @@ class Plan:
 
     @property
     def runnable_here(self) -> bool:
-        return not self.violations
+        return not self.violations and not self.here_violations
 
     def graphs(self) -> Dict[str, Any]:
         return describe_graphs(self.config, "megatron" if self.target.written_for_megatron else "torch")
@@ -66,6 +74,15 @@ class Plan:
         gpus = self.target.machine.gpus
         here = gpus[0] if gpus and gpus[0].memory_bytes else None
         return estimate_memory(self.config, here.memory_bytes / 2**30 if here else None, here.name if here else None)
+
+    def verdict_with_memory(self) -> str:
+        """VALID, and loudly so when the memory estimate leaves the GPU no headroom or exceeds it."""
+        memory = self.memory()
+        if memory.verdict not in ("tight", "does not fit"):
+            return "VALID"
+        return (f"VALID, BUT MEMORY {memory.verdict.upper()}: ~{memory.total_gib:.1f} GiB per GPU of "
+                f"{memory.capacity_gib:.0f} GiB ({memory.gpu}); lower train.micro_batch_size, recompute "
+                "(model.recompute_granularity), more parallelism (TP/PP/CP/EP) or ddp.use_distributed_optimizer=true")
 
     def megatron_core_source(self) -> str:
         """Where the target release comes from, in words."""
@@ -84,6 +101,7 @@ class Plan:
             "violations": [v.as_dict() for v in self.config_violations],
             "runnable_here": self.runnable_here,
             "machine_violations": [v.as_dict() for v in self.machine_violations],
+            "here": self.here,
             "target": {"engine": self.target.engine, "device": self.target.device,
                        "megatron_core": self.target.megatron_core, "megatron_core_source": self.megatron_core_source(),
                        "machine": self.target.machine.describe()},
@@ -104,7 +122,7 @@ class Plan:
 
     def to_text(self) -> str:
         graphs, cfg, model = self.graphs(), self.config, self.config.model
-        verdict = "VALID" if self.valid else f"INVALID ({len(self.config_violations)} violations, on stderr)"
+        verdict = self.verdict_with_memory() if self.valid else f"INVALID ({len(self.config_violations)} violations, on stderr)"
         lines = [f"graphbridge plan: {verdict}", f"  graphed:   {graphs['summary']}"]
         if graphs["parked"]:
             lines.append(f"  parked:    {graphs['parked']} (inert while cuda_graph_impl=none)")
@@ -129,9 +147,14 @@ class Plan:
             lines.append(f"  megatron-core {self.target.megatron_core} TransformerConfig (CUDA-graph fields):")
             lines += [f"    {key} = {value!r}" for key, value in graph_fields.items()]
         lines.append(f"  env:       {dict(cfg.env_vars) or '{}'}")
-        lines.append(f"  here:      {self.target.engine} engine on {self.target.device} "
-                     f"({self.target.machine.describe()})")
-        if self.machine_violations:
+        if self.here is not None:
+            lines.append(f"  judged:    for the {self.target.engine} engine on a gpu={cfg.workload.gpu} node "
+                         f"({self.target.machine.describe()})")
+            lines.append(f"  here:      {self.here}")
+        else:
+            lines.append(f"  here:      {self.target.engine} engine on {self.target.device} "
+                         f"({self.target.machine.describe()})")
+        if self.machine_violations and self.here is None:
             lines.append("  cannot run on this machine (it can elsewhere):")
             lines += [f"    {v}" for v in self.machine_violations]
         lines += [f"  note: {note}" for note in self.notes + self.machine_notes]
@@ -151,10 +174,37 @@ def wrapped(head: str, items: List[str], width: int = 100) -> List[str]:
 
 def build_plan(prepared: Prepared, machine: Optional[Machine] = None) -> Plan:
     cfg = prepared.config
-    target = resolve_target(cfg, machine)
-    violations = validate(cfg, target)
-    here = [] if violations else machine_notes(cfg, target)  # how it would run here, when it can
-    return Plan(cfg, target, violations, prepared.notes, prepared.derived, here)
+    here = machine or probe()
+    cluster = cluster_machine(cfg, here)
+    if cluster is None:
+        target = resolve_target(cfg, here)
+        violations = validate(cfg, target)
+        notes = [] if violations else machine_notes(cfg, target)  # how it would run here, when it can
+        return Plan(cfg, target, violations, prepared.notes, prepared.derived, notes)
+    target = resolve_target(cfg, cluster)
+    # On the GPU the config names, what its node lacks is the config's fault, not this machine's.
+    violations = [dataclasses.replace(v, where=CONFIG) for v in validate(cfg, target)]
+    here_target = resolve_target(cfg, here)
+    here_violations = [] if violations else validate(cfg, here_target)
+    return Plan(cfg, target, violations, prepared.notes, prepared.derived, [], here_violations,
+                here_line(cfg, here_target, here_violations))
+
+
+def cluster_machine(cfg: GraphBridgeConfig, here: Machine) -> Optional[Machine]:
+    """One node of the preset GPU's cluster when ``gpu=`` names a GPU this machine does not have."""
+    gpu = cfg.workload.gpu
+    if gpu not in PRESET_GPUS or here.has_gpu_kind(gpu):
+        return None
+    return preset_machine(gpu, cfg.plan.megatron_core or default_release(here).version)
+
+
+def here_line(cfg: GraphBridgeConfig, here: Target, violations: List[Violation]) -> str:
+    """This machine, for a plan judged on a preset GPU's node: one line, not its rules."""
+    gpu = cfg.workload.gpu
+    if not violations:
+        return f"this machine can run it too: {here.engine} engine on {here.device} ({here.machine.describe()})"
+    return (f"this machine cannot run it: no {PRESET_GPUS[gpu].name.split()[-1]} here ({here.machine.describe()}); "
+            f"run it on {gpu} nodes (mode=train here lists what it lacks)")
 
 
 def machine_notes(cfg: GraphBridgeConfig, target: Target) -> List[str]:

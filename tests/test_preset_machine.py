@@ -32,3 +32,22 @@ def test_driver_names_map_to_preset_kinds():
 def test_validate_judges_a_config_for_an_h100_node():
     cfg = bridge.load(["recipe=llama/llama3_8b", "gpu=h100"])
     assert bridge.validate(cfg, machine=preset_machine("h100", "0.16.1")) == []
+
+
+def test_a_plan_for_an_h100_on_this_cpu_judges_the_h100_node_and_says_in_one_line_why_not_here(cli, tmp_path):
+    result = cli("mode=plan", "recipe=llama/llama3_8b", "gpu=h100", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr  # valid; this machine cannot run it (README: exit 0)
+    lines = result.stdout.splitlines()
+    assert lines[0] == "graphbridge plan: VALID"
+    assert "torch_engine" not in result.stdout and "cuda_device" not in result.stdout
+    assert "cannot run on this machine" not in result.stdout  # no list of this machine's rules
+    judged = next(line for line in lines if line.startswith("  judged:"))
+    assert "megatron engine on a gpu=h100 node (8 x NVIDIA H100" in judged
+    here = [line for line in lines if line.startswith("  here:")]
+    assert len(here) == 1 and "this machine cannot run it: no H100 here" in here[0]
+
+
+def test_the_verdict_line_says_when_the_memory_does_not_fit(cli, tmp_path):
+    result = cli("mode=plan", "recipe=llama/llama3_8b", "gpu=h100", "train.micro_batch_size=4", cwd=tmp_path)
+    assert result.stdout.splitlines()[0].startswith("graphbridge plan: VALID, BUT MEMORY DOES NOT FIT: ~")
+    assert "lower train.micro_batch_size" in result.stdout.splitlines()[0]
