@@ -93,8 +93,8 @@ def check(argv: List[str], config_root: Optional[Path] = None) -> Optional[str]:
     files = list(_yaml_files([own_root])) + _selected_files(user_roots, overrides)
     prints_help = any(arg.split("=", 1)[0] in PRINTS_HELP for arg in argv)
     return (_file_error(files) or (None if own_primary else _primary_error(own_root / "config.yaml"))
-            or _override_error(overrides, [own_root] + user_roots) or long_key_error(overrides)
-            or _recipe_needs_gpu(overrides) or (loop_error(user_roots) if prints_help else None))
+            or _recipe_needs_gpu(overrides) or _override_error(overrides, [own_root] + user_roots)
+            or long_key_error(overrides) or (loop_error(user_roots) if prints_help else None))
 
 
 def _split(argv: List[str]):
@@ -288,9 +288,11 @@ def _override_error(overrides: List[str], roots: List[Path]) -> Optional[str]:
 def _recipe_needs_gpu(overrides: List[str]) -> Optional[str]:
     """A recipe with per-GPU presets picks one by gpu= and precision=; without either (unset, or deleted
     with ~) Hydra fails on the preset named None_<precision>, and on a pair without a preset it prints
-    its search path: one line each instead. A swept precision is left to Hydra."""
+    its search path: one line each instead. A swept precision is left to Hydra. It comes before the
+    tip for a group set to null (write ~gpu), which such a recipe refuses too."""
     choices = dict(override.lstrip("+").split("=", 1) for override in overrides if "=" in override)
     deleted = {override.lstrip("~").split("=")[0] for override in overrides if override.startswith("~")}
+    deleted |= {group for group in ("gpu", "precision") if choices.get(group) == "null"}
     recipe = choices.get("recipe")
     if recipe is None or "," in recipe or not presets(recipe):
         return None

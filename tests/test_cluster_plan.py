@@ -3,6 +3,7 @@ command without Slurm, and the tips a refused plan gives (issue 31)."""
 
 import json
 import os
+import re
 
 import pytest
 
@@ -64,3 +65,12 @@ def test_submitting_without_slurm_is_one_line_naming_the_fix(workload_cli, cli, 
     assert "no srun" in error and "graphbridge-workload: -d" in error
     swept = cli("-m", "mode=plan", "hydra/launcher=submitit_slurm", cwd=tmp_path, env=no_slurm)
     assert swept.returncode == 2 and swept.stderr.count("\n") == 1 and "mode=plan without -m" in swept.stderr
+
+
+@pytest.mark.parametrize("recipe", ["llama/tiny", "llama/llama3_8b"])
+def test_the_tip_for_a_gpu_set_to_null_works_when_followed(cli, tmp_path, recipe):
+    refused = cli("mode=plan", f"recipe={recipe}", "gpu=null", cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    tip = re.search(r"write (~gpu)|one of: (gpu=\w+ precision=\w+)", refused.stderr)
+    followed = cli("mode=plan", f"recipe={recipe}", *(tip[1] or tip[2]).split(), cwd=tmp_path)
+    assert followed.returncode == 0 and "graphbridge plan: VALID" in followed.stdout, followed.stderr
