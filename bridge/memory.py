@@ -77,11 +77,12 @@ from typing import Dict, Optional
 
 from bridge.config.graphs import graph_impl
 from bridge.config.schema import CudaGraphImpl
+from bridge.machine import PRESET_GPUS
 from bridge.translate import padded_vocab_size
 from bridge.validation.model_facts import moe_layer_pattern, recompute_modules
 
 GIB = 2 ** 30
-GPU_MEMORY_GB = {"h100": 80, "h200": 141, "b200": 180, "b300": 288, "gb200": 186, "gb300": 288}
+GPU_MEMORY_GB = {name: gpu.memory_gb for name, gpu in PRESET_GPUS.items()}
 """Memory of each preset GPU in GB (10^9 bytes), as NVIDIA specifies it."""
 USABLE_FRACTION = 0.9
 """What a job may plan to allocate: the rest is the CUDA context, NCCL buffers, fragmentation."""
