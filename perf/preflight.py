@@ -279,7 +279,7 @@ def _override_error(overrides: List[str], roots: List[Path]) -> Optional[str]:
         elif "/" in key:
             error = None
         else:  # a key, set or added (+/++): under the schema it must be one of its fields
-            error = _key_error(key)
+            error = _key_error(key, _group_names(roots))
         if error:
             return error
     return None
@@ -346,7 +346,12 @@ def _choice_error(group: str, override, choices: List[str]) -> Optional[str]:
     return None
 
 
-def _key_error(dotted: str) -> Optional[str]:
+def _group_names(roots: List[Path]) -> List[str]:
+    return sorted({path.name for root in roots if _is_dir(root) for path in root.iterdir() if _is_dir(path)})
+
+
+def _key_error(dotted: str, groups: List[str]) -> Optional[str]:
+    """An unknown key, with the closest field, or at the top level the closest group (cuda_graphs=...)."""
     node = GraphBridgeConfig
     path: List[str] = []
     parts = dotted.split(".")
@@ -355,7 +360,7 @@ def _key_error(dotted: str) -> Optional[str]:
         if fields is None:
             return None  # below a leaf or a free-form node: OmegaConf judges it
         if part not in fields:
-            close = difflib.get_close_matches(part, fields, n=1)
+            close = difflib.get_close_matches(part, [*fields, *(groups if len(parts) == 1 else ())], n=1)
             where = ".".join(path) or "the top level"
             hint = f"; did you mean {'.'.join(path + close + parts[index + 1:])}?" if close else ""
             return f"{dotted}: no key '{part}' in {where}{hint} (graphbridge --cfg job lists every key)"

@@ -20,6 +20,7 @@ is refused (Bridge lets the later one silently decide the recompute granularity)
 """
 
 import argparse
+import difflib
 import os
 import shlex
 import sys
@@ -69,7 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
 def flags_to_overrides(argv: Sequence[str]) -> List[str]:
     """graphbridge's command line for a Bridge-style one: trailing overrides first, then the flags'."""
     parser = build_parser()
-    args = vars(parser.parse_intermixed_args(argv))
+    known, unknown = parser.parse_known_intermixed_args(argv)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}{did_you_mean(parser, unknown)}")
+    args = vars(known)
     overrides = args.pop("overrides")
     for override in overrides:
         if "=" not in override and not override.startswith("~"):
@@ -86,6 +90,13 @@ def flags_to_overrides(argv: Sequence[str]) -> List[str]:
         return overrides + flag_overrides(args)
     except ValueError as error:
         parser.error(str(error))
+
+
+def did_you_mean(parser: argparse.ArgumentParser, unknown: Sequence[str]) -> str:
+    """The flags closest to the unknown ones (argparse abbreviates nothing here, and suggests nothing)."""
+    flags = [name for action in parser._actions for name in action.option_strings]
+    close = [match for word in unknown for match in difflib.get_close_matches(word.split("=")[0], flags, n=1)]
+    return f"; did you mean {' '.join(close)}?" if close else ""
 
 
 def is_mode(override: str) -> bool:

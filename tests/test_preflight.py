@@ -229,6 +229,7 @@ def test_broken_files_the_command_does_not_use_stop_nothing(cli, tmp_path):
 @pytest.mark.parametrize("override, expected", [
     ("+model.cuda_graph_scop=[attn]", "no key 'cuda_graph_scop' in model; did you mean model.cuda_graph_scope?"),
     ("++train.iters=3", "no key 'iters' in train"),
+    ("cuda_graphs=te_attn", "no key 'cuda_graphs' in the top level; did you mean cuda_graph?"),  # a group
     ("+hydra.callbacks.x._target_=os.getcwd", "no callback 'x'; from the command line hydra.callbacks takes "
                                               "graphbridge's own (run_directory, summary)"),
     ("recipe=llama/llama3_8b", "recipe=llama/llama3_8b runs Bridge's per-GPU presets: add gpu= and precision="),

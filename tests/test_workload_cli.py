@@ -312,6 +312,12 @@ def test_dryrun_prints_the_plan_through_the_console_script_and_leaves_no_output(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_misspelled_flag_is_one_line_with_the_flag_meant(workload_cli, tmp_path):
+    result = workload_cli("-m", "llama", "-mr", "tiny", "--num_gpu", "8", "-d", cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "unrecognized arguments: --num_gpu; did you mean --num_gpus?" in result.stderr
+
+
 def test_dryrun_json_plan_keeps_stdout_machine_readable(workload_cli, tmp_path):
     result = workload_cli("--dryrun", "-tp", "2", "-ng", "2", "plan.format=json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
