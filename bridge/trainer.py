@@ -94,22 +94,25 @@ class Trainer:
     def run(self) -> dict:
         """Train; returns the result document (also written to result.json)."""
         status, reason = "completed", None
-        progress = tqdm(range(self.cfg.train.train_iters), unit="step", disable=not self.is_reporting_rank,
+        # Counted by hand, not iterated: tqdm closes (and draws its last line) when its iterator ends, before
+        # the last step's loss arrives from the step clock, so the bar would end one loss behind.
+        progress = tqdm(total=self.cfg.train.train_iters, unit="step", disable=not self.is_reporting_rank,
                         desc=f"{self.engine.name} {self.engine.effective_impl}")
         try:
-            for step in progress:
+            for step in range(self.cfg.train.train_iters):
                 self._queueing = step
                 if self._stop_requested():
                     status, reason = "interrupted", self._interrupt_reason(step)
                     break
                 self._timed_step(progress, step)
+                progress.update()
             self._after_steps(progress, self.clock.finish())
         except (Exception, KeyboardInterrupt) as error:
             status, reason = failure(error, self.failing_step)
             raise
         finally:
-            progress.close()
             result = self._write_result(status, reason)
+            progress.close()  # its last line, into an output pipe that may have closed: after the result
         if self.is_reporting_rank:
             print_summary(result, self.result_path)
         return result

@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -209,3 +210,14 @@ def test_a_job_started_by_hand_is_refused_like_the_plan_refuses_it(small_config,
     result = read_result(job_dir)
     # A valid job this machine cannot run as started: not "invalid".
     assert result["status"] == "cannot_run_here" and [v["rule"] for v in result["violations"]] == ["process_count"]
+
+
+def test_the_progress_bar_ends_on_the_last_steps_loss(cli, read_result, tmp_path):
+    """The step clock hands a step's loss over after the next step is queued: the bar's last line
+    must still show the last step's, as the summary does."""
+    run = tmp_path / "run"
+    result = cli("engine=torch", "model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64",
+                 "train.train_iters=3", f"hydra.run.dir={run}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    shown = re.findall(r"loss=(\d+\.\d+)", result.stderr)
+    assert shown and shown[-1] == f"{read_result(run)['loss'][-1]:.4f}"
