@@ -22,11 +22,15 @@ def build_megatron_configs(cfg: GraphBridgeConfig) -> Dict[str, Any]:
     """TransformerConfig (or MLATransformerConfig), GPTModel arguments, DDP and optimizer configs."""
     import torch
     import torch.nn.functional as F
+    from megatron.core.activations import squared_relu
     from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.fusions.fused_bias_geglu import quick_gelu
     from megatron.core.optimizer import OptimizerConfig
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
-    activations = {"silu": F.silu, "gelu": F.gelu, "quick_gelu": _quick_gelu, "squared_relu": _squared_relu}
+    # megatron-core's own functions: its config checks and fused paths compare activation_func by identity
+    # (bias_activation_fusion with GPT-OSS's quick_gelu was refused at model build with a copy of it).
+    activations = {"silu": F.silu, "gelu": F.gelu, "quick_gelu": quick_gelu, "squared_relu": squared_relu}
     arguments = megatron_arguments(cfg, installed_megatron_core())
     tc_args = dict(arguments["transformer_config"])
     tc_args["activation_func"] = activations[tc_args["activation_func"]]
@@ -44,14 +48,3 @@ def build_megatron_configs(cfg: GraphBridgeConfig) -> Dict[str, Any]:
         "optimizer_config": OptimizerConfig(**arguments["optimizer_config"]),
     }
 
-
-def _quick_gelu(x):
-    import torch
-
-    return x * torch.sigmoid(1.702 * x)
-
-
-def _squared_relu(x):
-    import torch
-
-    return torch.pow(torch.nn.functional.relu(x), 2)
