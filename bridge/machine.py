@@ -32,6 +32,10 @@ PACKAGES = {
     # above that import fails (FileNotFoundError), so megatron-core does not import at all.
     "transformer-engine-python": ("transformer-engine", "transformer_engine"),
     "apex": ("apex", "apex"),
+    # Compiled kernels megatron-core imports by module name when a fusion asks for them (no distribution of
+    # their own: apex, or Megatron-LM's fused kernels, installs them).
+    "apex-fused-weight-gradient": ("fused_weight_gradient_mlp_cuda", "fused_weight_gradient_mlp_cuda"),
+    "fused-softmax": ("scaled_masked_softmax_cuda", "scaled_masked_softmax_cuda"),
 }
 TOOLS = ("nsys",)
 """Programs a run may start the training process under (perf.nsys), looked up on PATH."""

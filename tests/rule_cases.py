@@ -30,6 +30,8 @@ ONE_H100_019 = Machine(gpus=(H100,), packages=PACKAGES_019)
 ONE_B200 = Machine(gpus=(GPU("NVIDIA B200", (10, 0)),), packages=PACKAGES)
 TE_WITHOUT_EXTENSION = Machine(gpus=(H100,), packages={**PACKAGES, "transformer-engine": None,
                                                        "transformer-engine-python": "2.10.0"})
+WITH_APEX_KERNELS = Machine(gpus=(H100,), packages={**PACKAGES, "apex-fused-weight-gradient": "unknown",
+                                                    "fused-softmax": "unknown"})
 WITH_NSYS = Machine(gpus=(H100,), packages=PACKAGES, tools={"nsys": "/opt/nvidia/nsight-systems/bin/nsys"})
 
 MOE = {"model.num_moe_experts": 8, "model.moe_router_topk": 2, "model.moe_ffn_hidden_size": 128}
@@ -37,6 +39,8 @@ DROP_AND_PAD = {"model.moe_expert_capacity_factor": 1.0, "model.moe_pad_expert_i
 EP_OVERLAP = {**MOE, "model.expert_model_parallel_size": 2, "train.num_gpus": 2,
               "model.moe_token_dispatcher_type": "alltoall", "model.overlap_moe_expert_parallel_comm": True}
 PP2 = {"model.pipeline_model_parallel_size": 2, "train.num_gpus": 2}
+MLA = {"model.multi_latent_attention": True, "model.kv_lora_rank": 32, "model.qk_head_dim": 16,
+       "model.qk_pos_emb_head_dim": 8, "model.v_head_dim": 16}
 FULL_RECOMPUTE = {"model.recompute_granularity": "full", "model.recompute_method": "uniform",
                   "model.recompute_num_layers": 1}
 
@@ -290,6 +294,12 @@ RULE_CASES.update({
                                 Case({"model.fp8": "e4m3", "model.fp8_recipe": "mxfp8"}, machine=ONE_B200)),
     "transformer_engine_extension": (Case({"engine": "megatron"}, machine=TE_WITHOUT_EXTENSION),
                                      Case({"engine": "megatron"}, machine=NO_TE)),
+    "mla_needs_te_spec": (Case({**MLA, "model.transformer_impl": "local"}), Case(MLA)),
+    "compiled_kernels": (Case({"model.gradient_accumulation_fusion": True}),
+                         Case({"model.gradient_accumulation_fusion": True}, machine=WITH_APEX_KERNELS)),
+    "bias_activation_fusion": (
+        Case({"model.bias_activation_fusion": True, "model.activation_func": "squared_relu"}, megatron=True),
+        Case({"model.bias_activation_fusion": True, "model.activation_func": "gelu"}, megatron=True)),
     "router_topk_one": (Case({**MOE, "model.moe_router_topk": 1}, megatron=True),
                         Case({**MOE, "model.moe_router_topk": 1, "model.moe_router_pre_softmax": True}, megatron=True)),
 })
@@ -371,6 +381,12 @@ EXTRA_REJECTS = {
     "quantized_precision_gpu": [Case({"model.fp4": "e2m1"}),
                                 Case({"model.fp8": "e4m3", "model.fp8_recipe": "blockwise"},
                                      machine=Machine(gpus=(GPU("NVIDIA L40S", (8, 9)),), packages=PACKAGES))],
+    "compiled_kernels": [Case({"model.masked_softmax_fusion": True, "model.transformer_impl": "local"})],
+    "bias_activation_fusion": [
+        Case({"model.bias_activation_fusion": True, "model.activation_func": "silu", "model.gated_linear_unit": False}),
+        Case({"model.bias_activation_fusion": True, "model.activation_func": "quick_gelu"}),
+        Case({"model.bias_activation_fusion": True, "model.activation_func": "gelu", "model.gated_linear_unit": False},
+             megatron=True)],
     "persist_layer_norm_apex": [Case({"model.persist_layer_norm": True}, machine=NO_TE)],
     "nccl_graph_register": [Case({**te("attn"), "env_vars.PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
                                   "workload.gpu": "b200"})],

@@ -190,6 +190,21 @@ def attention_variant_needs_te_spec(cfg, target):
     return None
 
 
+@rule("mla_needs_te_spec", engine="megatron",
+      rejects="multi-latent attention (`model.multi_latent_attention=true`) with megatron-core's local layer spec",
+      fix="`model.transformer_impl=transformer_engine`")
+def mla_needs_te_spec(cfg, target):
+    # MLA hands its core attention k_channels, which only TE's attention takes (0.16.1 and 0.19.2): deepseek/tiny
+    # with model.transformer_impl=local failed so at model build on an H100 (TypeError ... 'k_channels').
+    if cfg.model.multi_latent_attention and cfg.model.transformer_impl != "transformer_engine":
+        return violation(
+            "mla_needs_te_spec", ["model.multi_latent_attention", "model.transformer_impl"],
+            "megatron-core builds multi-latent attention only with Transformer Engine's core attention (its local "
+            "one takes no k_channels); set model.transformer_impl=transformer_engine",
+        )
+    return None
+
+
 @rule("yarn_rounding_mla", engine="megatron",
       rejects="`model.yarn_correction_range_round_to_int=false` with multi-latent attention, whose YaRN always rounds",
       fix="`model.yarn_correction_range_round_to_int=true`, or a model without MLA")

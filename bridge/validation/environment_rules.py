@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Callable, List, Tuple
 
 from bridge.config.schema import Device, EngineChoice
-from bridge.machine import version_tuple
+from bridge.machine import PACKAGES, version_tuple
 from bridge.translate.versions import RELEASES, SUPPORTED, release
 from bridge.validation.graph_facts import IMPL, MODULES, TE, impl_of
 from bridge.validation.registry import rule, violation
@@ -131,6 +131,8 @@ TRANSFORMER_ENGINE_NEEDS = (
     TransformerEngineNeed("delay_wgrad_compute with graphed attention", ("model.delay_wgrad_compute", MODULES),
                           "2.12", lambda cfg: cfg.model.delay_wgrad_compute and impl_of(cfg) == TE
                           and (not cfg.model.cuda_graph_modules or "attn" in cfg.model.cuda_graph_modules)),
+    TransformerEngineNeed("multi-latent attention (model.multi_latent_attention)", ("model.multi_latent_attention",),
+                          "2.9", lambda cfg: cfg.model.multi_latent_attention),
     TransformerEngineNeed("the fused MoE token permutation", ("model.moe_permute_fusion",), "2.1",
                           lambda cfg: cfg.model.moe_permute_fusion),
     TransformerEngineNeed("activation offloading to the CPU", ("model.cpu_offloading",), "2.9",
@@ -278,3 +280,48 @@ def transformer_engine_extension(cfg, target):
                      "PyTorch extension (transformer_engine_torch), and megatron-core fails to import when it finds "
                      f"the package; pip install '{extra}' for the extension, or pip uninstall transformer-engine (the "
                      "local layer spec then trains), or engine=torch")
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    """A fused kernel megatron-core imports from a compiled extension (apex's, or Megatron-LM's own) when a
+    setting asks for it, and fails without at the first forward pass."""
+
+    package: str
+    """bridge.machine.PACKAGES key of the extension module."""
+    what: str
+    keys: Tuple[str, ...]
+    asked: Callable[[object, object], bool]
+
+
+def builds_local_spec(cfg, target) -> bool:
+    return cfg.model.transformer_impl == "local" or not target.machine.has("transformer-engine")
+
+
+COMPILED_KERNELS = (
+    # megatron-core's own linear layers (the output layer on the TE spec too) fuse the weight-gradient
+    # accumulation with apex's kernel.
+    CompiledKernel("apex-fused-weight-gradient", "model.gradient_accumulation_fusion=true",
+                   ("model.gradient_accumulation_fusion",), lambda cfg, target: cfg.model.gradient_accumulation_fusion),
+    # The local spec's attention fuses scale, mask and softmax; TE's attention has its own.
+    CompiledKernel("fused-softmax", "model.masked_softmax_fusion=true on the local layer spec",
+                   ("model.masked_softmax_fusion", "model.transformer_impl"),
+                   lambda cfg, target: cfg.model.masked_softmax_fusion and builds_local_spec(cfg, target)),
+)
+
+
+@rule("compiled_kernels", environment=True,
+      rejects="fusions whose compiled kernels this machine lacks: `model.gradient_accumulation_fusion=true` without "
+              "apex's fused_weight_gradient_mlp_cuda, `model.masked_softmax_fusion=true` on the local spec without "
+              "scaled_masked_softmax_cuda",
+      fix="turn the fusion off (`model.gradient_accumulation_fusion=false`, `model.masked_softmax_fusion=false` or "
+          "`model.transformer_impl=transformer_engine`), or install apex with its CUDA extensions")
+def compiled_kernels(cfg, target):
+    if target.engine != "megatron":
+        return None
+    missing = [kernel for kernel in COMPILED_KERNELS if kernel.asked(cfg, target) and not target.machine.has(kernel.package)]
+    return [violation("compiled_kernels", list(kernel.keys),
+                      f"{kernel.what} needs the compiled kernel module {PACKAGES[kernel.package][1]}, which is not "
+                      "installed here (megatron-core fails at the first forward pass without it); set "
+                      f"{kernel.keys[0]}=false, or install apex with its CUDA extensions")
+            for kernel in missing]

@@ -2,7 +2,7 @@
 past: each one would otherwise surface as a bare exception in the training process."""
 
 from bridge.translate.versions import in_range
-from bridge.validation.model_facts import is_moe_model
+from bridge.validation.model_facts import has_dense_layers, is_moe_model
 from bridge.validation.registry import rule, violation
 
 
@@ -225,3 +225,37 @@ def gated_delta_net_layout(cfg, target):
             "keep full attention; set model.linear_attention_freq=4 (every 4th layer, as Qwen3-Next) or a 0/1 list",
         )
     return None
+
+
+@rule("bias_activation_fusion", engine="megatron",
+      rejects="`model.bias_activation_fusion=true` with an activation megatron-core has no fused kernel for: other "
+              "than gelu, swiglu (gated silu) and gated quick_gelu; non-gated gelu without biases; a GLU offset "
+              "without quick_gelu; quick_gelu in a dense MLP or shared expert",
+      fix="`model.bias_activation_fusion=false`")
+def bias_activation_fusion(cfg, target):
+    model = cfg.model
+    if not model.bias_activation_fusion:
+        return None
+    activation, gated = model.activation_func, model.gated_linear_unit
+    problems = []
+    # TransformerConfig's own checks (0.16.1 and 0.19.2).
+    if activation not in ("gelu", "silu", "quick_gelu"):
+        problems.append(f"it fuses gelu, swiglu and quick_geglu, not {activation}")
+    if activation == "gelu" and not gated and not model.add_bias_linear:
+        problems.append("non-gated gelu fuses only with biases (model.add_bias_linear=true)")
+    if activation == "quick_gelu" and not gated:
+        problems.append("quick_gelu fuses only gated (model.gated_linear_unit=true)")
+    if model.glu_linear_offset and activation != "quick_gelu":
+        problems.append("a GLU offset (model.glu_linear_offset) fuses only with quick_gelu")
+    # What the MLP's forward pass raises: non-gated silu, and quick_gelu outside the experts (the experts pass
+    # their routing probabilities to the fused quick_geglu; a dense MLP or a shared expert has none).
+    if activation == "silu" and not gated:
+        problems.append("silu fuses only gated (swiglu)")
+    dense_mlp = not is_moe_model(model) or has_dense_layers(model) or model.moe_shared_expert_intermediate_size
+    if activation == "quick_gelu" and gated and dense_mlp:
+        problems.append("quick_geglu fuses only inside MoE experts, and this model has a dense MLP or shared expert")
+    if not problems:
+        return None
+    return violation("bias_activation_fusion", ["model.bias_activation_fusion", "model.activation_func"],
+                     f"megatron-core cannot fuse this bias and activation: {'; '.join(problems)}; set "
+                     "model.bias_activation_fusion=false")
