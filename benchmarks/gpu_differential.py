@@ -46,6 +46,9 @@ LOSS_TOLERANCE = 0.02
 """Largest relative gap, at any of the first STEPS steps, between a graphed run's loss and its eager twin's.
 A graph that replays stale inputs or skips an update leaves its twin by far more; rounding (graphs and eager
 kernels sum in other orders) by far less over six steps."""
+RESOURCE_ERRORS = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "ncclUnhandledCudaError", "EADDRINUSE")
+"""Failures of one run among --workers on one GPU whose cause is the others: memory taken by them, or a port
+another run took. A run that fails so is trained once more, and counts by that second attempt."""
 ACCEPTED, BYPASS, EAGER_TWIN, WITNESS = "accepted", "bypass", "eager_twin", "witness"
 SELECTIVE = "model.recompute_granularity=selective"
 DROP_AND_PAD = ("model.moe_expert_capacity_factor=1.0", "model.moe_pad_expert_input_to_capacity=true")
@@ -100,6 +103,9 @@ class Run:
     error: Optional[str] = None
     losses: List[float] = field(default_factory=list)
     seconds: Optional[float] = None
+    peak_reserved_gb: Optional[float] = None
+    retried_after: Optional[str] = None
+    """The first attempt's error, when it was the GPU's resources shared with the other runs (RESOURCE_ERRORS)."""
 
 
 def plan_verdict(overrides: List[str]) -> Dict[str, object]:
@@ -163,8 +169,18 @@ def witnesses(first_index: int) -> List[Run]:
 
 
 def train(run: Run, workdir: Path) -> Run:
+    """Train ``run`` (a second time when the first attempt failed for want of the GPU's shared resources)."""
+    attempt(run, workdir)
+    if run.status != "completed" and any(text in (run.error or "") for text in RESOURCE_ERRORS):
+        run.retried_after, run.status = run.error, None
+        attempt(run, workdir, retry=True)
+    return run
+
+
+def attempt(run: Run, workdir: Path, retry: bool = False) -> None:
     """Train ``run`` in its own directory and read its result.json."""
-    run_dir = workdir / f"run{run.index}"
+    name = f"run{run.index}{'_retry' if retry else ''}"
+    run_dir = workdir / name
     start = time.monotonic()
     if run.unchecked_rules:
         import bridge
@@ -174,8 +190,10 @@ def train(run: Run, workdir: Path) -> Run:
         command = [*UNCHECKED, str(run_dir), ",".join(run.unchecked_rules)]
     else:
         command = [*GRAPHBRIDGE, *run.overrides, f"hydra.run.dir={run_dir}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1"}
-    with open(workdir / f"run{run.index}.log", "w") as log:
+    # Each run its own rendezvous port: ports picked free by concurrent processes collided (EADDRINUSE).
+    port = 20000 + 2 * run.index + retry
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1", "MASTER_PORT": str(port)}
+    with open(workdir / f"{name}.log", "w") as log:
         try:
             subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -186,9 +204,9 @@ def train(run: Run, workdir: Path) -> Run:
         if result_file.exists():
             result = json.loads(result_file.read_text())
             run.status, run.error, run.losses = result.get("status"), result.get("reason"), result.get("loss", [])
+            run.peak_reserved_gb = (result.get("memory") or {}).get("peak_reserved_gb")
         else:
-            run.status, run.error = "failed", last_line(workdir / f"run{run.index}.log")
-    return run
+            run.status, run.error = "failed", last_line(workdir / f"{name}.log")
 
 
 def last_line(log: Path) -> str:
@@ -267,7 +285,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--count", type=int, default=700, help="configurations drawn")
-    parser.add_argument("--workers", type=int, default=12, help="runs sharing the GPU at once")
+    parser.add_argument("--workers", type=int, default=10, help="runs sharing the GPU at once")
     parser.add_argument("--bypass-per-rule", type=int, default=2, help="refused runs trained unchecked, per rule")
     parser.add_argument("--eager-twins", type=int, default=30)
     parser.add_argument("--witnesses", action="store_true", help="first train WITNESS_CASES, rules unasked")
