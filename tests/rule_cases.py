@@ -398,3 +398,23 @@ EXTRA_REJECTS = {
                         Case({"model.inference_cuda_graph_scope": "block"}, machine=V19)],
     "static_shapes": [Case({**te("mlp"), "dataset.packed_sequence": True, "dataset.pad_to_max_length": False})],
 }
+
+
+@dataclass(frozen=True)
+class GpuWitness:
+    """The GPU run that justified a rule refusing on GPU grounds: a record of the GPU differential under
+    benchmarks/results/ (its command, GPU and versions in its summary), the run's index in it, and a fragment
+    of the error the run ended with."""
+
+    record: str
+    run: int
+    error: str
+
+
+FIRST_DIFFERENTIAL = "h100/mcore-0.16.1/gpu_differential_610e521.json"
+GPU_WITNESSES = {
+    "quantized_precision_gpu": GpuWitness(FIRST_DIFFERENTIAL, 600, "compute capability 10.0 or higher required for MXFP8"),
+    "shared_expert_bias": GpuWitness(FIRST_DIFFERENTIAL, 615, "bias is not supported in the shared experts"),
+    "mla_needs_te_spec": GpuWitness(FIRST_DIFFERENTIAL, 354, "unexpected keyword argument 'k_channels'"),
+    "compiled_kernels": GpuWitness(FIRST_DIFFERENTIAL, 35, "fused_weight_gradient_mlp_cuda module is not found"),
+}

@@ -1,14 +1,19 @@
 """Every rule of the catalogue has a reject test and an accept test, a message that names the fix,
 and a row in the README."""
 
+import json
 from pathlib import Path
 
 import pytest
 import rule_table
 from sections import with_section
 
+import bridge
+from bridge.machine import Machine
 from bridge.validation import RULES, resolve_target, validate
-from tests.rule_cases import EXTRA_REJECTS, RULE_CASES, build, fired
+from tests.rule_cases import EXTRA_REJECTS, GPU_WITNESSES, H100, RULE_CASES, build, fired
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 
 def test_every_rule_has_cases():
@@ -71,3 +76,17 @@ def test_a_value_of_the_wrong_type_holds_back_the_rules_that_would_read_it(cli, 
     assert result.returncode == 2 and "Traceback" not in result.stderr
     violations = [line for line in result.stderr.splitlines() if line.startswith("  [")]
     assert len(violations) == 1 and violations[0].startswith("  [config_types]"), result.stderr
+
+
+@pytest.mark.parametrize("rule", sorted(GPU_WITNESSES))
+def test_a_gpu_witness_is_refused_by_its_rule(rule):
+    """The recorded run failed with the recorded error, and its overrides are what the rule refuses now on the
+    machine it ran on (one H100 with the record's megatron-core and Transformer Engine)."""
+    witness = GPU_WITNESSES[rule]
+    record = json.loads((RESULTS / witness.record).read_text())
+    run = next(run for run in record["runs"] if run["index"] == witness.run)
+    assert run["status"] == "failed" and witness.error in run["error"]
+    versions = record["summary"]
+    machine = Machine(gpus=(H100,), packages={"torch": "2.11.0", "megatron-core": versions["megatron_core"],
+                                              "transformer-engine": versions["transformer_engine"]})
+    assert rule in {violation.rule for violation in bridge.plan(run["overrides"], machine=machine).violations}
