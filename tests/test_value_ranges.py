@@ -22,6 +22,7 @@ OPEN = {
     "model.window_size": "(left, right) attention window, -1 is unbounded",
     "model.expert_tensor_parallel_size": "positive_sizes",
     "workload.preset_num_gpus": "positive_sizes",
+    "workload.gpus_per_node": "positive_sizes",
     "optimizer.lr": "lr_schedule",
     "optimizer.min_lr": "lr_schedule",
 }

@@ -56,7 +56,7 @@ def config_types(cfg, target):
       fix='1 or more')
 def positive_sizes(cfg, target):
     keys = [key for key in POSITIVE if _get(cfg, key) < 1]
-    optional = ("model.expert_tensor_parallel_size", "workload.preset_num_gpus")
+    optional = ("model.expert_tensor_parallel_size", "workload.preset_num_gpus", "workload.gpus_per_node")
     keys += [key for key in optional if _get(cfg, key) is not None and _get(cfg, key) < 1]
     return [
         violation("positive_sizes", [key], f"{key}={_get(cfg, key)} must be at least 1; set {key}=1 or more")
