@@ -52,12 +52,13 @@ def app(composed: DictConfig) -> None:
     # Unresolved: an override's text may hold an interpolation ("train.train_iters=${oops}").
     job = job_record(OmegaConf.to_container(hydra_cfg.runtime.choices, resolve=False),
                      OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False))
+    label = job_label(hydra_cfg) if multirun else ""
     try:
         plan = build_plan(prepare(composed))
     except OmegaConfBaseException as error:  # an interpolation that resolves to nothing or to the wrong type
-        refuse_unresolvable(error, composed, job_dir, job, multirun)
+        refuse_unresolvable(error, composed, job_dir, job, label)
         return
-    report_violations(plan)
+    report_violations(plan, label)
     if plan.config.mode == Mode.plan:  # the plan itself carries its notes
         shown = rendered(plan)
         if shown is not None:
@@ -78,14 +79,14 @@ def app(composed: DictConfig) -> None:
 
 
 def refuse_unresolvable(error: OmegaConfBaseException, composed: DictConfig, job_dir: Path, job: dict,
-                        multirun: bool) -> None:
-    """One line and exit 2; in a sweep the job is refused like one that breaks a rule (a training
-    sweep's summary lists it) and the sweep goes on with its other jobs."""
+                        label: str) -> None:
+    """One line and exit 2; in a sweep (``label`` names the job) the job is refused like one that breaks
+    a rule (a training sweep's summary lists it) and the sweep goes on with its other jobs."""
     key = getattr(error, "full_key", None)
     fix = "give it a value of its type, or an interpolation that resolves to one"
     violation = Violation("resolvable", [key] if key else [], f"{str(error).splitlines()[0]}; {fix}")
-    print(f"graphbridge: {key + ': ' if key else ''}{violation.message}", file=sys.stderr)
-    if not multirun:
+    print(f"graphbridge: {label}{key + ': ' if key else ''}{violation.message}", file=sys.stderr)
+    if not label:
         sys.exit(INVALID)
     if OmegaConf.select(composed, "mode", throw_on_resolution_failure=False) != Mode.plan.value:
         write_invalid_result(job_dir, [violation], job)
@@ -111,14 +112,22 @@ def show(text: str) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def report_violations(plan) -> None:
+def job_label(hydra_cfg) -> str:
+    """Which job of a sweep a block on stderr belongs to: its number and overrides, as Hydra lists them."""
+    return f"job {hydra_cfg.job.num} ({' '.join(hydra_cfg.overrides.task)}): "
+
+
+def report_violations(plan, label: str = "") -> None:
     """Every problem at once on stderr: the config's, then (for a run, which refuses them too; a
-    plan shows them in itself) this machine's. A run's job log keeps them too; a plan writes nothing."""
+    plan shows them in itself) this machine's. A run's job log keeps them too; a plan writes nothing.
+    In a sweep ``label`` names the job, whose blocks would otherwise be told apart by position only."""
     train = plan.config.mode == Mode.train
     if plan.config_violations:
-        echo("invalid configuration:\n" + "\n".join(f"  {v}" for v in plan.config_violations), sys.stderr, logged=train)
+        echo(f"{label}invalid configuration:\n" + "\n".join(f"  {v}" for v in plan.config_violations), sys.stderr,
+             logged=train)
     if plan.machine_violations and train:
-        echo("cannot run on this machine:\n" + "\n".join(f"  {v}" for v in plan.machine_violations), sys.stderr)
+        echo(f"{label}cannot run on this machine:\n" + "\n".join(f"  {v}" for v in plan.machine_violations),
+             sys.stderr)
 
 
 def main() -> None:

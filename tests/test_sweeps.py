@@ -58,6 +58,10 @@ def test_a_plan_sweep_with_an_invalid_job_plans_every_job_and_exits_2(cli, tmp_p
     assert result.returncode == 2, result.stderr  # a script gating on a plan sweep must see the invalid jobs
     verdicts = [line for line in result.stdout.splitlines() if line.startswith("graphbridge plan:")]
     assert len(verdicts) == 4 and sum("INVALID" in verdict for verdict in verdicts) == 2
+    # Each block on stderr names its job: the invalid ones are the two with a warmup of -1.
+    headings = [line for line in result.stderr.splitlines() if line.endswith("invalid configuration:")]
+    assert headings == [f"job {number} (mode=plan cuda_graph={choice} model.cuda_graph_warmup_steps=-1): invalid "
+                        "configuration:" for number, choice in ((0, "none"), (2, "te_attn"))]
 
 
 def test_a_job_whose_override_does_not_resolve_is_refused_and_the_sweep_goes_on(cli, tmp_path):
@@ -65,7 +69,9 @@ def test_a_job_whose_override_does_not_resolve_is_refused_and_the_sweep_goes_on(
     result = cli("-m", *TINY, "engine=torch", "train.global_batch_size=${oops},2", "train.train_iters=2",
                  "perf.warmup_steps=1", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
     assert result.returncode == 2, result.stderr
-    assert "graphbridge: train.global_batch_size: Interpolation key 'oops' not found; give it a value" in result.stderr
+    [refusal] = [line for line in result.stderr.splitlines() if "Interpolation key 'oops' not found" in line]
+    assert refusal.startswith("graphbridge: job 0 (") and "train.train_iters=2" in refusal
+    assert "): train.global_batch_size: Interpolation key 'oops' not found; give it a value" in refusal
     rows = read_summary(sweep_dir)
     assert [row["status"] for row in rows] == ["invalid", "completed"]
     assert rows[0]["note"].startswith("[resolvable] train.global_batch_size: Interpolation key 'oops' not found")
