@@ -27,7 +27,7 @@ from bridge.config.store import register
 from bridge.planning import build_plan
 from bridge.prepare import prepare
 from bridge.result import write_invalid_result
-from bridge.validation.violation import Violation
+from bridge.validation.registry import violation
 from perf import bridge_config, callbacks
 from perf.bridge_config_export import to_yaml
 from perf.errors import one_line_errors
@@ -84,12 +84,13 @@ def refuse_unresolvable(error: OmegaConfBaseException, composed: DictConfig, job
     a rule (a training sweep's summary lists it) and the sweep goes on with its other jobs."""
     key = getattr(error, "full_key", None)
     fix = "give it a value of its type, or an interpolation that resolves to one"
-    violation = Violation("resolvable", [key] if key else [], f"{str(error).splitlines()[0]}; {fix}")
-    print(f"graphbridge: {label}{key + ': ' if key else ''}{violation.message}", file=sys.stderr)
+    # Built as the catalogue builds its violations; no rule can judge it, since the rules read a resolved config.
+    refused = violation("resolvable", [key] if key else [], f"{str(error).splitlines()[0]}; {fix}")
+    print(f"graphbridge: {label}{key + ': ' if key else ''}{refused.message}", file=sys.stderr)
     if not label:
         sys.exit(INVALID)
     if OmegaConf.select(composed, "mode", throw_on_resolution_failure=False) != Mode.plan.value:
-        write_invalid_result(job_dir, [violation], job)
+        write_invalid_result(job_dir, [refused], job)
     callbacks.refused_job()
 
 

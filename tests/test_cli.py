@@ -137,3 +137,11 @@ def test_the_schema_reference_documents_every_key_and_is_up_to_date():
     reference = (ROOT / "docs" / "schema.md").read_text()
     assert with_section(reference, "schema", schema_reference.markdown()) == reference, (
         "docs/schema.md is out of date: run python scripts/schema_reference.py")
+
+
+def test_only_the_rule_catalogue_builds_violations():
+    """A violation made elsewhere would bypass the catalogue's shape (rule name, keys, message); the
+    command line's own refusals use its helper (bridge.validation.registry.violation)."""
+    outside = [path for folder in ("bridge", "perf") for path in (ROOT / folder).rglob("*.py")
+               if "validation" not in path.parts and "Violation(" in path.read_text()]
+    assert outside == []
