@@ -4,9 +4,6 @@ structure, every cuda_graph choice), recipes without presets, and the two CLI pl
 issue names."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -20,7 +17,6 @@ from bridge.recipes import presets, recipe_names
 from bridge.translate import build_megatron_configs
 from bridge.validation.model_facts import moe_layer_pattern
 
-REPO = Path(__file__).resolve().parents[1]
 
 RECIPES = {
     "llama/tiny", "llama/llama32_1b", "llama/llama3_8b", "llama/llama3_8b_sft", "llama/llama3_8b_lora",
@@ -231,15 +227,14 @@ def test_tiny_recipes_under_every_cuda_graph_choice(composed, recipe):
 
 # --- the plans the issue names, through the real CLI -----------------------------------------
 
-def _plan_json(*overrides):
-    done = subprocess.run([sys.executable, "-c", "from perf.main import main; main()", "mode=plan",
-                           "plan.format=json", *overrides], capture_output=True, text=True, cwd=REPO, timeout=120)
+def _plan_json(cli, cwd, *overrides):
+    done = cli("mode=plan", "plan.format=json", *overrides, cwd=cwd, timeout=120)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout[done.stdout.index("{"):])
 
 
-def test_cli_plan_qwen3_30b_on_gb200():
-    plan = _plan_json("recipe=qwen/qwen3_30b_a3b", "gpu=gb200", "precision=bf16")
+def test_cli_plan_qwen3_30b_on_gb200(cli, tmp_path):
+    plan = _plan_json(cli, tmp_path, "recipe=qwen/qwen3_30b_a3b", "gpu=gb200", "precision=bf16")
     assert plan["valid"]
     assert plan["graphs"]["impl"] == "transformer_engine"
     assert plan["graphs"]["modules"] == ["attn", "moe_router", "moe_preprocess"]
@@ -248,8 +243,8 @@ def test_cli_plan_qwen3_30b_on_gb200():
     assert plan["config"]["train"]["global_batch_size"] == 512
 
 
-def test_cli_plan_llama3_8b_on_b200():
-    plan = _plan_json("recipe=llama/llama3_8b", "gpu=b200", "precision=bf16")
+def test_cli_plan_llama3_8b_on_b200(cli, tmp_path):
+    plan = _plan_json(cli, tmp_path, "recipe=llama/llama3_8b", "gpu=b200", "precision=bf16")
     assert plan["valid"]
     assert plan["graphs"]["impl"] == "full_iteration"
     assert plan["megatron"]["transformer_config"]["cuda_graph_scope"] == ["full_iteration"]

@@ -14,7 +14,6 @@ from omegaconf import OmegaConf
 from perf.callbacks import SummaryCallback
 from perf.report import build_summary, expected_gain, main, write_summary
 
-REPORT = str(Path(sys.executable).with_name("graphbridge-report"))
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -176,9 +175,9 @@ def test_a_cpu_sweep_without_memory_data_still_plots(tmp_path):
     assert read_rows(sweep)[1]["peak_allocated_gb"] == ""
 
 
-def test_console_script_rebuilds_the_summary_and_prints_the_table(scope_sweep):
-    result = subprocess.run([REPORT, str(scope_sweep)], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "COLUMNS": "250"})  # wide enough for whole cells
+def test_console_script_rebuilds_the_summary_and_prints_the_table(report_cli, scope_sweep):
+    result = report_cli(str(scope_sweep), cwd=scope_sweep, timeout=120,
+                        env={**os.environ, "COLUMNS": "250"})  # wide enough for whole cells
     assert result.returncode == 0, result.stderr
     assert "CUDA graphs: llama/tiny" in result.stdout and "[engine_impl]" in result.stdout
     assert "summary.png" in result.stdout
@@ -186,13 +185,13 @@ def test_console_script_rebuilds_the_summary_and_prints_the_table(scope_sweep):
 
 @pytest.mark.parametrize("layout,message", [("empty", "is not a sweep directory"), ("started", "no jobs under"),
                                             ("absent", "is not a directory")])
-def test_console_script_refuses_a_directory_without_jobs(tmp_path, layout, message):
+def test_console_script_refuses_a_directory_without_jobs(report_cli, tmp_path, layout, message):
     directory = tmp_path / "sweep"
     if layout != "absent":
         directory.mkdir()
     if layout == "started":  # Hydra began the sweep, and no job got as far as its record
         (directory / "multirun.yaml").write_text("hydra:\n  mode: MULTIRUN\n")
-    result = subprocess.run([REPORT, str(directory)], capture_output=True, text=True, timeout=120)
+    result = report_cli(str(directory), cwd=tmp_path, timeout=120)
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert message in result.stderr and "Traceback" not in result.stderr
 

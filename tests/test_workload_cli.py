@@ -11,7 +11,6 @@ import bridge
 from perf.bridge_flags import FLAGS, VALID_CUDA_GRAPH_SCOPES
 from perf.workload import build_parser, flags_to_overrides
 
-WORKLOAD = str(Path(sys.executable).with_name("graphbridge-workload"))
 
 # One row per mapped flag (and per distinct meaning of its values): argv -> the overrides it adds.
 FLAG_CASES = [

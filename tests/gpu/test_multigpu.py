@@ -126,14 +126,12 @@ def test_graphs_under_parallelism_train_like_eager(case, multigpu_jobs):
         assert rank["graph_count_after_close"] == 0 and rank["megatron_state_clean"]
 
 
-def test_the_cli_trains_on_two_gpus_and_rank_zero_reports(tmp_path):
+def test_the_cli_trains_on_two_gpus_and_rank_zero_reports(cli, tmp_path):
     if not HAVE_TE:
         pytest.skip("needs Transformer Engine")
     job_dir = tmp_path / "job"
-    done = subprocess.run(
-        [sys.executable, "-m", "perf.main", "recipe=llama/tiny", "cuda_graph=full_iteration", *DP2,
-         f"train.train_iters={STEPS}", f"hydra.run.dir={job_dir}"],
-        cwd=ROOT, env=job_environment(FIRST_PORT + 40), capture_output=True, text=True, timeout=600)
+    done = cli("recipe=llama/tiny", "cuda_graph=full_iteration", *DP2, f"train.train_iters={STEPS}",
+               f"hydra.run.dir={job_dir}", cwd=ROOT, env=job_environment(FIRST_PORT + 40), timeout=600)
     assert done.returncode == 0, done.stderr[-6000:]
     result = json.loads((job_dir / "result.json").read_text())
     assert result["status"] == "completed" and result["graph_count"] == 1
