@@ -45,7 +45,7 @@ def main(argv: Sequence[str]) -> NoReturn:
     except BridgeConfigError as error:
         print(f"graphbridge: {KEY}={error}", file=sys.stderr)
         sys.exit(2)
-    print(f"graphbridge {shlex.join(expanded)}", file=sys.stderr, flush=True)
+    print(echo(argv, expanded), file=sys.stderr, flush=True)
     # -P keeps the working directory off the module path, as graphbridge-workload does.
     os.execv(sys.executable, [sys.executable, "-P", "-m", "perf.main", *expanded])
 
@@ -67,7 +67,19 @@ def expand(argv: Sequence[str]) -> List[str]:
     if "model.cuda_graph_impl" in replaced:
         replaced.update(GRAPH_KEYS)
     kept = [override for override in imported.overrides if override.split("=", 1)[0] not in replaced]
-    return [*argv[:place], *kept, *argv[place + 1:]]
+    # A gpu= typed anywhere wins over the file's (Hydra refuses two choices of one group).
+    typed = {override.lstrip("+").split("=", 1)[0] for override in _overrides_only(argv)}
+    planned = [override for override in imported.planned_for if override.split("=", 1)[0] not in typed]
+    return [*argv[:place], *planned, *kept, *argv[place + 1:]]
+
+
+def echo(argv: Sequence[str], expanded: Sequence[str]) -> str:
+    """The command that runs, with the file's overrides counted rather than listed: a preset's file gives
+    hundreds (``graphbridge --cfg job`` with the same arguments shows the config they make)."""
+    place = next(index for index, arg in enumerate(argv) if arg.startswith(f"{KEY}="))
+    count = len(expanded) - len(argv) + 1
+    folded = f"<{count} overrides from {argv[place].split('=', 1)[1]}>"
+    return " ".join(["graphbridge", *map(shlex.quote, argv[:place]), folded, *map(shlex.quote, argv[place + 1:])])
 
 
 def grouped(paths: Iterable[str]) -> str:

@@ -23,7 +23,7 @@ import yaml
 from bridge.config.schema import CudaGraphImpl, GraphBridgeConfig
 from bridge.translate.arguments import MLA_FIELDS
 from bridge.translate.versions import RELEASES
-from perf.bridge_config_fields import ACTIVATION_TARGETS, CONTAINER, PROVIDERS, SAME_NAME, YARN
+from perf.bridge_config_fields import ACTIVATION_TARGETS, CONTAINER, PLANNED_FOR, PROVIDERS, SAME_NAME, YARN
 
 BRIDGE_MEGATRON_CORE = "0.16.1"
 """The megatron-core release Bridge 0.3.1 runs on: its CUDA-graph spelling is the export's."""
@@ -44,12 +44,22 @@ MLA_ONLY = tuple(name for name in MLA_FIELDS if name not in ("rotary_base", "rot
 """MLATransformerConfig's own fields; a GPT provider has the rotary ones too."""
 DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}
 HEADER = ("# Megatron-Bridge 0.3.1 ConfigContainer, written by graphbridge (mode=plan plan.format=bridge).\n"
-          "# Replay in Bridge: pretrain(ConfigContainer.from_yaml(<this file>), forward_step).\n")
+          "# Replay in Bridge: pretrain(ConfigContainer.from_yaml(<this file>), forward_step).\n"
+          "# A '# graphbridge:' line says what graphbridge planned it for; graphbridge bridge_config= reads it.\n")
 
 
 def to_yaml(cfg: GraphBridgeConfig) -> str:
     notes = "".join(f"# {note}\n" for note in not_carried(cfg))
-    return HEADER + notes + yaml.safe_dump(container(cfg), default_flow_style=False, sort_keys=False)
+    return HEADER + planned_for(cfg) + notes + yaml.safe_dump(container(cfg), default_flow_style=False,
+                                                              sort_keys=False)
+
+
+def planned_for(cfg: GraphBridgeConfig) -> str:
+    """The GPU preset and count the plan was for, which bridge_config= reads back (PLANNED_FOR)."""
+    overrides = [f"gpu={cfg.workload.gpu}"] if cfg.workload.gpu else []
+    if cfg.train.num_gpus > 1:
+        overrides.append(f"train.num_gpus={cfg.train.num_gpus}")
+    return f"{PLANNED_FOR}{' '.join(overrides)}\n" if overrides else ""
 
 
 def not_carried(cfg: GraphBridgeConfig) -> List[str]:

@@ -175,3 +175,8 @@ yarn_* fields in 0.3.1), everything else."""
 
 def same_name_keys() -> Tuple[str, ...]:
     return tuple(f"{section}.{name}" for section, names in SAME_NAME.items() for name in names)
+
+PLANNED_FOR = "# graphbridge: "
+"""The comment line of an exported file that holds what graphbridge planned the run for and a
+ConfigContainer has no field for (the gpu= preset, the GPU count), as overrides bridge_config= reads
+back; Bridge's YAML loader skips comments."""

@@ -31,7 +31,7 @@ from bridge.config.migration import legacy_conflict, migrate, scope_names
 from bridge.config.schema import CudaGraphImpl, GraphBridgeConfig
 from perf.bridge_config_fields import (ACTIVATIONS, COMM_OVERLAP, CUDA_GRAPH, DERIVED, DTYPES, ENUMS, LAYOUT_SYMBOLS,
                                        MIXED_PRECISION_RECIPES, PRECISION, RENAMED, YARN, same_name_keys)
-from perf.bridge_config_read import BridgeConfigError, Fields, as_container, plain, read_yaml
+from perf.bridge_config_read import BridgeConfigError, Fields, as_container, plain, planned_for, read_yaml
 from perf.workload_map import quoted, value_text
 
 PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
@@ -49,6 +49,8 @@ class Imported:
     """``key=value`` Hydra overrides, in the schema's order."""
     ignored: List[str]
     """The file's fields graphbridge has no key for, as section.field."""
+    planned_for: List[str] = dataclasses.field(default_factory=list)
+    """What graphbridge's export planned it for (gpu=, train.num_gpus=), from its comment line."""
 
 
 def _schema_types(node=GraphBridgeConfig, prefix: str = "") -> Dict[str, Any]:
@@ -72,7 +74,7 @@ def accepts_null(key: str) -> bool:
 def read_file(path: str) -> Imported:
     """The overrides for the YAML at ``path``; BridgeConfigError says why it cannot be read."""
     try:
-        return import_container(read_yaml(path))
+        return dataclasses.replace(import_container(read_yaml(path)), planned_for=planned_for(path))
     except BridgeConfigError as error:
         raise BridgeConfigError(f"{path}: {error}") from None
 
@@ -314,8 +316,9 @@ def _graphs(fields: Fields, mapped: dict) -> None:
     trackers = [path for path in ("rng.te_rng_tracker", "model.use_te_rng_tracker") if fields.has(path)]
     for key, resolver in DERIVED.items():
         if key == "rng.te_rng_tracker" and trackers:
-            # Bridge turns both trackers on when either is; graphbridge's model key follows rng's.
-            value = any(plain(fields.take(path), path) for path in trackers)
+            # Bridge turns both trackers on when either is; graphbridge's model key follows rng's. Each is
+            # read (a list, not a generator any() would stop early), so neither is named as ignored.
+            value = any([plain(fields.take(path), path) for path in trackers])
         elif key in trackers or not fields.has(key):
             continue
         else:

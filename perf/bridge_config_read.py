@@ -14,7 +14,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from perf.bridge_config_fields import CONTAINER, SECTIONS
+from perf.bridge_config_fields import CONTAINER, PLANNED_FOR, SECTIONS
 
 
 class BridgeConfigError(ValueError):
@@ -39,6 +39,16 @@ def read_yaml(path: str) -> Any:
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         raise BridgeConfigError(f"{where}not valid YAML ({getattr(error, 'problem', None) or error})") from None
     return data
+
+
+def planned_for(path: str) -> List[str]:
+    """The overrides of an exported file's PLANNED_FOR line (read after read_yaml, so the file reads)."""
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.startswith(PLANNED_FOR):
+            return line[len(PLANNED_FOR):].split()
+        if not line.startswith("#"):
+            return []  # the header's comments are over
+    return []
 
 
 def as_container(data: Any) -> dict:
