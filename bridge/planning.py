@@ -37,8 +37,6 @@ class Plan:
     derived: Dict[str, Any] = field(default_factory=dict)
     machine_notes: List[str] = field(default_factory=list)
     """How this machine changes the way the job runs, short of refusing it."""
-    here_violations: List[Violation] = field(default_factory=list)
-    """When the target is a preset GPU's machine: what refuses the job on this one."""
     here: Optional[str] = None
     """When the target is a preset GPU's machine: whether this one can run the job too, in one line."""
 
@@ -49,7 +47,7 @@ class Plan:
     @property
     def machine_violations(self) -> List[Violation]:
         """Why this machine cannot run it (what a run here refuses)."""
-        return [v for v in self.violations if not v.in_config] + self.here_violations
+        return [v for v in self.violations if not v.in_config]
 
     @property
     def valid(self) -> bool:
@@ -58,7 +56,7 @@ class Plan:
 
     @property
     def runnable_here(self) -> bool:
-        return not self.violations and not self.here_violations
+        return not self.violations
 
     def graphs(self) -> Dict[str, Any]:
         return describe_graphs(self.config, "megatron" if self.target.written_for_megatron else "torch")
@@ -184,9 +182,10 @@ def build_plan(prepared: Prepared, machine: Optional[Machine] = None) -> Plan:
     target = resolve_target(cfg, cluster)
     # On the GPU the config names, what its node lacks is the config's fault, not this machine's.
     violations = [dataclasses.replace(v, where=CONFIG) for v in validate(cfg, target)]
+    # What a run here refuses on top: this machine's share of its verdict.
     here_target = resolve_target(cfg, here)
-    here_violations = [] if violations else validate(cfg, here_target)
-    return Plan(cfg, target, violations, prepared.notes, prepared.derived, [], here_violations,
+    here_violations = [v for v in validate(cfg, here_target) if not v.in_config]
+    return Plan(cfg, target, violations + here_violations, prepared.notes, prepared.derived, [],
                 here_line(cfg, here_target, here_violations))
 
 
