@@ -15,14 +15,14 @@ machine, one subprocess per command:
   (NOT_COMMANDS: a file listing) are not run; the tests here run in the environment they make.
 
 Files the commands read (run_config.yaml, overrides.yaml) are written into the test's directory
-first: run_config.yaml by the README's own export command.
+first: run_config.yaml as the README's own export command writes it.
 """
 
 import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import List, Tuple
+from typing import List
 
 import pytest
 
@@ -38,29 +38,29 @@ LOOKS = ("mode=plan", "--cfg", "--info", "--help", "-d", "--dryrun")
 SLURM_LAUNCHER = ("hydra/launcher=submitit_slurm", "hydra.launcher.", "hydra.sweep.dir=")
 
 
-def blocks() -> List[Tuple[int, List[str]]]:
-    """(first line number, lines) of every indented code block, continuation lines joined."""
+def blocks() -> List[List[str]]:
+    """The lines of every indented code block, continuation lines joined."""
     found, current, previous_blank = [], None, True
-    for number, line in enumerate((ROOT / "README.md").read_text().splitlines(), 1):
+    for line in (ROOT / "README.md").read_text().splitlines():
         if line.startswith("    ") and (current is not None or previous_blank):
-            current = current or (number, [])
-            current[1].append(line[4:])
+            current = current if current is not None else []
+            current.append(line[4:])
         elif line.strip() and current is not None:
             found.append(current)
             current = None
         previous_blank = not line.strip()
     if current is not None:
         found.append(current)
-    return [(start, "\n".join(lines).replace("\\\n", " ").splitlines()) for start, lines in found]
+    return ["\n".join(lines).replace("\\\n", " ").splitlines() for lines in found]
 
 
 def python_blocks() -> List[str]:
-    return ["\n".join(lines) for _, lines in blocks() if lines[0].startswith(("import ", "from "))]
+    return ["\n".join(lines) for lines in blocks() if lines[0].startswith(("import ", "from "))]
 
 
 def commands() -> List[str]:
     found = {}  # by the words: a command shown twice (with another comment) runs once
-    for _, lines in blocks():
+    for lines in blocks():
         if lines[0].startswith(("import ", "from ", *NOT_COMMANDS)):
             continue
         for line in lines:
@@ -99,12 +99,13 @@ def test_the_python_block_runs(tmp_path):
 
 
 @pytest.fixture
-def readme_files(cli, tmp_path):
-    """run_config.yaml by the README's export command, and a partial overrides file."""
-    [_, *args] = as_tested(EXPORT.split(" > ")[0])
-    exported = cli(*args, cwd=tmp_path)
-    assert exported.returncode == 0, exported.stderr
-    (tmp_path / "run_config.yaml").write_text(exported.stdout)
+def readme_files(tmp_path):
+    """run_config.yaml as the README's export command writes it (in this process: no second command),
+    and a partial overrides file."""
+    import bridge
+    from perf.bridge_config_export import to_yaml
+
+    (tmp_path / "run_config.yaml").write_text(to_yaml(bridge.load(PLACEHOLDERS["<overrides>"].split())))
     (tmp_path / "overrides.yaml").write_text(OVERRIDES_YAML)
     return tmp_path
 
