@@ -41,6 +41,8 @@ EP_OVERLAP = {**MOE, "model.expert_model_parallel_size": 2, "train.num_gpus": 2,
 PP2 = {"model.pipeline_model_parallel_size": 2, "train.num_gpus": 2}
 MLA = {"model.multi_latent_attention": True, "model.kv_lora_rank": 32, "model.qk_head_dim": 16,
        "model.qk_pos_emb_head_dim": 8, "model.v_head_dim": 16}
+ALLTOALL = {"model.moe_token_dispatcher_type": "alltoall"}
+SELECTIVE = {"model.recompute_granularity": "selective"}
 FULL_RECOMPUTE = {"model.recompute_granularity": "full", "model.recompute_method": "uniform",
                   "model.recompute_num_layers": 1}
 
@@ -300,6 +302,16 @@ RULE_CASES.update({
     "bias_activation_fusion": (
         Case({"model.bias_activation_fusion": True, "model.activation_func": "squared_relu"}, megatron=True),
         Case({"model.bias_activation_fusion": True, "model.activation_func": "gelu"}, megatron=True)),
+    "allgather_dispatch_capture": (Case({**MOE, **DROP_AND_PAD, **te("moe")}),
+                                   Case({**MOE, **DROP_AND_PAD, **te("moe"), "model.moe_token_dispatcher_type": "alltoall"})),
+    "dropless_permute_capture": (Case({**MOE, **te("moe_router", "moe_preprocess"), **ALLTOALL}),
+                                 Case({**MOE, **te("moe_router", "moe_preprocess")})),
+    "recompute_in_layer_graphs": (Case({**te("attn"), **SELECTIVE, "model.recompute_modules": ["core_attn"]}),
+                                  Case({**te("attn"), **SELECTIVE, "model.recompute_modules": ["mlp", "layernorm"]})),
+    "recompute_quantized_in_layer_graphs": (
+        Case({**te("attn", "mlp"), **SELECTIVE, "model.recompute_modules": ["mlp"], "model.fp8": "hybrid"},
+             machine=ONE_H100_019),
+        Case({**te("attn", "mlp"), **SELECTIVE, "model.recompute_modules": ["mlp"]}, machine=ONE_H100_019)),
     "router_topk_one": (Case({**MOE, "model.moe_router_topk": 1}, megatron=True),
                         Case({**MOE, "model.moe_router_topk": 1, "model.moe_router_pre_softmax": True}, megatron=True)),
 })
@@ -387,6 +399,13 @@ EXTRA_REJECTS = {
         Case({"model.bias_activation_fusion": True, "model.activation_func": "quick_gelu"}),
         Case({"model.bias_activation_fusion": True, "model.activation_func": "gelu", "model.gated_linear_unit": False},
              megatron=True)],
+    "allgather_dispatch_capture": [Case({**MOE, **DROP_AND_PAD, **FULL_ITERATION}), Case({**MOE, **DROP_AND_PAD, **local()})],
+    "dropless_permute_capture": [Case({**MOE, **local("moe_router"), **ALLTOALL})],
+    "recompute_in_layer_graphs": [
+        Case({**local(), **SELECTIVE, "model.recompute_modules": ["mlp"]}),
+        Case({**MOE, **DROP_AND_PAD, **ALLTOALL, **te("moe"), **SELECTIVE, "model.recompute_modules": ["moe"]}),
+        Case({**MOE, **te("attn", "moe_router", "moe_preprocess"), **SELECTIVE, "model.recompute_modules": ["shared_experts"],
+              "model.moe_shared_expert_intermediate_size": 64})],
     "persist_layer_norm_apex": [Case({"model.persist_layer_norm": True}, machine=NO_TE)],
     "nccl_graph_register": [Case({**te("attn"), "env_vars.PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
                                   "workload.gpu": "b200"})],

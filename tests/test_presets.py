@@ -316,16 +316,24 @@ def expected_violations(row: PresetRow, impl: str, modules: Tuple[str, ...]) -> 
     if row.has("expandable") and not row.has("nccl_graph_register"):
         if impl == "transformer_engine" or row.gpu == "h100":
             rules.add("nccl_graph_register")
+    if row.recompute.startswith("sel") and impl in ("local", "transformer_engine"):
+        # 0.16.1 checkpoints core_attn and a dense mlp reentrantly, which capture refuses (the presets recompute
+        # no moe or shared_experts)
+        graphed, recomputed = mods or {"attn", "mlp"}, set(row.recompute.split()[1].split(","))
+        if ("attn" in graphed and "core_attn" in recomputed) or ("mlp" in graphed and "mlp" in recomputed
+                                                                 and not all_moe):
+            rules.add("recompute_in_layer_graphs")
     return rules
 
 
 def _with_choice(composed, choice: str):
-    """``cuda_graph=<choice>`` on a composed preset, as the group option sets it; then finished as the
-    command line finishes it (migration of a preset's legacy scope, derived values)."""
+    """``cuda_graph=<choice>`` on a composed preset, as the group option sets it. Returned unfinished:
+    bridge.validate finishes it as the command line does (migration of a preset's legacy scope, derived
+    values), and finishing it here as well would do that work twice for each choice of each preset."""
     values = CHOICES[choice]
     cfg = copy.deepcopy(composed)
     cfg.model.cuda_graph_impl, cfg.model.cuda_graph_modules = values["cuda_graph_impl"], values["cuda_graph_modules"]
-    return bridge.resolve(cfg)
+    return cfg
 
 
 def _megatron_buildable(cfg):
@@ -348,8 +356,9 @@ def test_every_cuda_graph_choice_gets_the_expected_verdict(composed, key):
         expected = expected_violations(row, values["cuda_graph_impl"], tuple(values["cuda_graph_modules"]))
         assert found == expected, choice
         if not found:
-            tc = build_megatron_configs(_megatron_buildable(cfg))["transformer_config"]
-            assert tc.num_layers == cfg.model.num_layers
+            finished = bridge.resolve(cfg)
+            tc = build_megatron_configs(_megatron_buildable(finished))["transformer_config"]
+            assert tc.num_layers == finished.model.num_layers
 
 
 def test_full_iteration_under_pipeline_parallelism_drops_the_p2p_sync_on_the_cli():

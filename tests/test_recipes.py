@@ -197,11 +197,11 @@ def test_tiny_recipes_keep_their_family_structure(composed):
 CHOICES = sorted(path.stem for path in (config_dir() / "cuda_graph").glob("*.yaml"))
 DENSE_REJECTS = {"te_moe": {"moe_modules_need_moe_model"}, "te_moe_router": {"moe_modules_need_moe_model"},
                  "te_attn_moe_router": {"moe_modules_need_moe_model"}, "te_mamba": {"mamba_layers"}}
-# The MoE tiny recipes are dropless, like their families: whole-layer and whole-iteration
+# The MoE tiny recipes are dropless with the allgather dispatcher: whole-layer and whole-iteration
 # graphs would capture the dispatcher's host reads of per-expert counts.
-DROPLESS_REJECTS = {"full_iteration": {"dropless_moe_capture"}, "local_layer": {"dropless_moe_capture"},
-                    "te_layer": {"dropless_moe_capture"}, "te_mamba": {"mamba_layers"},
-                    "te_moe": {"moe_needs_drop_and_pad", "dropless_moe_capture"}}
+DISPATCH = {"dropless_moe_capture", "allgather_dispatch_capture"}
+DROPLESS_REJECTS = {"full_iteration": DISPATCH, "local_layer": DISPATCH, "te_layer": DISPATCH,
+                    "te_mamba": {"mamba_layers"}, "te_moe": {"moe_needs_drop_and_pad", *DISPATCH}}
 ALL_MOE_REJECTS = {**DROPLESS_REJECTS, "te_mlp": {"mlp_needs_dense_layers"},
                    "te_attn_mlp": {"mlp_needs_dense_layers"}}
 REJECTS = {

@@ -75,10 +75,15 @@ def full_iteration_modules(cfg, target):
 
 
 @rule("te_rng_tracker",
-      rejects='a graph without the TE RNG tracker',
+      rejects='per-layer graphs (local or TE) of Transformer Engine layers without the TE RNG tracker',
       fix='`rng.te_rng_tracker=true` (derived when unset)')
 def te_rng_tracker(cfg, target):
-    if is_graphed(cfg) and not (cfg.rng.te_rng_tracker or cfg.model.use_te_rng_tracker):
+    # Capturing TE layers, Transformer Engine accepts only its own tracker ("Unsupported RNG states tracker.",
+    # local and TE graphs on an H100, megatron-core 0.16.1 and 0.19.2). A full-iteration graph registers
+    # megatron-core's graph-safe generators itself and trained bit-identically without it, as do local graphs
+    # of the local spec; the tracker stays derived on for every graph, as in Megatron-Bridge.
+    per_layer_te = impl_of(cfg) in (LOCAL, TE) and cfg.model.transformer_impl == "transformer_engine"
+    if per_layer_te and not (cfg.rng.te_rng_tracker or cfg.model.use_te_rng_tracker):
         return violation(
             "te_rng_tracker", ["rng.te_rng_tracker", "model.use_te_rng_tracker"],
             "Transformer engine's RNG tracker is required for cudagraphs; set "

@@ -26,3 +26,17 @@ def modules_of(cfg) -> list:
 def active_modules(cfg) -> set:
     """Modules that reach megatron-core: none when impl is none (they are parked)."""
     return set(modules_of(cfg)) if is_graphed(cfg) else set()
+
+
+def graphs_moe_dispatch(cfg) -> bool:
+    """The graph captures an MoE layer's token dispatch: full iteration, or per-layer graphs of whole layers or
+    of the moe module."""
+    impl = impl_of(cfg)
+    return impl == FULL_ITERATION or (impl in (LOCAL, TE) and (not modules_of(cfg) or "moe" in modules_of(cfg)))
+
+
+def graphs_moe_preprocess(cfg) -> bool:
+    """The graph captures an MoE layer's dispatch preprocessing (TE's moe_preprocess module; local graphs of the
+    router always add it)."""
+    modules = active_modules(cfg)
+    return (impl_of(cfg) == TE and "moe_preprocess" in modules) or (impl_of(cfg) == LOCAL and "moe_router" in modules)

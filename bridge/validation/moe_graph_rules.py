@@ -9,6 +9,8 @@ from bridge.validation.graph_facts import (
     MODULES,
     TE,
     active_modules,
+    graphs_moe_dispatch,
+    graphs_moe_preprocess,
     impl_of,
     is_graphed,
     modules_of,
@@ -136,13 +138,7 @@ def moe_recompute_with_router(cfg, target):
       fix='`cuda_graph=te_attn_moe_router`, or drop-and-pad routing', engine="megatron")
 def dropless_moe_capture(cfg, target):
     model = cfg.model
-    impl = impl_of(cfg)
-    whole = impl == FULL_ITERATION or (impl in (LOCAL, TE) and (not modules_of(cfg) or "moe" in modules_of(cfg)))
-    if (
-        is_moe_model(model)
-        and not is_drop_and_pad(model)
-        and whole
-    ):
+    if is_moe_model(model) and not is_drop_and_pad(model) and graphs_moe_dispatch(cfg):
         return violation(
             "dropless_moe_capture",
             [IMPL, MODULES, "model.moe_expert_capacity_factor", "model.moe_pad_expert_input_to_capacity"],
@@ -152,6 +148,49 @@ def dropless_moe_capture(cfg, target):
             "model.moe_expert_capacity_factor=1.0 model.moe_pad_expert_input_to_capacity=true",
         )
     return None
+
+
+@rule("allgather_dispatch_capture", engine="megatron",
+      rejects="graphs that capture the MoE token dispatch (full_iteration, whole-layer or moe graphs) with the "
+              "allgather dispatcher",
+      fix="`model.moe_token_dispatcher_type=alltoall`, or router graphs (`cuda_graph=te_attn_moe_router`)")
+def allgather_dispatch_capture(cfg, target):
+    # The allgather dispatcher copies its per-expert token counts to the host and selects tokens by mask, drop-
+    # and-pad or not (0.16.1 and 0.19.2 token_dispatcher.py); alltoall's drop-and-pad path has no host copy.
+    # qwen/tiny, gpt_oss/tiny and deepseek/tiny with drop-and-pad failed capture so on an H100 ("Cannot copy
+    # between CPU and CUDA tensors during CUDA graph capture"); the same with alltoall trains.
+    model = cfg.model
+    if is_moe_model(model) and model.moe_token_dispatcher_type == "allgather" and graphs_moe_dispatch(cfg):
+        return violation(
+            "allgather_dispatch_capture", [IMPL, MODULES, "model.moe_token_dispatcher_type"],
+            "the allgather MoE dispatcher copies per-expert token counts to the host, which a graph of the "
+            "dispatch cannot capture; set model.moe_token_dispatcher_type=alltoall (with drop-and-pad routing), "
+            "or graph the router only (cuda_graph=te_attn_moe_router)",
+        )
+    return None
+
+
+@rule("dropless_permute_capture", engine="megatron", megatron_core="<0.17",
+      rejects="graphs of the MoE dispatch preprocessing (moe_preprocess, local router graphs) with dropless "
+              "alltoall routing and the unfused token permutation, before megatron-core 0.17",
+      fix="`model.moe_permute_fusion=true`, or `model.moe_token_dispatcher_type=allgather`")
+def dropless_permute_capture(cfg, target):
+    # 0.16.1's unfused permutation selects dropless tokens by mask (masked_select: its output size depends on
+    # the data); TE's fused permutation and 0.17's argsort permutation have a static size. qwen/tiny,
+    # gpt_oss/tiny and deepseek/tiny with te_moe_router or te_attn_moe_router and alltoall failed capture so
+    # on an H100 (cudaErrorStreamCaptureUnsupported).
+    model = cfg.model
+    if (is_moe_model(model) and model.moe_token_dispatcher_type == "alltoall" and not is_drop_and_pad(model)
+            and not model.moe_permute_fusion and graphs_moe_preprocess(cfg)):
+        return violation(
+            "dropless_permute_capture", [MODULES, "model.moe_permute_fusion", "model.moe_token_dispatcher_type"],
+            "megatron-core 0.16.1 permutes dropless alltoall tokens with masked_select, whose output size depends "
+            "on the data, inside the moe_preprocess graph; set model.moe_permute_fusion=true (Transformer "
+            "Engine's permutation has a static size), or model.moe_token_dispatcher_type=allgather",
+        )
+    return None
+
+
 @rule("ep_overlap", megatron_core="<0.19",
       rejects='EP A2A overlap with local or full_iteration graphs, or with moe, mlp or whole-layer TE graphs',
       fix='`cuda_graph=te_attn_moe_router`')

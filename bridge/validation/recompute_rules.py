@@ -1,8 +1,8 @@
 """Activation recompute and offloading: what megatron-core 0.16.1 allows together with CUDA graphs
 (R11 in the reference) and on its own (its checks outside the graph block)."""
 
-from bridge.validation.graph_facts import FULL_ITERATION, IMPL, MODULES, impl_of, is_graphed, modules_of
-from bridge.validation.model_facts import recompute_modules
+from bridge.validation.graph_facts import FULL_ITERATION, IMPL, LOCAL, MODULES, TE, impl_of, is_graphed, modules_of
+from bridge.validation.model_facts import has_dense_layers, is_moe_model, recompute_modules
 from bridge.validation.registry import rule, violation
 
 
@@ -156,3 +156,61 @@ def cpu_offloading_conflicts(cfg, target):
             "there is no CPU offloading with pipeline parallelism; set model.cpu_offloading=false",
         )
     return None
+
+
+def recomputed_inside_layer_graphs(cfg, modules) -> list:
+    """Of ``modules``, those selective recompute would checkpoint inside a per-layer graph (local or TE): the
+    attention's core for attn graphs, a dense MLP for mlp graphs, the MoE layer and its shared expert for moe
+    graphs, the shared expert for router graphs that run it (not overlapped); whole-layer graphs hold them all."""
+    model = cfg.model
+    if model.recompute_granularity != "selective" or impl_of(cfg) not in (LOCAL, TE):
+        return []
+    graphed = set(modules_of(cfg)) or {"attn", "mlp", "moe", "moe_router"}
+    inside = {"core_attn": "attn" in graphed, "mlp": "mlp" in graphed and has_dense_layers(model),
+              "moe": "moe" in graphed and is_moe_model(model),
+              "shared_experts": bool(model.moe_shared_expert_intermediate_size) and (
+                  "moe" in graphed or ("moe_router" in graphed and not model.moe_shared_expert_overlap))}
+    return [name for name in recompute_modules(model) if name in modules and inside.get(name)]
+
+
+@rule("recompute_in_layer_graphs", megatron_core="<0.18",
+      rejects="selective recompute of core_attn, mlp, moe or shared_experts inside per-layer graphs (local or TE), "
+              "before megatron-core 0.18",
+      fix="drop those modules from `model.recompute_modules`, graph a scope without them, or "
+          "`cuda_graph=full_iteration`")
+def recompute_in_layer_graphs(cfg, target):
+    # These four are checkpointed reentrantly (tensor_parallel.checkpoint), whose backward refuses the
+    # torch.autograd.grad that capture runs ("Checkpointing is not compatible with .grad()", seen on an H100
+    # with te_attn, te_attn_mlp, te_layer and te_moe); 0.18 runs them uncheckpointed while capturing
+    # (Megatron-LM PR 3919). layernorm, moe_act and mla_up_proj recompute without reentry and train.
+    inside = recomputed_inside_layer_graphs(cfg, ("core_attn", "mlp", "moe", "shared_experts"))
+    if not inside:
+        return None
+    kept = [name for name in recompute_modules(cfg.model) if name not in inside]
+    fix = f"model.recompute_modules=[{','.join(kept)}]" if kept else "model.recompute_granularity=null"
+    return violation(
+        "recompute_in_layer_graphs", [IMPL, MODULES, "model.recompute_modules"],
+        f"megatron-core {target.megatron_core} recomputes {', '.join(inside)} with reentrant checkpointing, which "
+        f"fails when a per-layer graph holding it is captured; set {fix}, graph a scope without them, or use "
+        "cuda_graph=full_iteration (megatron-core 0.19 trains it, without recomputing the graphed part)",
+    )
+
+
+@rule("recompute_quantized_in_layer_graphs", megatron_core=">=0.18",
+      rejects="selective recompute of mlp, moe or shared_experts inside per-layer graphs with fp8/fp4",
+      fix="drop those modules from `model.recompute_modules`, `precision=bf16`, or `cuda_graph=full_iteration`")
+def recompute_quantized_in_layer_graphs(cfg, target):
+    # With fp8/fp4 these are checkpointed by Transformer Engine's own reentrant checkpoint, which refuses
+    # torch.autograd.grad as megatron-core's did before 0.18 (TE 2.10 distributed.py); megatron-core's capture
+    # bypass covers its own checkpoint only.
+    if not (cfg.model.fp8 or cfg.model.fp4):
+        return None
+    inside = recomputed_inside_layer_graphs(cfg, ("mlp", "moe", "shared_experts"))
+    if not inside:
+        return None
+    return violation(
+        "recompute_quantized_in_layer_graphs", [IMPL, MODULES, "model.recompute_modules", "model.fp8"],
+        f"with fp8/fp4, Transformer Engine recomputes {', '.join(inside)} with a reentrant checkpoint, which fails "
+        "when a per-layer graph holding it is captured; drop them from model.recompute_modules, train in bf16, or "
+        "use cuda_graph=full_iteration",
+    )
