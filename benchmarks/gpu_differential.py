@@ -52,41 +52,31 @@ another run took. A run that fails so is trained once more, and counts by that s
 ACCEPTED, BYPASS, EAGER_TWIN, WITNESS = "accepted", "bypass", "eager_twin", "witness"
 SELECTIVE = "model.recompute_granularity=selective"
 DROP_AND_PAD = ("model.moe_expert_capacity_factor=1.0", "model.moe_pad_expert_input_to_capacity=true")
-DROPLESS_ROUTER = ("recipe=qwen/tiny", "cuda_graph=te_attn_moe_router", "model.moe_token_dispatcher_type=alltoall")
+ALLTOALL = "model.moe_token_dispatcher_type=alltoall"
 WITNESS_CASES = {
-    # The failure classes of issue 28 and their neighbours, trained with every refusing rule unasked: what the
-    # GPU does with each is the witness a rule keeps (or the proof that it trains).
+    # What each rule refusing on GPU grounds refuses, and its nearest configuration that should train, trained
+    # with every refusing rule unasked: the GPU's verdict on both is the rule's witness.
     "fp8_mx": ("recipe=llama/tiny", "precision=fp8_mx"),
-    "nvfp4": ("recipe=llama/tiny", "precision=nvfp4"),
     "fp8_sc": ("recipe=llama/tiny", "precision=fp8_sc"),
     "recompute_core_attn_te_attn": ("recipe=llama/tiny", "cuda_graph=te_attn", SELECTIVE,
                                     "model.recompute_modules=[core_attn]"),
     "recompute_layernorm_te_attn": ("recipe=llama/tiny", "cuda_graph=te_attn", SELECTIVE,
                                     "model.recompute_modules=[layernorm]"),
-    "recompute_mlp_te_attn_mlp": ("recipe=llama/tiny", "cuda_graph=te_attn_mlp", SELECTIVE,
-                                  "model.recompute_modules=[mlp]"),
-    "recompute_mlp_te_attn": ("recipe=llama/tiny", "cuda_graph=te_attn", SELECTIVE, "model.recompute_modules=[mlp]"),
-    "recompute_moe_act_te_attn_moe_router": ("recipe=qwen/tiny", "cuda_graph=te_attn_moe_router", SELECTIVE,
-                                             "model.recompute_modules=[moe_act]"),
-    "recompute_core_attn_local_layer": ("recipe=llama/tiny", "cuda_graph=local_layer", SELECTIVE,
-                                        "model.recompute_modules=[core_attn]"),
+    "recompute_mlp_te_attn_mlp_fp8": ("recipe=llama/tiny", "cuda_graph=te_attn_mlp", "precision=fp8_cs", SELECTIVE,
+                                      "model.recompute_modules=[mlp]"),
     "recompute_core_attn_full_iteration": ("recipe=llama/tiny", "cuda_graph=full_iteration", SELECTIVE,
-                                           "model.recompute_modules=[core_attn]"),
-    "drop_and_pad_te_moe": ("recipe=qwen/tiny", "cuda_graph=te_moe", *DROP_AND_PAD),
-    "drop_and_pad_te_layer": ("recipe=qwen/tiny", "cuda_graph=te_layer", *DROP_AND_PAD),
-    "drop_and_pad_full_iteration": ("recipe=qwen/tiny", "cuda_graph=full_iteration", *DROP_AND_PAD),
-    "drop_and_pad_full_iteration_alltoall": ("recipe=qwen/tiny", "cuda_graph=full_iteration", *DROP_AND_PAD,
-                                             "model.moe_token_dispatcher_type=alltoall"),
-    "drop_and_pad_full_iteration_gpt_oss": ("recipe=gpt_oss/tiny", "cuda_graph=full_iteration", *DROP_AND_PAD),
-    "shared_expert_gpt_oss": ("recipe=gpt_oss/tiny", "model.moe_shared_expert_intermediate_size=128"),
-    "dropless_router_no_nan_check": (*DROPLESS_ROUTER, "rerun_state_machine.check_for_nan_in_loss=false"),
-    "dropless_router_nan_check": (*DROPLESS_ROUTER, "rerun_state_machine.check_for_nan_in_loss=true"),
-    "dropless_router_allgather_no_nan_check": ("recipe=qwen/tiny", "cuda_graph=te_attn_moe_router",
-                                               "rerun_state_machine.check_for_nan_in_loss=false"),
+                                           "model.recompute_modules=[core_attn,mlp]"),
+    "drop_and_pad_allgather_te_moe": ("recipe=qwen/tiny", "cuda_graph=te_moe", *DROP_AND_PAD),
+    "drop_and_pad_alltoall_te_moe": ("recipe=qwen/tiny", "cuda_graph=te_moe", *DROP_AND_PAD, ALLTOALL),
+    "drop_and_pad_alltoall_full_iteration": ("recipe=gpt_oss/tiny", "cuda_graph=full_iteration", *DROP_AND_PAD,
+                                             ALLTOALL),
+    "dropless_alltoall_router": ("recipe=qwen/tiny", "cuda_graph=te_attn_moe_router", ALLTOALL),
+    "dropless_alltoall_router_fused_permute": ("recipe=qwen/tiny", "cuda_graph=te_attn_moe_router", ALLTOALL,
+                                               "model.moe_permute_fusion=true"),
     "local_layer_without_te_tracker": ("recipe=llama/tiny", "cuda_graph=local_layer", "rng.te_rng_tracker=false"),
-    "full_iteration_without_te_tracker": ("recipe=llama/tiny", "cuda_graph=full_iteration",
-                                          "rng.te_rng_tracker=false"),
-    "eager_llama": ("recipe=llama/tiny", "cuda_graph=none"),
+    "full_iteration_without_te_tracker": ("recipe=llama/tiny", "cuda_graph=full_iteration", "rng.te_rng_tracker=false",
+                                          "model.attention_dropout=0.1", "model.hidden_dropout=0.1"),
+    "gpt_oss_bias_activation_fusion": ("recipe=gpt_oss/tiny", "model.bias_activation_fusion=true"),
 }
 
 

@@ -1,7 +1,7 @@
 """The differential of graphbridge's catalogue against megatron-core itself, on the CPU.
 
 Seeded random configs over the CUDA-graph surface and what it meets (MoE routing and dispatch,
-recompute, dropout, offloading, EP overlap, delayed wgrad, fp8, MLA, TP) are judged twice:
+recompute, dropout, offloading, EP overlap, delayed wgrad, fp8, MLA, TP, biases) are judged twice:
 
 - by graphbridge: the whole catalogue for a target that trains on megatron-core here (one GPU
   machine with this process's megatron-core and Transformer Engine, or none);
@@ -68,6 +68,8 @@ def random_config(rng: random.Random) -> Dict[str, object]:
             changes[key] = True
     if rng.random() < 0.2:
         changes["model.cross_entropy_fusion_impl"] = "te"
+    if rng.random() < 0.1:  # GPT-OSS's biases: megatron-core refuses them in shared experts at model build
+        changes["model.add_bias_linear"] = True
     return changes
 
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import benchmark_table
+import differential_table
 import pytest
 from sections import with_section
 
@@ -137,3 +138,9 @@ def test_the_trace_summary_counts_per_step_what_a_profile_shows(tmp_path):
     assert list(summary["top_kernels_ms_per_step"]) == ["gemm", "copy", "add", "mul", "other"]
     assert "GPU busy 0.36 ms/step" in run.stdout
     assert "graph replays span 0.01 ms/step, of which 0.00 ms between kernels" in run.stdout
+
+
+def test_the_gpu_differential_tables_are_up_to_date_with_the_committed_records():
+    docs = (ROOT / "docs" / "gpu_differential.md").read_text()
+    assert with_section(docs, "differential", differential_table.markdown()) == docs, (
+        "docs/gpu_differential.md is out of date: run python scripts/differential_table.py")

@@ -1,0 +1,60 @@
+"""Write the GPU differential's tables into docs/gpu_differential.md (between the differential markers), from
+the committed records benchmarks/results/<gpu>/mcore-<release>/gpu_differential.json.
+
+    python scripts/differential_table.py          # rewrite the section
+    python scripts/differential_table.py --check  # exit 1 when it is out of date
+"""
+
+import json
+import sys
+from pathlib import Path
+
+from sections import write_or_check
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "gpu_differential.md"
+RESULTS = ROOT / "benchmarks" / "results"
+COUNTS = ("drawn", "accepted", "trained", "completed", "crash_after_accept")
+
+
+def records():
+    """Each committed record's path (relative to the repository) and summary, by GPU and release."""
+    for path in sorted(RESULTS.glob("*/mcore-*/gpu_differential.json")):
+        yield path.relative_to(ROOT).as_posix(), json.loads(path.read_text())["summary"]
+
+
+def markdown() -> str:
+    rows = list(records())
+    if not rows:
+        return "No record is committed yet."
+    lines = ["| record | GPU | megatron-core | TE | commit | " + " | ".join(COUNTS) + " | twins compared (differ) |",
+             "|---|---|---|---|---|" + "---|" * len(COUNTS) + "---|"]
+    for path, s in rows:
+        twins = s["eager_twins"]
+        lines.append(f"| `{path}` | {s['gpu']} | {s['megatron_core']} | {s['transformer_engine']} | {s['commit']} | "
+                     + " | ".join(str(s[key]) for key in COUNTS) + f" | {twins['compared']} ({len(twins['differ'])}) |")
+    for path, s in rows:
+        lines += ["", f"`{path}` (`{s['command']}`):", "",
+                  "- refused by rule: " + ", ".join(f"`{rule}` {count}" for rule, count in s["rejections"].items()),
+                  "- refused configurations trained with the rule unasked: "
+                  + (", ".join(f"`{rule}` {counts.get('completed', 0)} trained / {counts.get('failed', 0)} failed"
+                               for rule, counts in s["bypassed_rules"].items()) or "none"),
+                  "- failures after an accepting plan: "
+                  + ("; ".join(f"{c['count']}x {c['cause']} (run {c['example']})" for c in s["failure_classes"])
+                     or "none")]
+        lines += ["", "| witness | rules unasked | status | error |", "|---|---|---|---|"]
+        lines += [f"| {w['label']} | {', '.join(w['unchecked_rules']) or '-'} | {w['status']} | {first_line(w['error'])} |"
+                  for w in s["witnesses"]]
+    return "\n".join(lines)
+
+
+def first_line(error) -> str:
+    return (error or "").split("\n")[0][:140].replace("|", "/")
+
+
+def main() -> int:
+    return write_or_check(DOC, "differential", markdown(), "python scripts/differential_table.py")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

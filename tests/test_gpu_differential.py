@@ -1,0 +1,55 @@
+"""The GPU differential's harness on the CPU: its draws are overrides the CLI takes, its grouping of failures and
+its eager-twin comparison (benchmarks/gpu_differential.py; the GPU runs it through scripts/gpu_check.sh)."""
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpu_differential  # noqa: E402
+from differential_draw import draw  # noqa: E402
+from gpu_differential import EAGER_TWIN, Run, eager_agreement, failure_class, plan_verdict  # noqa: E402
+
+
+def test_every_draw_is_a_set_of_overrides_the_cli_takes():
+    rng = random.Random(7)
+    verdicts = [plan_verdict(draw(rng)) for _ in range(12)]
+    assert not [v for v in verdicts if "error" in v]
+    assert any(v["valid"] for v in verdicts) and any(not v["valid"] for v in verdicts)
+
+
+def test_failures_group_by_cause_without_their_numbers_and_paths():
+    first = "CUDA graph capture of x failed at step 3: NCCL error in: /pytorch/a.cpp:253, version 2.28.9"
+    second = "CUDA graph capture of x failed at step 4: NCCL error in: /other/b.cpp:12, version 2.21.5"
+    assert failure_class(first) == failure_class(second)
+    assert failure_class(first) != failure_class("RuntimeError: Checkpointing is not compatible with .grad()")
+
+
+def test_a_graphed_run_whose_losses_leave_its_eager_twin_is_reported():
+    graphed = Run(0, ["recipe=llama/tiny", "cuda_graph=te_attn"], status="completed", losses=[8.3, 8.1, 7.9])
+    close = Run(1, ["recipe=llama/tiny", "cuda_graph=none"], EAGER_TWIN, twin_of=0, status="completed",
+                losses=[8.3, 8.1, 7.91])
+    far = Run(3, ["recipe=llama/tiny", "cuda_graph=none"], EAGER_TWIN, twin_of=2, status="completed",
+              losses=[8.3, 8.1, 7.9])
+    stale = Run(2, ["recipe=llama/tiny", "cuda_graph=full_iteration"], status="completed", losses=[8.3, 8.3, 8.3])
+    agreement = eager_agreement([graphed, close, stale, far])
+    assert agreement["compared"] == 2
+    assert [pair["graphed"] for pair in agreement["differ"]] == [2]
+
+
+@pytest.mark.slow
+def test_the_harness_plans_trains_and_records_through_the_cli(tmp_path):
+    out = tmp_path / "record.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_differential.py"), "--count", "3", "--workers", "2",
+                    "--eager-twins", "0", "--bypass-per-rule", "1", "--out", str(out)], check=True, timeout=1200)
+    record = json.loads(out.read_text())
+    summary = record["summary"]
+    assert summary["drawn"] == 3 and summary["trained"] == summary["accepted"]
+    assert {run["kind"] for run in record["runs"]} <= {"accepted", "bypass"}
+    assert gpu_differential.STEPS == summary["steps"]
