@@ -54,10 +54,12 @@ case "${1:-tests}" in
     shift
     python3 benchmarks/suite.py "$@" --out "$out" 2>&1 | grep -v "step/s\|it/s" | tail -40
     ;;
-  differential)  # the GPU differential's JSON (rewritten after every run) and its log into $out
+  differential)  # the GPU differential's JSON (rewritten after every run), its log and the GPU's load into $out
     shift
+    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 5 >"$out/gpu_load.csv" &
     python3 benchmarks/gpu_differential.py --out "$out/gpu_differential.json" "$@" 2>&1 \
-      | tee "$out/gpu_differential.log" | tail -60
+      | tee "$out/gpu_differential.log" | tail -40
+    kill %1
     ;;
   overhead)
     timeout 360 python3 benchmarks/minimal_megatron_loop.py --rounds 3 --profile-dir /tmp/profiles 2>&1 | tee "$out/minimal_loop.log" | tail -12
