@@ -3,6 +3,7 @@ architectures against the reference (megatron-cuda-graphs.md §3.5), the tiny re
 structure, every cuda_graph choice), recipes without presets, and the two CLI plans the
 issue names."""
 
+import dataclasses
 import json
 
 import pytest
@@ -147,7 +148,8 @@ def test_recipes_without_presets_run_their_own_workload(composed, recipe):
     assert cfg.workload.gpu is None and cfg.workload.preset_num_gpus == cfg.train.num_gpus
     assert cfg.train.train_iters == 50 and cfg.dataset.mock
     assert [v for v in bridge.validate(cfg) if v.in_config] == []
-    assert bridge.load(first_preset(recipe) + ["gpu=h100"]).train == cfg.train  # gpu= picks no workload
+    on_h100 = bridge.load(first_preset(recipe) + ["gpu=h100"]).train  # gpu= picks no workload, only nodes of 8
+    assert on_h100 == dataclasses.replace(cfg.train, num_nodes=-(-cfg.train.num_gpus // 8))
 
 
 # --- tiny recipes ---------------------------------------------------------------------------
