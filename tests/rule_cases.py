@@ -312,6 +312,18 @@ RULE_CASES.update({
         Case({**te("attn", "mlp"), **SELECTIVE, "model.recompute_modules": ["mlp"], "model.fp8": "hybrid"},
              machine=ONE_H100_019),
         Case({**te("attn", "mlp"), **SELECTIVE, "model.recompute_modules": ["mlp"]}, machine=ONE_H100_019)),
+    "mla_recompute_in_layer_graphs": (Case({**MLA, **te("attn"), **SELECTIVE, "model.recompute_modules": ["layernorm"]}),
+                                      Case({**MLA, **te("mlp"), **SELECTIVE, "model.recompute_modules": ["layernorm"]})),
+    "router_fp64_graphs": (Case({**MOE, **te("moe_router", "moe_preprocess"), "model.moe_router_dtype": "fp64"}),
+                           Case({**MOE, **te("moe_router", "moe_preprocess"), "model.moe_router_dtype": "fp32"})),
+    "router_padding_moe_recompute": (
+        Case({**MOE, **ALLTOALL, "model.fp8": "e4m3", "model.moe_router_padding_for_fp8": True, **SELECTIVE,
+              "model.recompute_modules": ["moe"]}),
+        Case({**MOE, **ALLTOALL, "model.fp8": "e4m3", "model.moe_router_padding_for_fp8": True, **SELECTIVE,
+              "model.recompute_modules": ["moe_act"], "model.moe_grouped_gemm": True})),
+    "retained_backward_compiled_fusion": (
+        Case({**te("mlp"), "model.cuda_graph_retain_backward_graph": True, "model.bias_dropout_fusion": True}),
+        Case({**FULL_ITERATION, "model.cuda_graph_retain_backward_graph": True, "model.bias_dropout_fusion": True})),
     "router_topk_one": (Case({**MOE, "model.moe_router_topk": 1}, megatron=True),
                         Case({**MOE, "model.moe_router_topk": 1, "model.moe_router_pre_softmax": True}, megatron=True)),
 })
@@ -431,7 +443,18 @@ class GpuWitness:
 
 
 FIRST_DIFFERENTIAL = "h100/mcore-0.16.1/gpu_differential_610e521.json"
+ON_0161 = "h100/mcore-0.16.1/gpu_differential.json"
+ON_0192 = "h100/mcore-0.19.2/gpu_differential.json"
 GPU_WITNESSES = {
+    "allgather_dispatch_capture": GpuWitness(ON_0161, 706, "Cannot copy between CPU and CUDA tensors during CUDA graph"),
+    "dropless_permute_capture": GpuWitness(ON_0161, 709, "cudaErrorStreamCaptureUnsupported"),
+    "recompute_in_layer_graphs": GpuWitness(ON_0161, 702, "Checkpointing is not compatible with .grad()"),
+    "recompute_quantized_in_layer_graphs": GpuWitness(ON_0192, 704, "Checkpointing is not compatible with .grad()"),
+    "te_rng_tracker": GpuWitness(ON_0192, 711, "Unsupported RNG states tracker"),
+    "mla_recompute_in_layer_graphs": GpuWitness(ON_0192, 229, "cudaErrorIllegalAddress"),
+    "router_fp64_graphs": GpuWitness(ON_0192, 201, "Could not infer dtype of _WeakRefTensor"),
+    "router_padding_moe_recompute": GpuWitness(ON_0192, 270, "modified by an inplace operation"),
+    "retained_backward_compiled_fusion": GpuWitness(ON_0192, 97, "non-empty donated buffers"),
     "quantized_precision_gpu": GpuWitness(FIRST_DIFFERENTIAL, 600, "compute capability 10.0 or higher required for MXFP8"),
     "shared_expert_bias": GpuWitness(FIRST_DIFFERENTIAL, 615, "bias is not supported in the shared experts"),
     "mla_needs_te_spec": GpuWitness(FIRST_DIFFERENTIAL, 354, "unexpected keyword argument 'k_channels'"),

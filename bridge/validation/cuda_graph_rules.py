@@ -296,3 +296,22 @@ def nccl_graph_register(cfg, target):
             "memory access; set +env_vars.NCCL_GRAPH_REGISTER=0",
         )
     return None
+
+
+@rule("retained_backward_compiled_fusion",
+      rejects="Transformer Engine graphs that retain their backward graph (`model.cuda_graph_retain_backward_graph`) "
+              "with bias-dropout fusion",
+      fix="`model.cuda_graph_retain_backward_graph=false`, or `model.bias_dropout_fusion=false`")
+def retained_backward_compiled_fusion(cfg, target):
+    # megatron-core fuses bias-dropout-add with torch.compile, whose backward donates its buffers and refuses
+    # retain_graph=True: te_mlp capture failed so on an H100 (0.19.2, "compiled with non-empty donated buffers");
+    # full_iteration with both trained.
+    model = cfg.model
+    if impl_of(cfg) == TE and model.cuda_graph_retain_backward_graph and model.bias_dropout_fusion:
+        return violation(
+            "retained_backward_compiled_fusion",
+            [IMPL, "model.cuda_graph_retain_backward_graph", "model.bias_dropout_fusion"],
+            "the compiled bias-dropout-add refuses a retained backward graph when Transformer Engine captures it; "
+            "set model.cuda_graph_retain_backward_graph=false, or model.bias_dropout_fusion=false",
+        )
+    return None

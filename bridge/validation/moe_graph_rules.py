@@ -246,3 +246,19 @@ def delay_wgrad_graphed_attention(cfg, target):
             f"delayed wgrad with graphed attention needs {' '.join(unmet)}; set those, or graph the MoE router only "
             "(cuda_graph=te_moe_router)")
     return None
+
+
+@rule("router_fp64_graphs", engine="megatron",
+      rejects="`model.moe_router_dtype=fp64` with the router graphed as its own module (moe_router)",
+      fix="`model.moe_router_dtype=fp32`, or a scope without moe_router")
+def router_fp64_graphs(cfg, target):
+    # The fp64 router's output does not pass the graph's output buffers ("Could not infer dtype of
+    # _WeakRefTensor" at capture on an H100: te_attn_moe_router on 0.16.1, te_moe_router on 0.19.2); fp32 trains,
+    # and so does fp64 under te_layer, te_attn and full_iteration.
+    if cfg.model.moe_router_dtype == "fp64" and "moe_router" in active_modules(cfg) and is_moe_model(cfg.model):
+        return violation(
+            "router_fp64_graphs", [MODULES, "model.moe_router_dtype"],
+            "a moe_router graph cannot capture the fp64 router's outputs; set model.moe_router_dtype=fp32, or "
+            "graph a scope without moe_router",
+        )
+    return None

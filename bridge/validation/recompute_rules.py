@@ -214,3 +214,27 @@ def recompute_quantized_in_layer_graphs(cfg, target):
         "when a per-layer graph holding it is captured; drop them from model.recompute_modules, train in bf16, or "
         "use cuda_graph=full_iteration",
     )
+
+
+@rule("mla_recompute_in_layer_graphs",
+      rejects="selective recompute of layernorm or mla_up_proj inside per-layer graphs of multi-latent attention",
+      fix="drop layernorm and mla_up_proj from `model.recompute_modules`, graph a scope without attention, or "
+          "`cuda_graph=full_iteration`")
+def mla_recompute_in_layer_graphs(cfg, target):
+    # MLA recomputes its up-projections and its q/kv norms without reentry; replaying a per-layer graph that
+    # holds them touched freed memory (cudaErrorIllegalAddress) on an H100, deepseek/tiny with te_attn,
+    # te_attn_moe_router and te_layer on 0.16.1 and 0.19.2; dense attention's layernorm recompute trains.
+    model = cfg.model
+    graphed = set(modules_of(cfg))
+    attention_graphed = impl_of(cfg) in (LOCAL, TE) and (not graphed or "attn" in graphed)
+    if not (model.multi_latent_attention and model.recompute_granularity == "selective" and attention_graphed):
+        return None
+    inside = [name for name in recompute_modules(model) if name in ("layernorm", "mla_up_proj")]
+    if not inside:
+        return None
+    return violation(
+        "mla_recompute_in_layer_graphs", [IMPL, MODULES, "model.recompute_modules", "model.multi_latent_attention"],
+        f"recomputing {', '.join(inside)} of multi-latent attention inside a per-layer graph reads freed memory "
+        "when the graph replays; drop them from model.recompute_modules, graph a scope without attention "
+        "(cuda_graph=te_mlp or te_moe_router), or use cuda_graph=full_iteration",
+    )
