@@ -275,7 +275,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--count", type=int, default=700, help="configurations drawn")
-    parser.add_argument("--workers", type=int, default=10, help="runs sharing the GPU at once")
+    # Each training process holds 4.5-9.6 GiB of an H100 outside PyTorch's allocator (CUDA context, NCCL
+    # communicators of megatron-core's process groups, TE workspaces; its peak reserved memory is under 1 GiB):
+    # ten at once ran the GPU out of memory (the records' out-of-memory and NCCL retries).
+    parser.add_argument("--workers", type=int, default=8, help="runs sharing the GPU at once")
     parser.add_argument("--bypass-per-rule", type=int, default=2, help="refused runs trained unchecked, per rule")
     parser.add_argument("--eager-twins", type=int, default=30)
     parser.add_argument("--witnesses", action="store_true", help="first train WITNESS_CASES, rules unasked")
@@ -285,9 +288,13 @@ def main() -> int:
     start = time.monotonic()
     env = environment(["python", "benchmarks/gpu_differential.py", *sys.argv[1:]])
     runs = drawn_runs(args.seed, args.count, args.workers)
-    queue = witnesses(len(runs)) if args.witnesses else []
-    queue += [run for run in runs if run.plan["runnable_here"]]
-    queue += samples(runs, random.Random(args.seed), args.bypass_per_rule, args.eager_twins, len(runs) + len(queue))
+    first = witnesses(len(runs)) if args.witnesses else []
+    rest = [run for run in runs if run.plan["runnable_here"]]
+    rest += samples(runs, random.Random(args.seed), args.bypass_per_rule, args.eager_twins, len(runs) + len(first))
+    # Mixed, so that the refused samples and eager twins train before --deadline-s as the accepted ones do (queued
+    # last, none of them trained in the first records).
+    random.Random(args.seed).shuffle(rest)
+    queue = first + rest
     all_runs = runs + [run for run in queue if run.kind != ACCEPTED]
     print(f"{len(runs)} drawn, {len(queue)} to train, {args.workers} at once", flush=True)
 
