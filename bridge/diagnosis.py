@@ -85,7 +85,7 @@ KNOWN_FAILURES = (
         "cudaErrorIllegalAddress",
         "a kernel touched memory it does not own; with graphs, most often a replay reading a tensor that was freed "
         "or replaced after capture (an input reassigned instead of copied into, parameters re-created by .to() or "
-        "load_state_dict(assign=True))",
+        "load_state_dict(assign=True), multi-latent attention's recompute inside a per-layer graph)",
         "keep every tensor the graph uses alive and copy new data into it in place; "
         "torch.cuda.graph(..., check_input_liveness=True) names the freed tensor, CUDA_LAUNCH_BLOCKING=1 the kernel; "
         "the CUDA context is unusable afterwards, so the process exits"),
@@ -96,6 +96,35 @@ KNOWN_FAILURES = (
         "region in a private pool on top of what eager steps use",
         "lower train.micro_batch_size, graph a smaller scope (cuda_graph=te_attn instead of te_layer or "
         "full_iteration), or share one pool across graphs (model.cuda_graph_use_single_mempool=true)"),
+    KnownFailure(
+        ("cannot copy between cpu and cuda tensors during cuda graph capture",),
+        "host copy during capture",
+        "a copy between host and device memory inside the captured region: megatron-core's allgather MoE "
+        "dispatcher copies per-expert token counts to the host when the dispatch is graphed",
+        "model.moe_token_dispatcher_type=alltoall with drop-and-pad routing, or graph the router only "
+        "(cuda_graph=te_attn_moe_router); in your own code, keep the value on the device or pin the host tensor"),
+    KnownFailure(
+        ("checkpointing is not compatible with .grad()",),
+        "reentrant checkpoint in the captured region",
+        "selective recompute checkpoints a graphed module reentrantly (megatron-core before 0.18: core_attn, mlp, "
+        "moe, shared_experts; Transformer Engine's checkpoint under fp8), and capture's autograd.grad refuses it",
+        "drop that module from model.recompute_modules, graph a scope without it, or cuda_graph=full_iteration"),
+    KnownFailure(
+        ("unsupported rng states tracker",),
+        "RNG tracker not Transformer Engine's",
+        "Transformer Engine layers were captured with megatron-core's RNG tracker",
+        "rng.te_rng_tracker=true"),
+    KnownFailure(
+        ("could not infer dtype of _weakreftensor",),
+        "graph output of an unsupported dtype",
+        "a graph returns an fp64 tensor (model.moe_router_dtype=fp64 under a moe_router graph)",
+        "model.moe_router_dtype=fp32, or a scope without moe_router"),
+    KnownFailure(
+        ("non-empty donated buffers",),
+        "retained backward of a compiled function",
+        "a torch.compile'd function (megatron-core's fused bias-dropout-add) in a graph captured with its backward "
+        "retained (model.cuda_graph_retain_backward_graph=true)",
+        "model.cuda_graph_retain_backward_graph=false, or model.bias_dropout_fusion=false"),
     KnownFailure(
         ("cudageneratorimpl",),
         "random generator state read during capture",

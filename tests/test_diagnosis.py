@@ -57,6 +57,20 @@ CASES = {
                       "cudaErrorMemoryAllocation (out of memory)", "lower train.micro_batch_size"),
     "driver oom": (cuda_error("out of memory", "cudaErrorMemoryAllocation"),
                    "cudaErrorMemoryAllocation (out of memory)", "model.cuda_graph_use_single_mempool=true"),
+    "allgather dispatch": (RuntimeError("Cannot copy between CPU and CUDA tensors during CUDA graph capture unless "
+                                        "the CPU tensor is pinned. Please use tensor.pin_memory()"),
+                           "host copy during capture", "model.moe_token_dispatcher_type=alltoall"),
+    "reentrant recompute": (RuntimeError("Checkpointing is not compatible with .grad(), please use .backward() if "
+                                         "possible"), "reentrant checkpoint in the captured region",
+                            "drop that module from model.recompute_modules"),
+    "megatron tracker": (AssertionError("Unsupported RNG states tracker."), "RNG tracker not Transformer Engine's",
+                         "rng.te_rng_tracker=true"),
+    "fp64 router": (RuntimeError("Could not infer dtype of _WeakRefTensor"), "graph output of an unsupported dtype",
+                    "model.moe_router_dtype=fp32"),
+    "retained compiled backward": (RuntimeError("This backward function was compiled with non-empty donated buffers "
+                                                "which requires create_graph=False and retain_graph=False."),
+                                   "retained backward of a compiled function",
+                                   "model.cuda_graph_retain_backward_graph=false"),
     "rng": (RuntimeError("Cannot call CUDAGeneratorImpl::current_seed during CUDA graph capture. If you need this "
                          "call to be captured, please file an issue."),
             "random generator state read during capture", "rng.te_rng_tracker=true"),
