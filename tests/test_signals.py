@@ -153,15 +153,16 @@ def test_kill_of_the_graphbridge_process_ends_with_a_partial_result(read_result,
     """The real command: Hydra process, fresh training process, SIGTERM to the former. In a
     sweep the signal ends the sweep too: the second job never starts."""
     out = tmp_path / "out"
-    jobs = ["-m", "train.train_iters=200,201", f"hydra.sweep.dir={out}"] if sweep else [
-        "train.train_iters=200", f"hydra.run.dir={out}"]
+    # More steps than any machine trains before the signal: the run must still be training when it comes.
+    jobs = ["-m", "train.train_iters=100000,100001", f"hydra.sweep.dir={out}"] if sweep else [
+        "train.train_iters=100000", f"hydra.run.dir={out}"]
     process = subprocess.Popen(
         [sys.executable, "-c", "from perf.main import main; main()", *jobs, "recipe=llama/tiny", "engine=torch",
          "model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64"],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     stderr = StderrReader(process)
     try:
-        stderr.wait_for(r"\b[1-9]\d*/200\b", timeout=120)  # tqdm's progress: at least one step done
+        stderr.wait_for(r"\b[1-9]\d*/100000\b", timeout=120)  # tqdm's progress: at least one step done
         signalled = time.monotonic()
         process.send_signal(signal.SIGTERM)
         code = process.wait(timeout=60)
@@ -172,7 +173,7 @@ def test_kill_of_the_graphbridge_process_ends_with_a_partial_result(read_result,
     job_dir = out / "0" if sweep else out
     result = read_result(job_dir)
     assert result["status"] == "interrupted" and result["reason"].startswith("SIGTERM received")
-    assert 0 < result["steps_completed"] < 200 and len(result["loss"]) == result["steps_completed"]
+    assert 0 < result["steps_completed"] < 100000 and len(result["loss"]) == result["steps_completed"]
     names = {path.name for path in job_dir.iterdir()}
     assert {"job.json", "resolved.yaml", "result.json"} <= names and not [n for n in names if n.endswith(".tmp")]
     assert not (out / "1").exists()
