@@ -159,8 +159,11 @@ def test_run_entry_reports_a_config_it_cannot_run(read_result, small_config, wri
 
 def test_python_m_bridge_run_trains_a_job(read_result, small_config, write_job, tmp_path):
     job_dir = write_job(tmp_path, small_config("llama/tiny", "cuda_graph=full_iteration"))
+    # Wide enough that the summary's path cell is not folded (80 columns off a terminal): where the fold
+    # falls depends on how long tmp_path is (pytest-xdist adds popen-gw<N>/), and it can split "result.json".
+    wide = {**os.environ, "COLUMNS": "1000"}
     process = subprocess.run([sys.executable, "-m", "bridge.run", str(job_dir)], capture_output=True, text=True,
-                             cwd=Path(__file__).resolve().parents[1], timeout=300)
+                             cwd=Path(__file__).resolve().parents[1], env=wide, timeout=300)
     assert process.returncode == 0, process.stderr
     result = read_result(job_dir)
     assert (result["status"], result["impl"], result["effective_impl"]) == ("completed", "full_iteration", "none")
