@@ -177,13 +177,15 @@ ROWS: Dict[tuple, PresetRow] = {row.key: row for row in _rows()}
 
 
 
-@pytest.fixture(scope="module")
+# Session-scoped (still this module's own): pytest-xdist hands a worker this module's tests in several
+# batches between other modules', and a module-scoped fixture is built again for each batch (~15 s).
+@pytest.fixture(scope="session")
 def composed():
     """Every recipe x preset composed once through Hydra (the CLI path) and prepared."""
     return recipe_table.compose_all()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def prepared(composed):
     return {key: prepare(composed[key]).config for key in ROWS}
 
