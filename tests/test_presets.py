@@ -325,6 +325,8 @@ def expected_violations(row: PresetRow, impl: str, modules: Tuple[str, ...]) -> 
         if ("attn" in graphed and "core_attn" in recomputed) or ("mlp" in graphed and "mlp" in recomputed
                                                                  and not all_moe):
             rules.add("recompute_in_layer_graphs")
+        if family == "deepseek" and "attn" in graphed and {"mla_up_proj", "layernorm"} & recomputed:
+            rules.add("mla_recompute_in_layer_graphs")  # MLA's recompute inside graphed attention
     return rules
 
 
@@ -386,7 +388,8 @@ def test_illegal_combinations_compose_and_the_plan_reports_them(overrides, rule)
 
 
 def test_deepseek_takes_the_mlp_scope_through_the_cli():
-    plan = bridge.plan(["recipe=deepseek/deepseek_v3", "gpu=b200", "cuda_graph=te_attn_mlp"])
+    # te_mlp: graphed attention would hold the preset's mla_up_proj recompute (mla_recompute_in_layer_graphs)
+    plan = bridge.plan(["recipe=deepseek/deepseek_v3", "gpu=b200", "cuda_graph=te_mlp"])
     assert plan.valid, plan.violations
 
 
