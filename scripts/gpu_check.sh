@@ -44,7 +44,7 @@ case "${1:-tests}" in
     ;;
   tests)
     targets=("${@:2}")
-    python3 -m pytest -m "gpu and not multigpu" "${targets[@]:-tests}" -q -rA -p no:cacheprovider 2>&1 \
+    python3 -m pytest -o addopts= -m "gpu and not multigpu" "${targets[@]:-tests}" -q -rA -p no:cacheprovider 2>&1 \
       | tee "$out/gpu_tests.log" | tail -70
     ;;
   sweep)
@@ -70,7 +70,7 @@ case "${1:-tests}" in
     python3 benchmarks/nan_check_overhead.py 2>&1 | tee "$out/nan_check.log" | tail -8
     ;;
   multigpu)
-    python3 -m pytest -m multigpu tests -q -rA -p no:cacheprovider 2>&1 | tee "$out/multigpu_tests.log" | tail -40
+    python3 -m pytest -o addopts= -m multigpu tests -q -rA -p no:cacheprovider 2>&1 | tee "$out/multigpu_tests.log" | tail -40
     ;;
   dp2)
     sweep /tmp/sweep_dp2 sweep=dense_scopes recipe=llama/tiny train.num_gpus=2 train.global_batch_size=4
