@@ -36,6 +36,11 @@ def _get(cfg, dotted: str):
 def config_types(cfg, target):
     """Interpolations are resolved after composition, so a value can reach here with a type
     its field refuses (a list field set to ${model.hidden_size}); the job could not be written."""
+    try:  # the whole config at once: a valid one costs one conversion (this rule was half of validate's time)
+        OmegaConf.structured(cfg)
+        return None
+    except OmegaConfBaseException:
+        pass
     nodes = [(f"{f.name}.", getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
              if dataclasses.is_dataclass(getattr(cfg, f.name))] + [("", cfg)]
     for prefix, node in nodes:  # per section first, so the key gets its full path
