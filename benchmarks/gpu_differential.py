@@ -111,8 +111,8 @@ def plan_verdict(overrides: List[str]) -> Dict[str, object]:
             "violations": [{"rule": v.rule, "where": v.where} for v in plan.violations]}
 
 
-def refused_rules(run: Run) -> List[str]:
-    return sorted({v["rule"] for v in run.plan["violations"]})
+def refused_rules(plan: Dict[str, object]) -> List[str]:
+    return sorted({v["rule"] for v in plan["violations"]})
 
 
 def drawn_runs(seed: int, count: int, workers: int) -> List[Run]:
@@ -131,12 +131,12 @@ def samples(runs: List[Run], rng: random.Random, per_rule: int, twins: int, next
     by_rule = defaultdict(list)
     for run in runs:
         if not run.plan["valid"] and all(v["where"] == "config" for v in run.plan["violations"]) \
-                and "override" not in refused_rules(run):
-            for rule in refused_rules(run):
+                and "override" not in refused_rules(run.plan):
+            for rule in refused_rules(run.plan):
                 by_rule[rule].append(run)
     for rule in sorted(by_rule):
         for run in rng.sample(by_rule[rule], min(per_rule, len(by_rule[rule]))):
-            extra.append(Run(next_index, run.overrides, BYPASS, run.plan, refused_rules(run)))
+            extra.append(Run(next_index, run.overrides, BYPASS, run.plan, refused_rules(run.plan)))
             next_index += 1
     graphed = [run for run in runs if run.plan["runnable_here"] and "cuda_graph=none" not in run.overrides]
     for run in rng.sample(graphed, min(twins, len(graphed))):
@@ -154,7 +154,7 @@ def witnesses(first_index: int) -> List[Run]:
     for index, (label, overrides) in enumerate(WITNESS_CASES.items(), first_index):
         overrides = [*overrides, f"train.train_iters={STEPS}"]
         verdict = plan_verdict(overrides)
-        runs.append(Run(index, overrides, WITNESS, verdict, refused_rules(Run(0, [], plan=verdict)), label=label))
+        runs.append(Run(index, overrides, WITNESS, verdict, refused_rules(verdict), label=label))
     return runs
 
 
@@ -242,7 +242,7 @@ def summary(runs: List[Run], args, environment: Dict[str, object], elapsed: floa
         **environment, "num_gpus": 1, "seed": args.seed, "drawn": len(drawn), "accepted": len(accepted),
         "trained": len(trained), "completed": len(trained) - len(crashed), "crash_after_accept": len(crashed),
         "rejections": dict(Counter(rule for run in drawn if not run.plan["runnable_here"]
-                                   for rule in refused_rules(run)).most_common()),
+                                   for rule in refused_rules(run.plan)).most_common()),
         "failure_classes": [{"cause": cause, "count": count,
                              "example": next(run.index for run in crashed if failure_class(run.error) == cause)}
                             for cause, count in classes.most_common()],

@@ -47,4 +47,3 @@ def build_megatron_configs(cfg: GraphBridgeConfig) -> Dict[str, Any]:
         "ddp_config": DistributedDataParallelConfig(**arguments["ddp_config"]),
         "optimizer_config": OptimizerConfig(**arguments["optimizer_config"]),
     }
-

@@ -179,6 +179,11 @@ def transformer_engine(cfg, target):
             for need in needs if version_tuple(installed) < version_tuple(need.lowest)]
 
 
+def builds_local_spec(cfg, target) -> bool:
+    """megatron-core builds its local layer spec: asked for, or no Transformer Engine here."""
+    return cfg.model.transformer_impl != "transformer_engine" or not target.machine.has("transformer-engine")
+
+
 @rule("persist_layer_norm_apex", environment=True,
       rejects="`model.persist_layer_norm=true` where megatron-core builds its local layer spec (model.transformer_impl="
               "local, or no Transformer Engine here) without apex: its torch LayerNorm has no persistent kernel",
@@ -187,7 +192,7 @@ def transformer_engine(cfg, target):
 def persist_layer_norm_apex(cfg, target):
     if target.engine != "megatron" or not cfg.model.persist_layer_norm or target.machine.has("apex"):
         return None
-    if cfg.model.transformer_impl == "transformer_engine" and target.machine.has("transformer-engine"):
+    if not builds_local_spec(cfg, target):
         return None  # Transformer Engine's norm takes the flag
     return violation("persist_layer_norm_apex", ["model.persist_layer_norm", "model.transformer_impl"],
                      "model.persist_layer_norm=true asks for apex's persistent layer-norm kernel, but megatron-core "
@@ -292,10 +297,6 @@ class CompiledKernel:
     what: str
     keys: Tuple[str, ...]
     asked: Callable[[object, object], bool]
-
-
-def builds_local_spec(cfg, target) -> bool:
-    return cfg.model.transformer_impl == "local" or not target.machine.has("transformer-engine")
 
 
 COMPILED_KERNELS = (
