@@ -158,16 +158,16 @@ def witnesses(first_index: int) -> List[Run]:
     return runs
 
 
-def train(run: Run, workdir: Path) -> Run:
+def train(run: Run, workdir: Path, run_env: Dict[str, str]) -> Run:
     """Train ``run`` (a second time when the first attempt failed for want of the GPU's shared resources)."""
-    attempt(run, workdir)
+    attempt(run, workdir, run_env)
     if run.status != "completed" and any(text in (run.error or "") for text in RESOURCE_ERRORS):
         run.retried_after, run.status = run.error, None
-        attempt(run, workdir, retry=True)
+        attempt(run, workdir, run_env, retry=True)
     return run
 
 
-def attempt(run: Run, workdir: Path, retry: bool = False) -> None:
+def attempt(run: Run, workdir: Path, run_env: Dict[str, str], retry: bool = False) -> None:
     """Train ``run`` in its own directory and read its result.json."""
     name = f"run{run.index}{'_retry' if retry else ''}"
     run_dir = workdir / name
@@ -182,7 +182,7 @@ def attempt(run: Run, workdir: Path, retry: bool = False) -> None:
         command = [*GRAPHBRIDGE, *run.overrides, f"hydra.run.dir={run_dir}"]
     # Each run its own rendezvous port: ports picked free by concurrent processes collided (EADDRINUSE).
     port = 20000 + 2 * run.index + retry
-    env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1", "MASTER_PORT": str(port)}
+    env = {**os.environ, "OMP_NUM_THREADS": "2", **run_env, "PYTHONUNBUFFERED": "1", "MASTER_PORT": str(port)}
     with open(workdir / f"{name}.log", "w") as log:
         try:
             subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
@@ -283,6 +283,8 @@ def main() -> int:
     parser.add_argument("--eager-twins", type=int, default=30)
     parser.add_argument("--witnesses", action="store_true", help="first train WITNESS_CASES, rules unasked")
     parser.add_argument("--deadline-s", type=float, default=None, help="start no run after this many seconds")
+    parser.add_argument("--run-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="set in every training process (benchmarks/run_footprint.py measures what pays off)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     start = time.monotonic()
@@ -302,11 +304,12 @@ def main() -> int:
         write_json_atomic(args.out, {"summary": summary(all_runs, args, env, time.monotonic() - start),
                                      "runs": [asdict(run) for run in all_runs]})
 
+    run_env = dict(item.split("=", 1) for item in args.run_env)
     workdir = Path(tempfile.mkdtemp(prefix="gpu_differential_"))
     with ThreadPoolExecutor(args.workers) as pool:
         def in_time(run: Run) -> Run:
             late = args.deadline_s is not None and time.monotonic() - start > args.deadline_s
-            return run if late else train(run, workdir)
+            return run if late else train(run, workdir, run_env)
 
         for done, future in enumerate(as_completed([pool.submit(in_time, run) for run in queue]), 1):
             run = future.result()

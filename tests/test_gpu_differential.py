@@ -5,6 +5,7 @@ import json
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,20 @@ def test_the_harness_plans_trains_and_records_through_the_cli(tmp_path):
     assert summary["drawn"] == 3 and summary["trained"] == summary["accepted"]
     assert {run["kind"] for run in record["runs"]} <= {"accepted", "bypass"}
     assert gpu_differential.STEPS == summary["steps"]
+
+
+def test_the_footprint_tool_reads_its_variants_and_counts_the_processes_a_run_starts():
+    import run_footprint
+
+    assert run_footprint.parse_variant("default") == ("default", {})
+    assert run_footprint.parse_variant("lean:TORCHINDUCTOR_COMPILE_THREADS=1,NCCL_DEBUG=WARN") == \
+        ("lean", {"TORCHINDUCTOR_COMPILE_THREADS": "1", "NCCL_DEBUG": "WARN"})
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, time; subprocess.Popen(['sleep', '5']); "
+                               "subprocess.Popen(['sleep', '5']); time.sleep(5)"])
+    try:
+        deadline = time.monotonic() + 4
+        while run_footprint.descendants(parent.pid) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert run_footprint.descendants(parent.pid) == 2
+    finally:
+        parent.kill()
