@@ -25,6 +25,7 @@ from typing import Dict, List, NoReturn, Optional, Sequence
 import yaml
 
 from bridge.atomic import WriteError
+from bridge.config.graphs import chosen_graph_choice
 from bridge.result import REFUSED_HERE
 from perf.report_tables import MIN_TIMED_STEPS, print_summary, write_summary
 
@@ -49,9 +50,7 @@ class Job:
 
     @property
     def cuda_graph(self) -> Optional[str]:
-        # A command-line choice is keyed cuda_graph; a recipe's own default, cuda_graph@_global_.
-        return (self.choices.get("cuda_graph") or self.choices.get("cuda_graph@_global_")
-                or self.overrides.get("cuda_graph"))
+        return chosen_graph_choice(self.choices) or self.overrides.get("cuda_graph")
 
     @property
     def effective_impl(self) -> Optional[str]:

@@ -7,8 +7,9 @@ graphed: every layer asks this table instead of branching on the impl itself.
 """
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Union
 
+from bridge.config.paths import config_dir
 from bridge.config.schema import CudaGraphImpl
 
 
@@ -88,3 +89,23 @@ def graph_impl(impl: Union[str, CudaGraphImpl]) -> GraphImpl:
 
 def is_graphed(impl: Union[str, CudaGraphImpl]) -> bool:
     return graph_impl(impl).graphed
+
+
+MEASURED_CHOICE = "auto"
+"""The cuda_graph choice that names no impl: it is resolved before training. Its configuration is eager
+(conf/cuda_graph/auto.yaml), which is what the catalogue judges and a CPU trains; on a GPU the run times the
+graph choices the catalogue accepts against eager and trains with the winner (bridge.auto_candidates,
+perf.auto_probe)."""
+EAGER_CHOICE = "none"
+
+
+def graph_choices() -> List[str]:
+    """The choices of the cuda_graph group that name a graph configuration: all but eager and the measured one."""
+    names = sorted(path.stem for path in (config_dir() / "cuda_graph").glob("*.yaml"))
+    return [name for name in names if name not in (EAGER_CHOICE, MEASURED_CHOICE)]
+
+
+def chosen_graph_choice(choices: Mapping[str, Optional[str]]) -> Optional[str]:
+    """The cuda_graph choice of a composition, from Hydra's runtime choices: the command line's (``cuda_graph``)
+    over the recipe's own default (``cuda_graph@_global_``), as the composition itself ranks them."""
+    return choices.get("cuda_graph") or choices.get("cuda_graph@_global_")
