@@ -39,6 +39,8 @@ class Plan:
     """How this machine changes the way the job runs, short of refusing it."""
     here: Optional[str] = None
     """When the target is a preset GPU's machine: whether this one can run the job too, in one line."""
+    auto: Optional[Any] = None
+    """cuda_graph=auto's section (bridge.auto_candidates.AutoPlan): its candidates, probe and cache."""
 
     @property
     def config_violations(self) -> List[Violation]:
@@ -113,6 +115,7 @@ class Plan:
             # An invalid config is never handed to megatron-core, so there is nothing to show.
             "megatron": _jsonable(self.megatron()) if self.valid else None,
             "env": dict(self.config.env_vars),
+            "auto": self.auto.as_dict() if self.auto is not None else None,
         }
 
     def to_json(self) -> str:
@@ -121,7 +124,8 @@ class Plan:
     def to_text(self) -> str:
         graphs, cfg, model = self.graphs(), self.config, self.config.model
         verdict = self.verdict_with_memory() if self.valid else f"INVALID ({len(self.config_violations)} violations, on stderr)"
-        lines = [f"graphbridge plan: {verdict}", f"  graphed:   {graphs['summary']}"]
+        graphed = self.auto.graphed_summary() if self.auto is not None else graphs["summary"]
+        lines = [f"graphbridge plan: {verdict}", f"  graphed:   {graphed}"]
         if graphs["parked"]:
             lines.append(f"  parked:    {graphs['parked']} (inert while cuda_graph_impl=none)")
         lines += [
@@ -155,6 +159,8 @@ class Plan:
         if self.machine_violations and self.here is None:
             lines.append("  cannot run on this machine (it can elsewhere):")
             lines += [f"    {v}" for v in self.machine_violations]
+        if self.auto is not None:
+            lines += self.auto.lines()
         lines += [f"  note: {note}" for note in self.notes + self.machine_notes]
         return "\n".join(lines)
 

@@ -19,6 +19,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from bridge.auto_candidates import plan_auto
+from bridge.config.graphs import MEASURED_CHOICE, chosen_graph_choice
 from bridge.config.load import compose_config
 from bridge.config.migration import migrate
 from bridge.config.paths import config_dir
@@ -55,6 +57,8 @@ def app(composed: DictConfig) -> None:
     label = job_label(hydra_cfg) if multirun else ""
     try:
         plan = build_plan(prepare(composed))
+        if chosen_graph_choice(job["choices"]) == MEASURED_CHOICE:
+            plan.auto = plan_auto(plan, job["overrides"])
     except OmegaConfBaseException as error:  # an interpolation that resolves to nothing or to the wrong type
         refuse_unresolvable(error, composed, job_dir, job, label)
         return
