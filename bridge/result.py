@@ -21,7 +21,10 @@ Keys of a full record (perf/report.py reads exactly these):
     loss (one float per completed step), env {gpu, torch, megatron_core, transformer_engine,
     python}, created (ISO 8601);
     with perf.profile=true also profile {trace, steps, gpu_ms_per_step, gpu_busy} (see
-    bridge.profiling; the GPU values are null on the CPU).
+    bridge.profiling; the GPU values are null on the CPU);
+    auto: null, or under cuda_graph=auto the record the graphbridge process left in auto.json before
+    training (perf.auto_probe): chosen, reason, source, and candidates, each {choice, status, median_ms,
+    spread_ms, reason, job}.
 """
 
 import hashlib
@@ -39,6 +42,8 @@ from bridge.machine import probe
 from bridge.memory import estimate_memory
 
 RESULT_FILE = "result.json"
+AUTO_RECORD = "auto.json"
+"""How cuda_graph=auto chose the graphs the job trains with (perf.auto_probe writes it before training)."""
 
 REFUSED_HERE = "cannot_run_here"
 """The status of a valid job this machine cannot run (too few GPUs, a package missing)."""
@@ -103,6 +108,7 @@ def build_result(cfg: Optional[GraphBridgeConfig], job_dir: Path, status: str, r
                    "estimate_gb": estimate_memory(cfg).total_gib if cfg else None},
         "loss": list(record.losses),
         "env": environment(record.device == "cuda"),
+        "auto": _read_json(job_dir / AUTO_RECORD) or None,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 

@@ -51,9 +51,9 @@ def final_line(raw: bytes) -> str:
 
 class Tee:
     """Copies one pipe of the training process to a terminal stream (as it comes, carriage returns
-    included) and to the job log (one final line per line), on a thread of its own."""
+    included; none: not shown) and to the job log (one final line per line), on a thread of its own."""
 
-    def __init__(self, source: BinaryIO, terminal: BinaryIO, log: Optional[Path]):
+    def __init__(self, source: BinaryIO, terminal: Optional[BinaryIO], log: Optional[Path]):
         self._source, self._terminal, self._log = source, terminal, log
         self._thread = threading.Thread(target=self._copy, daemon=True)
         self._thread.start()
@@ -66,8 +66,9 @@ class Tee:
         pending = b""
         try:
             while chunk := self._source.read1(1 << 16):
-                self._terminal.write(chunk)
-                self._terminal.flush()
+                if self._terminal is not None:
+                    self._terminal.write(chunk)
+                    self._terminal.flush()
                 *lines, pending = (pending + chunk).split(b"\n")
                 if log is not None and lines:
                     log.write("".join(final_line(line) + "\n" for line in lines))

@@ -210,9 +210,10 @@ class SignalForwarding:
         if self._deadline is not None:
             self._deadline.cancel()
 
-    def run(self, command: List[str], env: Dict[str, str], job_log: Optional[Path] = None) -> int:
+    def run(self, command: List[str], env: Dict[str, str], job_log: Optional[Path] = None, shown: bool = True) -> int:
         """Start the process (unless a signal came first) and wait for it; its exit code. With a
-        ``job_log``, its stdout and stderr go to this process's and into the log too (perf.joblog)."""
+        ``job_log``, its stdout and stderr go to this process's and into the log too (perf.joblog);
+        not ``shown``, into the log only."""
         if self.received:
             return 128 + self.received
         piped = subprocess.PIPE if job_log is not None else None
@@ -221,8 +222,8 @@ class SignalForwarding:
         self._child = subprocess.Popen(command, env=tee_environment(env) if job_log is not None else env,
                                        process_group=0, stdout=piped, stderr=piped,
                                        preexec_fn=ended_with_this_process())
-        tees = [Tee(self._child.stdout, sys.stdout.buffer, job_log),
-                Tee(self._child.stderr, sys.stderr.buffer, job_log)] if job_log is not None else []
+        tees = [Tee(self._child.stdout, sys.stdout.buffer if shown else None, job_log),
+                Tee(self._child.stderr, sys.stderr.buffer if shown else None, job_log)] if job_log is not None else []
         if self.received:  # came while it was starting
             self._forward(self.received, None)
         code = self._child.wait()

@@ -35,6 +35,7 @@ from perf.bridge_config_export import to_yaml
 from perf.errors import one_line_errors
 from perf.help import register_help
 from perf.joblog import echo, job_log_path
+from perf.auto_probe import choose_graphs
 from perf.launch import job_record, run_job
 from perf.preflight import check
 
@@ -75,7 +76,8 @@ def app(composed: DictConfig) -> None:
     else:
         for note in plan.notes + plan.machine_notes:
             log.info(note)
-        code = run_job(plan.config, job_dir, job, job_log=job_log_path())
+        config = choose_graphs(plan, job_dir) if plan.auto is not None else plan.config
+        code = run_job(config, job_dir, job, job_log=job_log_path())
     if code and not multirun:  # a sweep records the failure and goes on with its other jobs
         sys.exit(code)
     if code == INVALID:

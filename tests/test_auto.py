@@ -1,0 +1,267 @@
+"""cuda_graph=auto: the plan lists its candidates and the cost of measuring them; on a CPU the run trains
+eagerly and says why; on a GPU the probe's timings decide (synthesized here: the GPU run is
+tests/gpu/test_auto_gpu.py), a failed candidate is never chosen, and the decision is cached per workload,
+GPU and packages, so that a second run skips the probe."""
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+import bridge
+from bridge.auto_cache import cache_path, read_decisions, store
+from bridge.auto_candidates import plan_auto
+from bridge.auto_decision import Measurement, decide
+from bridge.machine import GPU, Machine
+from bridge.planning import build_plan
+from bridge.prepare import prepare
+from perf.auto_probe import choose_graphs
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = ("model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64", "train.train_iters=5")
+AUTO = ("recipe=llama/tiny", "cuda_graph=auto")
+H100 = Machine(gpus=(GPU("NVIDIA H100 80GB HBM3", (9, 0), 80 * 10**9),),
+               packages={"torch": "2.13.0", "megatron-core": "0.16.1", "transformer-engine": "2.10.0"})
+"""A GPU machine as bridge.machine.probe() describes one: the candidates are judged for it."""
+DENSE_CANDIDATES = ["none", "full_iteration", "local_layer", "te_attn", "te_attn_mlp", "te_layer", "te_mlp"]
+DENSE_REFUSED = {"te_attn_moe_router": "moe_modules_need_moe_model", "te_mamba": "mamba_layers",
+                 "te_moe": "moe_modules_need_moe_model", "te_moe_router": "moe_modules_need_moe_model"}
+
+
+@pytest.fixture
+def cache_home(tmp_path, monkeypatch):
+    """The decision cache of this test alone ($XDG_CACHE_HOME)."""
+    home = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home))
+    return home
+
+
+def environment(cache_home) -> dict:
+    return {**os.environ, "XDG_CACHE_HOME": str(cache_home)}
+
+
+def gpu_plan(*overrides: str, machine: Machine = H100):
+    """The plan of ``graphbridge <AUTO> <overrides>`` on ``machine``, with its auto section."""
+    words = [*AUTO, *overrides]
+    plan = build_plan(prepare(bridge.compose(words)), machine)
+    plan.auto = plan_auto(plan, words, machine)
+    return plan
+
+
+# --- on this CPU machine, through the command line ------------------------------------------------------
+
+
+def test_auto_on_a_cpu_trains_eagerly_and_records_why(cli, tmp_path, cache_home):
+    result = cli(*AUTO, *SMALL, "hydra.run.dir=run", cwd=tmp_path, env=environment(cache_home))
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = [line for line in result.stdout.splitlines() if "cuda_graph=auto" in line]
+    assert len(said) == 1 and "no CUDA device here, so graphs cannot pay off" in said[0], said
+    record = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert record["status"] == "completed" and record["impl"] == record["effective_impl"] == "none"
+    auto = record["auto"]
+    assert auto["chosen"] == "none" and auto["source"] == "no_cuda_device"
+    assert [c["choice"] for c in auto["candidates"]] == ["none", "full_iteration", "local_layer"]
+    assert all(c["status"] == "not_probed" and c["median_ms"] is None for c in auto["candidates"])
+    assert not (tmp_path / "run" / "auto").exists() and not cache_home.exists()  # no probe, nothing cached
+
+
+def test_the_plan_lists_the_candidates_and_how_they_are_measured(cli, tmp_path, cache_home):
+    result = cli("mode=plan", *AUTO, "gpu=h100", cwd=tmp_path, env=environment(cache_home))
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    for choice in DENSE_CANDIDATES:
+        assert f"\n    {choice} " in text, choice
+    for choice, rule in DENSE_REFUSED.items():
+        assert f"{choice} ({rule})" in text
+    order = ", ".join(["none", *DENSE_CANDIDATES[1:], "none"])
+    assert f"probe:     8 runs ({order}), each in a process of its own: 34 steps, 30 or more of them timed" in text
+    assert "272 steps, 5.4x this run's 50" in text
+    cache = cache_home / "graphbridge" / "cuda_graph_auto.json"
+    assert f"cache:     {cache} (0 decision(s)): none for this workload" in text
+    assert list(tmp_path.iterdir()) == []  # a plan writes nothing, and probes nothing
+
+    planned = json.loads(cli("mode=plan", "plan.format=json", *AUTO, "gpu=h100", cwd=tmp_path,
+                             env=environment(cache_home)).stdout)["auto"]
+    assert [c["choice"] for c in planned["candidates"] if c["accepted"]] == DENSE_CANDIDATES
+    assert planned["probe"]["runs"] == ["none", *DENSE_CANDIDATES[1:], "none"]
+
+
+def test_the_plan_on_a_cpu_says_the_run_trains_eagerly(cli, tmp_path, cache_home):
+    result = cli("mode=plan", *AUTO, cwd=tmp_path, env=environment(cache_home))
+    assert result.returncode == 0, result.stderr
+    assert "graphed:   nothing (eager): cuda_graph=auto measures graphs on a CUDA device" in result.stdout
+    assert "\n    local_layer " in result.stdout and "te_attn (engine_impl)" in result.stdout
+    assert "probe:     none (no CUDA device here)" in result.stdout
+
+
+@pytest.mark.parametrize("overrides, rule", [
+    (("gpu=h100", "train.num_gpus=16", "train.global_batch_size=32"), "auto_one_node"),
+    (("model.cuda_graph_impl=local",), "auto_graph_fields"),
+    (("model.external_cuda_graph=true",), "auto_graph_fields"),
+])
+def test_what_auto_cannot_decide_for_is_refused_in_one_line(cli, tmp_path, cache_home, overrides, rule):
+    result = cli("mode=plan", *AUTO, *overrides, cwd=tmp_path, env=environment(cache_home))
+    assert result.returncode == 2 and f"[{rule}]" in result.stderr and "Traceback" not in result.stderr
+    trained = cli(*AUTO, *overrides, "hydra.run.dir=run", cwd=tmp_path, env=environment(cache_home))
+    assert trained.returncode == 2 and f"[{rule}]" in trained.stderr and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("damage", ["not json {", "[]", '{"format": 1, "decisions": []}',
+                                    '{"format": 1, "decisions": {"k": {"chosen": 3}}}'])
+def test_a_bad_cache_file_is_one_line_and_never_a_traceback(cli, tmp_path, cache_home, damage):
+    cache_path().parent.mkdir(parents=True)
+    cache_path().write_text(damage)
+    result = cli("mode=plan", *AUTO, "gpu=h100", cwd=tmp_path, env=environment(cache_home))
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    told = [line for line in result.stdout.splitlines() if "cannot be read" in line]
+    assert len(told) == 1 and str(cache_path()) in told[0] and "delete it" in told[0]
+
+
+# --- the decision, from synthesized probe timings --------------------------------------------------------
+
+
+def timings(medians: dict, spread: float = 0.2) -> list:
+    """Measurements in probe order (eager first and last); a median of None is a failed job."""
+    eager = medians["none"]
+    graphs = [(choice, median) for choice, median in medians.items() if choice != "none"]
+    return [Measurement(choice, "completed" if median is not None else "failed", median, spread if median else None)
+            for choice, median in [("none", eager[0]), *graphs, ("none", eager[1])]]
+
+
+@pytest.mark.parametrize("medians, spread, chosen", [
+    ({"none": (10.0, 10.1), "full_iteration": 9.0, "te_attn": 8.0}, 0.2, "te_attn"),  # the fastest, beyond noise
+    ({"none": (10.0, 10.6), "te_attn": 9.6}, 0.2, "none"),  # within the noise between processes (0.6 ms)
+    ({"none": (10.0, 10.0), "te_attn": 9.0}, 2.5, "none"),  # within the steps' own scatter (2.5 ms wide)
+    ({"none": (10.0, 10.1), "te_attn": 10.5}, 0.2, "none"),  # slower than eager
+    ({"none": (10.0, 10.1), "te_layer": None, "te_attn": 8.0}, 0.2, "te_attn"),  # the failed one is left out
+    ({"none": (10.0, None), "te_attn": 8.0}, 0.2, "te_attn"),  # one eager run is enough to compare with
+    ({"none": (None, None), "te_attn": 8.0}, 0.2, "none"),  # nothing to beat: eager
+])
+def test_the_fastest_graph_choice_is_kept_only_beyond_the_probes_noise(medians, spread, chosen):
+    decision = decide(timings(medians, spread))
+    assert decision.chosen == chosen, decision.reason
+
+
+def test_a_failed_candidate_is_never_chosen_even_with_the_fastest_steps():
+    probe = timings({"none": (10.0, 10.0), "te_attn": 8.0})
+    probe.insert(1, Measurement("te_layer", "interrupted", 1.0, 0.1, "SIGTERM received"))  # fast, but it did not finish
+    assert decide(probe).chosen == "te_attn"
+
+
+def synthesized_probe(medians: dict, calls: list):
+    """A probe that leaves result.json files in its jobs as the sweep does, from ``medians`` by choice (a pair for
+    eager; None: the job failed)."""
+    def probe(auto, probe_dir):
+        calls.append(probe_dir)
+        eager = iter(medians["none"])
+        for number, choice in enumerate(auto.probe_order):
+            median = next(eager) if choice == "none" else medians.get(choice, 50.0)
+            job = probe_dir / str(number)
+            job.mkdir(parents=True)
+            record = {"choices": {"cuda_graph": choice}, "overrides": []}
+            steps = {"median": median, "p10": median - 0.1, "p90": median + 0.1, "count": 30} if median else None
+            result = {"status": "failed", "reason": "replay failed", "job": record} if median is None else {
+                "status": "completed", "effective_impl": auto.candidate(choice).plan.config.model.cuda_graph_impl,
+                "step_time_ms": steps, "job": record}
+            (job / "result.json").write_text(json.dumps(result))
+        from perf.auto_probe import read_probe
+        return read_probe(auto.probe_order, probe_dir)
+    return probe
+
+
+def test_the_run_trains_with_the_winner_records_the_probe_and_flags_a_failed_candidate(tmp_path, cache_home, caplog):
+    plan, calls = gpu_plan(*SMALL), []
+    probe = synthesized_probe({"none": (20.0, 20.2), "te_attn": 12.0, "te_layer": None}, calls)
+    with caplog.at_level(logging.INFO, logger="graphbridge"):
+        config = choose_graphs(plan, tmp_path, probe)
+    assert (config.model.cuda_graph_impl.value, config.model.cuda_graph_modules) == ("transformer_engine", ["attn"])
+    assert config.rng.te_rng_tracker is True  # the choice's own derived values, as cuda_graph=te_attn composes them
+    record = json.loads((tmp_path / "auto.json").read_text())
+    assert record["chosen"] == "te_attn" and record["source"] == "probe" and len(calls) == 1
+    by_choice = {c["choice"]: c for c in record["candidates"]}
+    job = tmp_path / "auto" / str(plan.auto.probe_order.index("te_attn"))
+    assert by_choice["te_attn"] == {"choice": "te_attn", "status": "completed", "median_ms": 12.0,
+                                    "spread_ms": pytest.approx(0.2), "reason": None, "job": str(job)}
+    assert by_choice["te_layer"]["status"] == "failed" and by_choice["te_layer"]["reason"] == "replay failed"
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "te_layer ended failed" in errors[0] and "plan-equals-run bug" in errors[0]
+    chose = [r.getMessage() for r in caplog.records if "cuda_graph=auto chose" in r.getMessage()]
+    assert len(chose) == 1
+    assert chose[0].startswith("cuda_graph=auto chose te_attn: 12.00 ms a step against eager's 20.00 ms")
+
+
+def test_a_second_run_of_the_same_workload_skips_the_probe(tmp_path, cache_home, caplog):
+    calls = []
+    for run in ("first", "second"):
+        (tmp_path / run).mkdir()
+    first = synthesized_probe({"none": (20.0, 20.1), "te_mlp": 15.0}, calls)
+    choose_graphs(gpu_plan(*SMALL), tmp_path / "first", first)
+    decisions, problem = read_decisions(cache_path())
+    assert problem is None and [record["chosen"] for record in decisions.values()] == ["te_mlp"]
+
+    again = gpu_plan(*SMALL)
+    assert again.auto.cached["chosen"] == "te_mlp" and "is used without a probe" in again.to_text()
+    with caplog.at_level(logging.INFO, logger="graphbridge"):
+        config = choose_graphs(again, tmp_path / "second", synthesized_probe({"none": (1.0, 1.0)}, calls))
+    assert len(calls) == 1 and config.model.cuda_graph_modules == ["mlp"]
+    assert json.loads((tmp_path / "second" / "auto.json").read_text())["source"] == "cache"
+    assert any("from the cache, so the probe is skipped" in r.getMessage() for r in caplog.records)
+    assert not (tmp_path / "second" / "auto").exists()
+    # The same workload run longer, or profiled, is the same decision; another workload or GPU is probed afresh.
+    assert gpu_plan(*SMALL, "train.train_iters=500", "perf.profile=true").auto.cached["chosen"] == "te_mlp"
+    assert gpu_plan(*SMALL, "model.num_layers=3").auto.cached is None
+    other_gpu = Machine(gpus=(GPU("NVIDIA H200", (9, 0), 141 * 10**9),), packages=H100.packages)
+    assert gpu_plan(*SMALL, machine=other_gpu).auto.cached is None
+
+
+@pytest.mark.parametrize("damage", ["{ half a file", "a decision for a choice that is no candidate"])
+def test_a_bad_cache_file_is_reported_probed_past_and_rewritten(tmp_path, cache_home, caplog, damage):
+    cache_path().parent.mkdir(parents=True)
+    if damage.startswith("a decision"):
+        key = gpu_plan(*SMALL).auto.key
+        damage = json.dumps({"format": 1, "decisions": {key: {"chosen": "te_bogus", "candidates": []}}})
+    cache_path().write_text(damage)
+    with caplog.at_level(logging.INFO, logger="graphbridge"):
+        choose_graphs(gpu_plan(*SMALL), tmp_path, synthesized_probe({"none": (20.0, 20.0), "te_attn": 10.0}, []))
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and str(cache_path()) in warned[0]
+    decisions, problem = read_decisions(cache_path())
+    assert problem is None and [record["chosen"] for record in decisions.values()] == ["te_attn"]
+
+
+def test_concurrent_runs_keep_every_decision(cache_home):
+    """Each writer holds the cache's file lock while it reads, adds and writes: none loses another's decision."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    keys = [f"workload{number}" for number in range(24)]
+    with ThreadPoolExecutor(8) as pool:
+        problems = list(pool.map(lambda key: store(cache_path(), key, {"chosen": "none", "candidates": []}), keys))
+    decisions, problem = read_decisions(cache_path())
+    assert problems == [None] * len(keys) and problem is None and sorted(decisions) == sorted(keys)
+
+
+# --- the probe itself: a real sweep of graphbridge on this CPU ------------------------------------------
+
+
+def test_the_probe_is_a_sweep_whose_table_and_plot_stay_in_the_run_directory(tmp_path, cache_home):
+    """The real probe on a machine described as a GPU one: the torch engine's graph choices run eagerly on this
+    CPU, so they are recorded as ran_eagerly and eager is kept; every job ran in a process of its own."""
+    tiny = ("engine=torch", "model.num_layers=1", "model.hidden_size=64", "model.ffn_hidden_size=128",
+            "model.vocab_size=256", "dataset.seq_length=32")
+    plan = gpu_plan(*tiny, machine=Machine(gpus=H100.gpus, packages={"torch": "2.13.0"}))
+    assert plan.auto.probe_order == ["none", "full_iteration", "local_layer", "none"]
+    config = choose_graphs(plan, tmp_path)
+    assert config.model.cuda_graph_impl.value == "none"
+    probe_dir = tmp_path / "auto"
+    assert {"summary.md", "summary.png", "probe.log", "multirun.yaml"} <= {p.name for p in probe_dir.iterdir()}
+    record = json.loads((tmp_path / "auto.json").read_text())
+    assert [(c["choice"], c["status"]) for c in record["candidates"]] == [
+        ("none", "completed"), ("full_iteration", "ran_eagerly"), ("local_layer", "ran_eagerly"), ("none", "completed")]
+    for number, eager in ((0, record["candidates"][0]), (3, record["candidates"][3])):
+        result = json.loads((probe_dir / str(number) / "result.json").read_text())
+        assert result["train_iters"] == 34 and result["step_time_ms"]["count"] == 31
+        assert eager["median_ms"] == result["step_time_ms"]["median"] > 0 and eager["spread_ms"] >= 0
+
