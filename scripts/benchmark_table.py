@@ -58,7 +58,8 @@ def table(record: dict) -> List[str]:
         speedup = number(row["speedup"], ".2f", "x")
         if row.get("speedup_range"):  # --rounds: the per-round ratios
             speedup += f" ({row['speedup_range'][0]:.2f}-{row['speedup_range'][1]:.2f})"
-        cells = (name, number(row["median_ms"], ".2f"), spread, speedup,
+        label = f"{name} (chose {row['auto_chosen']})" if row.get("auto_chosen") else name
+        cells = (label, number(row["median_ms"], ".2f"), spread, speedup,
                  busy(row["gpu_busy"]), number(row["peak_allocated_gb"], ".2f"),
                  number(row.get("estimate_gb"), ".2f"),
                  number(row["capture_time_s"], ".2f"), number(row["graph_count"], "d"),

@@ -265,3 +265,34 @@ def test_the_probe_is_a_sweep_whose_table_and_plot_stay_in_the_run_directory(tmp
         assert result["train_iters"] == 34 and result["step_time_ms"]["count"] == 31
         assert eager["median_ms"] == result["step_time_ms"]["median"] > 0 and eager["spread_ms"] >= 0
 
+
+# --- the benchmark suite's auto variant -----------------------------------------------------------------
+
+
+def test_the_suites_auto_row_says_what_it_chose_and_how_it_compares_with_the_best(monkeypatch, tmp_path):
+    import benchmark_table
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import suite
+
+    medians = {"eager": 10.0, "te_attn": 8.0, "auto": 8.2}
+
+    def run_variant(workload, overrides, job_dir, steps):
+        result = {"status": "completed", "step_time_ms": {"median": medians[job_dir.name]},
+                  "env": {"gpu": "NVIDIA H100 80GB HBM3"}}
+        if job_dir.name == "auto":
+            result["auto"] = {"chosen": "te_attn", "source": "probe"}
+        return suite.Measured(["graphbridge", *overrides], result)
+
+    variants = {"eager": ("cuda_graph=none",), "te_attn": ("cuda_graph=te_attn",), suite.AUTO: ("cuda_graph=auto",)}
+    monkeypatch.setitem(suite.WORKLOADS, "with_auto", suite.Workload("with auto", ("recipe=llama/tiny",), variants))
+    monkeypatch.setattr(suite, "run_variant", run_variant)
+    record = suite.run_workload("with_auto", 40, tmp_path)
+    auto = record["variants"]["auto"]
+    assert auto["auto_chosen"] == "te_attn" and auto["vs_best"] == pytest.approx(8.2 / 8.0)
+    assert record["variants"]["te_attn"]["auto_chosen"] is None and "vs_best" not in record["variants"]["te_attn"]
+    table = "\n".join(benchmark_table.table(record | {"driver": "580", "date": "2026-11-25",
+                                                      "versions": {**record["versions"], "torch": "2.11"}}))
+    assert "| auto (chose te_attn) | 8.20 |" in table
+    assert all(suite.AUTO in workload.variants for name, workload in suite.WORKLOADS.items()
+               if name in ("llama_tiny_local", "llama_tiny_te", "llama32_1b", "qwen3_moe_dropless",
+                           "qwen3_moe_drop_and_pad"))
