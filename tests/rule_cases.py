@@ -239,9 +239,12 @@ RULE_CASES.update({
                              Case({**TORCH, "torch_compile": "default"})),
     "torch_compile_megatron": (Case({"torch_compile": "default"}), Case({**TORCH, "torch_compile": "default"})),
     "optimizer_in_graph_megatron": (
+        Case({**FULL_ITERATION, "optimizer.optimizer_in_graph": True, "optimizer.optimizer": "sgd"}),
+        Case({**FULL_ITERATION, "optimizer.optimizer_in_graph": True})),
+    "optimizer_graph_distributed": (
         Case({**FULL_ITERATION, "optimizer.optimizer_in_graph": True, "ddp.use_distributed_optimizer": True}),
-        Case({**FULL_ITERATION, "optimizer.optimizer_in_graph": True, "ddp.use_distributed_optimizer": True,
-              **TORCH})),
+        Case({**FULL_ITERATION, "optimizer.optimizer_in_graph": True, "ddp.use_distributed_optimizer": True},
+             machine=ONE_H100_019)),
     "te_graphs_need_te_spec": (Case({**te("attn"), "model.transformer_impl": "local"}),
                                Case({**local(), "model.transformer_impl": "local"})),
     "expert_bias": (Case({**MOE, "model.add_bias_linear": True, "model.moe_grouped_gemm": True,
@@ -353,7 +356,9 @@ RULE_CASES.update({
 EXTRA_REJECTS = {
     "dropless_moe_capture": [Case({**MOE, **local()}), Case({**MOE, **te()})],
     "optimizer_in_graph_megatron": [Case({**FULL_ITERATION, "optimizer.optimizer_in_graph": True,
-                                          "model.fp16": True, "model.bf16": False})],
+                                          "model.fp16": True, "model.bf16": False}),
+                                    Case({**FULL_ITERATION, **MOE, "optimizer.optimizer_in_graph": True,
+                                          "model.expert_model_parallel_size": 2, "train.num_gpus": 2})],
     "legacy_flags": [Case({**te(), "model.enable_cuda_graph": True})],
     "legacy_scope": [Case({**te(), "model.cuda_graph_scope": "full_iteration"}),
                      Case({**local(), "model.cuda_graph_scope": "bogus"}),
@@ -363,7 +368,10 @@ EXTRA_REJECTS = {
                            Case(te("attn"), machine=Machine(gpus=(H100,), packages={**PACKAGES_019,
                                                                                      "megatron-core": "0.16.1"})),
                            Case({**te("attn"), "model.delay_wgrad_compute": True},
-                                machine=Machine(gpus=(H100,), packages={**PACKAGES, "transformer-engine": "2.9.0"}))],
+                                machine=Machine(gpus=(H100,), packages={**PACKAGES, "transformer-engine": "2.9.0"})),
+                           Case({**FULL_ITERATION, "optimizer.optimizer_in_graph": True,
+                                 "ddp.use_distributed_optimizer": True},
+                                machine=Machine(gpus=(H100,), packages={**PACKAGES_019, "transformer-engine": "2.10.0"}))],
     "megatron_core_installed": [
         Case({"engine": "megatron"}, machine=Machine(gpus=(H100,), packages={**PACKAGES, "megatron-core": "0.18.0"})),
         Case({"engine": "megatron", "plan.megatron_core": "0.19.2"})],

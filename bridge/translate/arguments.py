@@ -18,7 +18,7 @@ from typing import Any, Dict, Optional
 
 from bridge.config.schema import CudaGraphImpl, GraphBridgeConfig
 from bridge.machine import probe
-from bridge.translate.versions import MegatronCoreRelease, default_release, release
+from bridge.translate.versions import MegatronCoreRelease, default_release, megatron_optimizer_graph, release
 
 # Our fields that GPTModel takes (TransformerConfig does not know them).
 GPT_MODEL_FIELDS = ("position_embedding_type", "rotary_base", "rotary_percent", "rope_scaling",
@@ -133,6 +133,10 @@ def megatron_arguments(cfg: GraphBridgeConfig, version: Optional[str] = None) ->
                  if f.name not in OPTIMIZER_ONLY_OURS}
     optimizer.update(bf16=cfg.model.bf16, fp16=cfg.model.fp16,
                      use_distributed_optimizer=cfg.ddp.use_distributed_optimizer)
+    if megatron_optimizer_graph(cfg, release_for(version).version):
+        # A capturable Adam (learning rate and step count as device tensors) for OptimizerCudaGraphWrapper;
+        # given only then, so that every other configuration is spelled as before.
+        optimizer["optimizer_cuda_graph"] = True
     ddp = dataclasses.asdict(cfg.ddp)
     return {
         "transformer_config": transformer_config_arguments(cfg, version),

@@ -39,6 +39,9 @@ class MegatronCoreRelease:
     empty when this release has no inference scope."""
     differences: Tuple[str, ...] = ()
     """What else a user of both releases should know, one line each (the README's matrix)."""
+    optimizer_graph: bool = False
+    """megatron-core has its own optimizer CUDA graph (OptimizerConfig.optimizer_cuda_graph and
+    OptimizerCudaGraphWrapper): optimizer.optimizer_in_graph with the distributed optimizer is that graph."""
 
     def carrier(self, key: str) -> Optional[str]:
         """The megatron-core field that carries graphbridge's ``key`` here (its own name by default)."""
@@ -86,7 +89,9 @@ RELEASES: Dict[str, MegatronCoreRelease] = {release.version: release for release
             "pool (megatron-core's default is true; graphbridge passes its own, false)",
             "EP A2A overlap also with full_iteration graphs, and it refuses moe recompute; CPU offloading with "
             "full_iteration",
-        )),
+            "optimizer.optimizer_in_graph also with the distributed optimizer: megatron-core's own optimizer graph",
+        ),
+        optimizer_graph=True),
 )}
 SUPPORTED = tuple(RELEASES)
 
@@ -105,6 +110,14 @@ def default_release(machine: Machine) -> MegatronCoreRelease:
         return installed
     installable = [row for row in RELEASES.values() if sys.version_info[:2] >= row.python]
     return installable[-1]
+
+
+def megatron_optimizer_graph(cfg, version: str) -> bool:
+    """Whether optimizer.optimizer_in_graph is megatron-core's own optimizer graph on ``version``: with the
+    distributed optimizer, where the release has one. Otherwise graphbridge's capturable AdamW steps inside
+    the full-iteration graph (bridge.engines.megatron.capturable_optimizer)."""
+    row = release(version)
+    return bool(row and row.optimizer_graph and cfg.optimizer.optimizer_in_graph and cfg.ddp.use_distributed_optimizer)
 
 
 def in_range(version: str, spec: Optional[str]) -> bool:

@@ -142,19 +142,20 @@ def torch_compile_megatron(cfg, target):
 
 
 @rule("optimizer_in_graph_megatron", engine="megatron",
-      rejects="the megatron engine's in-graph optimizer with a non-Adam optimizer, fp16, the distributed "
-              "optimizer or expert parallelism",
+      rejects="the megatron engine's in-graph optimizer with a non-Adam optimizer or fp16, or graphbridge's capturable "
+              "AdamW (the in-graph optimizer without the distributed optimizer) with expert parallelism",
       fix="as the message says, or `optimizer.optimizer_in_graph=false`")
 def optimizer_in_graph_megatron(cfg, target):
     if not (cfg.optimizer.optimizer_in_graph and impl_of(cfg) == FULL_ITERATION):
         return None
-    # A capturable AdamW over fp32 master weights: no loss scaler (fp16), no sharded state (the
-    # distributed optimizer), no grad-norm reduction across expert-parallel ranks.
+    # Either optimizer steps Adam over fp32 master weights without a loss scaler: fp16's reads its overflow
+    # flag on the host. graphbridge's capturable AdamW (bridge.engines.megatron.capturable_optimizer) reduces
+    # the grad norm over the model-parallel group only, not across expert-parallel ranks.
     unmet = [key for key, ok in (
         ("optimizer.optimizer=adam", cfg.optimizer.optimizer == "adam"),
         ("model.fp16=false", not cfg.model.fp16),
-        ("ddp.use_distributed_optimizer=false", not cfg.ddp.use_distributed_optimizer),
-        ("model.expert_model_parallel_size=1", cfg.model.expert_model_parallel_size == 1),
+        ("model.expert_model_parallel_size=1",
+         cfg.model.expert_model_parallel_size == 1 or cfg.ddp.use_distributed_optimizer),
     ) if not ok]
     if not unmet:
         return None
@@ -162,6 +163,24 @@ def optimizer_in_graph_megatron(cfg, target):
         "optimizer_in_graph_megatron", ["optimizer.optimizer_in_graph"] + [key.split("=")[0] for key in unmet],
         f"the in-graph optimizer step needs {' '.join(unmet)}; set those or optimizer.optimizer_in_graph=false",
     )
+
+
+@rule("optimizer_graph_distributed", engine="megatron", megatron_core="<0.19",
+      rejects="the in-graph optimizer with the distributed optimizer before megatron-core 0.19, which has no optimizer "
+              "graph of its own (graphbridge's capturable AdamW keeps whole, unsharded state)",
+      fix="`plan.megatron_core=0.19.2` (megatron-core 0.19's optimizer graph), `ddp.use_distributed_optimizer=false`, "
+          "or `optimizer.optimizer_in_graph=false`")
+def optimizer_graph_distributed(cfg, target):
+    optimizer = cfg.optimizer
+    if not (optimizer.optimizer_in_graph and cfg.ddp.use_distributed_optimizer and impl_of(cfg) == FULL_ITERATION):
+        return None
+    return violation(
+        "optimizer_graph_distributed",
+        ["optimizer.optimizer_in_graph", "ddp.use_distributed_optimizer", "plan.megatron_core"],
+        f"megatron-core {target.megatron_core} cannot step the distributed optimizer inside a graph (its own optimizer "
+        "graph, OptimizerCudaGraphWrapper, came with megatron-core 0.19); use megatron-core 0.19: set "
+        "plan.megatron_core=0.19.2 and install it (pip install 'graphbridge[te019]'), or set "
+        "ddp.use_distributed_optimizer=false, or optimizer.optimizer_in_graph=false")
 
 
 @rule("te_graphs_need_te_spec", engine="megatron",

@@ -3,11 +3,11 @@ and graphs need. A violation here means "cannot run on this machine"; the plan s
 configuration, so planning for a cluster from a laptop works."""
 
 from dataclasses import dataclass
-from typing import Callable, List, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from bridge.config.schema import Device, EngineChoice
 from bridge.machine import PACKAGES, version_tuple
-from bridge.translate.versions import RELEASES, SUPPORTED, release
+from bridge.translate.versions import RELEASES, SUPPORTED, in_range, release
 from bridge.validation.graph_facts import IMPL, MODULES, TE, impl_of
 from bridge.validation.registry import rule, violation
 
@@ -116,6 +116,8 @@ class TransformerEngineNeed:
     keys: Tuple[str, ...]
     lowest: str
     asked: Callable[[object], bool]
+    megatron_core: Optional[str] = None
+    """The megatron-core releases that need it (a range, bridge.translate.versions.in_range); None: all."""
 
 
 TRANSFORMER_ENGINE_NEEDS = (
@@ -144,11 +146,18 @@ TRANSFORMER_ENGINE_NEEDS = (
     TransformerEngineNeed("the fused sqrtsoftplus router (megatron-core 0.19)",
                           ("model.moe_router_fusion", "model.moe_router_score_function"), "2.13",
                           lambda cfg: cfg.model.moe_router_fusion and cfg.model.moe_router_score_function == "sqrtsoftplus"),
+    # megatron-core 0.19 clips by a norm left on the device only with TE's multi_tensor_scale_tensor (TE 2.14 on);
+    # otherwise get_grad_norm_fp32 reads the norm with .item(), which the optimizer graph's capture cannot hold.
+    TransformerEngineNeed("megatron-core's optimizer graph (the in-graph optimizer with the distributed optimizer, "
+                          "megatron-core 0.19)", ("optimizer.optimizer_in_graph", "ddp.use_distributed_optimizer"),
+                          "2.14", lambda cfg: cfg.optimizer.optimizer_in_graph and cfg.ddp.use_distributed_optimizer,
+                          megatron_core=">=0.19"),
 )
 
 
-def transformer_engine_needs(cfg) -> List[TransformerEngineNeed]:
-    return [need for need in TRANSFORMER_ENGINE_NEEDS if need.asked(cfg)]
+def transformer_engine_needs(cfg, megatron_core: str) -> List[TransformerEngineNeed]:
+    return [need for need in TRANSFORMER_ENGINE_NEEDS
+            if need.asked(cfg) and in_range(megatron_core, need.megatron_core)]
 
 
 @rule("transformer_engine", environment=True,
@@ -162,7 +171,7 @@ def transformer_engine(cfg, target):
     row = release(target.megatron_core)
     installed = target.machine.version("transformer-engine")
     install = f"pip install 'graphbridge[{row.te_extra}]' (Transformer Engine {row.transformer_engine_range})"
-    needs = transformer_engine_needs(cfg)
+    needs = transformer_engine_needs(cfg, target.megatron_core)
     if installed is None:
         return [violation("transformer_engine", list(need.keys), f"{need.what} need Transformer Engine, which is "
                           f"not installed here; {install}") for need in needs]
