@@ -9,7 +9,8 @@ How each release spells the config is translation's business (bridge.translate.v
   ``custom_cudagraphs_lookup_table``;
 - the per-layer module list lives in ``cuda_graph_modules`` (``cuda_graph_scope`` before);
 - the local graphs keep a layer's boundary buffers alive from forward to backward only when the
-  eager first step saw them saved for backward (native_saves_observed says why that needs help).
+  eager first step saw them saved for backward (native_saves_observed says why that needs help);
+- megatron-core has its own optimizer graph, OptimizerCudaGraphWrapper (None before).
 """
 
 from contextlib import nullcontext
@@ -25,6 +26,12 @@ from bridge.machine import release, version_tuple
 from bridge.translate.versions import release as table_row
 
 SINCE_0_19 = version_tuple(MEGATRON_CORE_VERSION) >= (0, 19)
+
+# An installed release graphbridge does not support has no row: the catalogue refuses it before any engine.
+if getattr(table_row(release(MEGATRON_CORE_VERSION)), "optimizer_graph", False):
+    from megatron.core.optimizer.optimizer_cuda_graph import OptimizerCudaGraphWrapper
+else:
+    OptimizerCudaGraphWrapper = None
 
 
 def batch_on_this_cp_rank(batch: Dict) -> Dict:

@@ -66,6 +66,8 @@ from bridge.engines.megatron.local import LocalLayerGraphs, local_graph_state_is
 from bridge.engines.megatron.transformer_engine import TransformerEngineGraphs
 from bridge.translate import build_megatron_configs
 
+OPTIMIZER_GRAPH = "the optimizer graph (megatron-core OptimizerCudaGraphWrapper)"
+
 
 class MegatronEngine:
     name = "megatron"
@@ -98,8 +100,12 @@ class MegatronEngine:
             overlap_param_gather_with_optimizer_step=cfg.optimizer.overlap_param_gather_with_optimizer_step)
         # Graph machinery and optimizer come after the model, so the weights never depend on the impl.
         torch.cuda.synchronize()
-        self.optimizer_in_graph = cfg.optimizer.optimizer_in_graph
-        if self.optimizer_in_graph:
+        # Translation chose the in-graph optimizer: megatron-core's own optimizer graph (a capturable megatron
+        # optimizer, optimizer_cuda_graph; the distributed optimizer on 0.19), else graphbridge's capturable
+        # AdamW inside the full-iteration graph.
+        self.optimizer_graph = getattr(configs["optimizer_config"], "optimizer_cuda_graph", False)
+        self.optimizer_in_iteration = cfg.optimizer.optimizer_in_graph and not self.optimizer_graph
+        if self.optimizer_in_iteration:
             self.optimizer = CapturableAdamW(self.model_chunks, cfg.optimizer, self.device)
             self.schedule_view = ScheduleView()
             schedule_target = self.schedule_view
@@ -133,8 +139,9 @@ class MegatronEngine:
         """The lifecycle of the impl's megatron-core mechanism (bridge.config.graphs names them)."""
         cfg, impl = self.cfg, CudaGraphImpl(self.cfg.model.cuda_graph_impl)
         if impl == CudaGraphImpl.full_iteration:
-            optimizer_step = self.optimizer.step if self.optimizer_in_graph else None
-            return FullIterationGraphs(self.transformer_config, optimizer_step)
+            optimizer_step = self.optimizer.step if self.optimizer_in_iteration else None
+            return FullIterationGraphs(self.transformer_config, optimizer_step,
+                                       graphed_optimizer=self.optimizer if self.optimizer_graph else None)
         if impl == CudaGraphImpl.local:
             return LocalLayerGraphs(self.model_chunks)
         if impl == CudaGraphImpl.transformer_engine:
@@ -146,7 +153,7 @@ class MegatronEngine:
         self.graphs.before_step(step)
         for chunk in self.model_chunks:
             chunk.zero_grad_buffer()
-        if self.optimizer_in_graph:
+        if self.optimizer_in_iteration:
             self.optimizer.set_learning_rate(self.schedule_view.learning_rate)
         else:
             self.optimizer.zero_grad()
@@ -160,10 +167,11 @@ class MegatronEngine:
                 micro_batch_size=self.cfg.train.micro_batch_size, forward_only=False)
         # The GPU is still busy with this step: build the next step's batches meanwhile.
         self.prefetched = (step + 1, pinned(self.mock_data.microbatches(step + 1)))
-        if self.optimizer_in_graph:
+        if self.optimizer_in_iteration:
             stepped, grad_norm = True, self.optimizer.grad_norm
         else:
-            stepped, grad_norm, _ = self.optimizer.step()
+            with graph_region(OPTIMIZER_GRAPH, phase) if phase and self.optimizer_graph else nullcontext():
+                stepped, grad_norm, _ = self.optimizer.step()
         if stepped:
             self.scheduler.step(increment=1)
         if self.toggle_forward_pre_hook and self.steps_done == 0:

@@ -7,10 +7,13 @@ static buffers, so the data iterator must yield dicts of tensors.
 With ``optimizer_step`` (optimizer.optimizer_in_graph=true) the captured function is
 forward+backward followed by a sync-free optimizer step, so one replay is a whole training
 step. The optimizer must then be capturable (see bridge.engines.megatron.capturable_optimizer).
+With ``graphed_optimizer`` instead (the in-graph optimizer with the distributed optimizer, megatron-core
+0.19) megatron-core's own OptimizerCudaGraphWrapper captures the megatron optimizer's step as a second
+graph on the same call, as Megatron-LM and Megatron-Bridge (optimizer.optimizer_cuda_graph) wrap it.
 
-All of the wrapper's state is class-level and megatron-core never resets it (0.19 has a reset that
-leaves the static buffers); ``delete`` does, so a later wrapper in the same process starts from
-call zero with empty buffers.
+All of the wrappers' state is class-level and megatron-core never resets it (0.19 has a reset that
+leaves the static buffers; the optimizer wrapper's destructor leaves its call count); ``delete`` does,
+so a later wrapper in the same process starts from call zero with empty buffers.
 """
 
 from functools import partial
@@ -20,7 +23,7 @@ import torch
 
 from megatron.core.full_cuda_graph import FullCudaGraphWrapper, StaticBufferLoader
 
-from bridge.engines.megatron.compat import full_iteration_wrapper_arguments
+from bridge.engines.megatron.compat import OptimizerCudaGraphWrapper, full_iteration_wrapper_arguments
 from bridge.engines.megatron.lifecycle import FirstStep
 
 STAGES = ("training", "validation")
@@ -29,11 +32,14 @@ STAGES = ("training", "validation")
 class FullIterationGraphs:
     region = "the full-iteration graph (megatron-core FullCudaGraphWrapper)"
 
-    def __init__(self, transformer_config, optimizer_step: Optional[Callable[[], None]] = None):
+    def __init__(self, transformer_config, optimizer_step: Optional[Callable[[], None]] = None,
+                 graphed_optimizer=None):
         self.transformer_config = transformer_config
         self.warmup_steps = transformer_config.cuda_graph_warmup_steps
         self.optimizer_step = optimizer_step
         self.first_step = FirstStep()
+        if graphed_optimizer is not None:
+            graph_optimizer_step(graphed_optimizer, transformer_config)
 
     def wrap(self, forward_backward_func: Callable) -> Callable:
         captured = forward_backward_func
@@ -53,7 +59,8 @@ class FullIterationGraphs:
         return self.first_step.offset(self.warmup_steps)
 
     def graph_count(self) -> int:
-        return sum(FullCudaGraphWrapper.cuda_graph[stage] is not None for stage in STAGES)
+        optimizer_graphs = OptimizerCudaGraphWrapper is not None and OptimizerCudaGraphWrapper.cuda_graph is not None
+        return sum(FullCudaGraphWrapper.cuda_graph[stage] is not None for stage in STAGES) + optimizer_graphs
 
     def delete(self) -> None:
         reset_full_iteration_state()
@@ -74,8 +81,17 @@ def _forward_backward_then_step(forward_backward_func, optimizer_step, **kwargs)
     return losses
 
 
+def graph_optimizer_step(optimizer, transformer_config) -> None:
+    """megatron-core's optimizer graph around ``optimizer.step``: eager for the config's warmup calls, captured
+    on the next (the full-iteration graph's capture step) into the pool cuda_graph_use_single_mempool names,
+    replayed after. The optimizer must be built capturable (OptimizerConfig.optimizer_cuda_graph)."""
+    optimizer.step = OptimizerCudaGraphWrapper(optimizer.step,
+                                               cuda_graph_warmup_steps=transformer_config.cuda_graph_warmup_steps,
+                                               use_single_mempool=transformer_config.cuda_graph_use_single_mempool)
+
+
 def reset_full_iteration_state() -> None:
-    """Free the graphs and static buffers and rewind the call counters of every stage."""
+    """Free the graphs and static buffers and rewind the call counters of every stage and of the optimizer graph."""
     for stage in STAGES:
         graph = FullCudaGraphWrapper.cuda_graph[stage]
         if graph is not None:
@@ -85,10 +101,19 @@ def reset_full_iteration_state() -> None:
         FullCudaGraphWrapper.result[stage] = None
         FullCudaGraphWrapper.curr_iteration[stage] = 0
         StaticBufferLoader.static_buffers[stage] = []
+    if OptimizerCudaGraphWrapper is not None:
+        if OptimizerCudaGraphWrapper.cuda_graph is not None:
+            OptimizerCudaGraphWrapper.cuda_graph.reset()
+        OptimizerCudaGraphWrapper.cuda_graph = None
+        OptimizerCudaGraphWrapper.result = None
+        OptimizerCudaGraphWrapper.curr_iteration = 0
 
 
 def full_iteration_state_is_clean() -> bool:
-    return all(
+    optimizer_graph_clean = OptimizerCudaGraphWrapper is None or (
+        OptimizerCudaGraphWrapper.cuda_graph is None and OptimizerCudaGraphWrapper.result is None
+        and OptimizerCudaGraphWrapper.curr_iteration == 0)
+    return optimizer_graph_clean and all(
         FullCudaGraphWrapper.cuda_graph[stage] is None
         and FullCudaGraphWrapper.result[stage] is None
         and FullCudaGraphWrapper.curr_iteration[stage] == 0
