@@ -40,6 +40,7 @@ FULL_ITERATION_WITH_OPTIMIZER = ("cuda_graph=full_iteration", "optimizer.optimiz
 AUTO = "auto"
 """The variant that measures the graph choices itself (cuda_graph=auto): its row says what it chose and how its
 step time compares with the best other variant of the same run."""
+DISTRIBUTED_OPTIMIZER_PROXY = "qwen3_moe_distributed_optimizer"
 
 
 @dataclass(frozen=True)
@@ -48,12 +49,15 @@ class Workload:
     base: Tuple[str, ...]
     variants: Dict[str, Tuple[str, ...]]
     gpus: int = 1
+    megatron_core: Optional[str] = None
+    """The megatron-core releases it measures (a range, bridge.translate.versions.in_range); None: all."""
 
 
 def moe_proxy(recipe: str, gpu: str, *extra: str, experts: Optional[int] = None) -> Tuple[str, ...]:
     """A MoE recipe's layer shapes on one GPU: two layers, one expert-parallel rank, the alltoall dispatcher
-    (flex needs TP x EP > 1), four micro-batches per step, no distributed optimizer (one rank has nothing to
-    shard it over, and the in-graph optimizer step needs it off)."""
+    (flex needs TP x EP > 1), four micro-batches per step, no distributed optimizer unless ``extra`` turns it
+    back on (one rank has nothing to shard it over, and before megatron-core 0.19 the in-graph optimizer step
+    needs it off)."""
     shrink = ("model.num_layers=2", "train.num_gpus=1", "workload.preset_num_gpus=1", "ddp.use_distributed_optimizer=false",
               "model.expert_model_parallel_size=1", "model.tensor_model_parallel_size=1",
               "model.pipeline_model_parallel_size=1", "model.virtual_pipeline_model_parallel_size=null",
@@ -96,6 +100,12 @@ WORKLOADS: Dict[str, Workload] = {
         {EAGER: ("cuda_graph=none",), RECIPE_DEFAULT: (), "full_iteration": ("cuda_graph=full_iteration",),
          "full_iteration+optimizer": FULL_ITERATION_WITH_OPTIMIZER, "te_attn_moe_router":
          ("cuda_graph=te_attn_moe_router",), AUTO: ("cuda_graph=auto",)}),
+    DISTRIBUTED_OPTIMIZER_PROXY: Workload(
+        "the drop-and-pad proxy with the distributed optimizer, as every Bridge perf preset trains; in the graph, "
+        "megatron-core's own optimizer graph",
+        moe_proxy("qwen/qwen3_30b_a3b", "h100", *DROP_AND_PAD, "ddp.use_distributed_optimizer=true"),
+        {EAGER: ("cuda_graph=none",), "full_iteration": ("cuda_graph=full_iteration",),
+         "full_iteration+optimizer": FULL_ITERATION_WITH_OPTIMIZER}, megatron_core=">=0.19"),
     "qwen3_moe_ep2": Workload(
         "Qwen3-30B-A3B layer shapes, 2 layers, EP=2 over two GPUs (real all-to-all)",
         moe_proxy("qwen/qwen3_30b_a3b", "h100", "train.num_gpus=2", "model.expert_model_parallel_size=2",
@@ -212,6 +222,18 @@ def git_commit() -> Optional[str]:
     return done.stdout.strip() or None
 
 
+def other_release(workload: Workload) -> Optional[str]:
+    """The installed megatron-core release when the workload does not measure it, else None."""
+    if workload.megatron_core is None:
+        return None
+    sys.path.insert(0, str(ROOT))
+    from bridge.machine import probe
+    from bridge.translate.versions import in_range
+
+    installed = probe().version("megatron-core")
+    return None if installed and in_range(installed, workload.megatron_core) else installed or "none"
+
+
 def result_name(record: dict) -> str:
     gpu = (record.get("gpu") or "cpu").lower().replace("nvidia ", "").split()[0]
     mcore = record["versions"].get("megatron_core") or "none"
@@ -240,6 +262,10 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     unmeasured = []
     for name in args.workloads:
+        release = other_release(WORKLOADS[name])
+        if release:
+            print(f"{name}: measures megatron-core {WORKLOADS[name].megatron_core}, and {release} is installed; skipped")
+            continue
         record = run_workload(name, args.steps, args.scratch / time.strftime("%H%M%S"), args.rounds)
         if not any(row["status"] == "completed" for row in record["variants"].values()):
             print(f"{name}: no variant completed; nothing written (the job logs are under {args.scratch})")
