@@ -94,7 +94,8 @@ def compare(pairs: Sequence[WeightPair], budget: RoundingBudget) -> Dict[str, ob
     for pair in pairs:
         reference, candidate = pair.reference_master.float().reshape(-1), pair.candidate_master.float().reshape(-1)
         diff, bound = (reference - candidate).abs(), budget.bound(reference)
-        worst_ratio = max(worst_ratio, float((diff / bound).max()))
+        # Where nothing moved yet the bound of a zero weight is zero, and so is its difference.
+        worst_ratio = max(worst_ratio, float(torch.where(diff > 0, diff / bound, torch.zeros_like(diff)).max()))
         worst_diff, largest_bound = max(worst_diff, float(diff.max())), max(largest_bound, float(bound.max()))
         moved += int(((reference - pair.initial_master.float().reshape(-1)).abs() > SENSITIVITY * bound).sum())
         reference_model, candidate_model = pair.reference_model.reshape(-1), pair.candidate_model.reshape(-1)
