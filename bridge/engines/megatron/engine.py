@@ -265,8 +265,10 @@ def init_distributed() -> torch.device:
     # Graph capture on the legacy default stream fails (cudaErrorStreamCaptureImplicit in TE's
     # make_graphed_callables); Megatron-Bridge also moves to a side stream before building anything.
     torch.cuda.set_stream(torch.cuda.Stream())
-    torch.distributed.init_process_group("nccl", rank=int(os.environ.get("RANK", "0")), world_size=world_size,
-                                         device_id=device)
+    # No device_id: bound to a device, PyTorch creates the NCCL communicator of every group megatron-core makes
+    # at once, used or not (benchmarks/results/h100/*/run_footprint.json: the device memory that cost). Unbound,
+    # a group's communicator comes with its first collective, which the eager steps before any capture make.
+    torch.distributed.init_process_group("nccl", rank=int(os.environ.get("RANK", "0")), world_size=world_size)
     return device
 
 
