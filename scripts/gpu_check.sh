@@ -8,6 +8,7 @@
 #   bash scripts/gpu_check.sh sweep      # the dense-scope sweep (profiled)
 #   bash scripts/gpu_check.sh suite W... # the benchmark suite's workloads W (python benchmarks/suite.py --list)
 #   bash scripts/gpu_check.sh differential [ARGS] # plan equals run: benchmarks/gpu_differential.py ARGS
+#   bash scripts/gpu_check.sh equivalence [ARGS]  # graphed training against eager: benchmarks/equivalence.py ARGS
 #   bash scripts/gpu_check.sh overhead   # trainer vs minimal megatron-core loop; torch engine vs torch.compile
 #   bash scripts/gpu_check.sh nan        # the in-graph NaN check's overhead
 #   bash scripts/gpu_check.sh multigpu   # two GPUs: the multigpu tests
@@ -60,6 +61,10 @@ case "${1:-tests}" in
     python3 benchmarks/gpu_differential.py --out "$out/gpu_differential.json" "$@" 2>&1 \
       | tee "$out/gpu_differential.log" | tail -40
     kill %1
+    ;;
+  equivalence)  # per-step losses of graphed runs beside their eager twins' into $out/equivalence.json, and the log
+    shift
+    python3 benchmarks/equivalence.py --out "$out/equivalence.json" "$@" 2>&1 | tee "$out/equivalence.log" | tail -60
     ;;
   overhead)
     timeout 360 python3 benchmarks/minimal_megatron_loop.py --rounds 3 --profile-dir /tmp/profiles 2>&1 | tee "$out/minimal_loop.log" | tail -12

@@ -1,0 +1,181 @@
+"""Is graphed training the same training? Every variant of llama/tiny trains --steps steps at the recipe's
+default warmup through the real `graphbridge` CLI, beside its eager twin (the same overrides with cuda_graph=none
+and the optimizer outside any graph), for a few seeds; the record keeps every per-step loss of both:
+
+    python benchmarks/equivalence.py --out equivalence.json [--seeds 1234 1 2] [--steps 100] [--workers 6]
+    MCORE=0.19.2 TE=2.20.2 bash scripts/gpu_check.sh equivalence    # on the GPU machine, into $OUT/mcore-<release>/
+
+Two runs that round differently cannot be compared step by step: their differences grow until the curves agree
+on average only (rounding alone, local_layer against eager, left single steps up to 0.84 apart on an H100,
+issue #29). So a variant is compared by its window mean, the mean loss over steps 50-99 of 100, against its
+twin's. The rounding-only pair (ROUNDING_VARIANT: local per-layer graphs compute eager's math with other
+rounding) measures how far two such windows lie apart when nothing but rounding differs; the GPU loss tests
+(tests/gpu/megatron_cases.py) allow ROUNDING_MARGIN times the largest such gap recorded here. Variants this
+machine refuses (the distributed optimizer in the graph before megatron-core 0.19) are recorded as refused.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+
+import suite  # noqa: E402
+
+GRAPHBRIDGE = [sys.executable, "-m", "perf.main"]
+RECIPE = "recipe=llama/tiny"
+SPECS = {"local": ("model.transformer_impl=local",), "transformer_engine": ("model.transformer_impl=transformer_engine",)}
+IN_GRAPH = "optimizer.optimizer_in_graph=true"
+VARIANTS = {
+    "full_iteration": ("cuda_graph=full_iteration",),
+    "local_layer": ("cuda_graph=local_layer",),
+    "full_iteration+optimizer": ("cuda_graph=full_iteration", IN_GRAPH),
+    "full_iteration+optimizer+distributed": ("cuda_graph=full_iteration", IN_GRAPH, "ddp.use_distributed_optimizer=true"),
+}
+ROUNDING_VARIANT = "local_layer"
+WINDOW = (50, 100)
+"""Steps [50, 100): the second half of a 100-step run, past the learning-rate warmup (10 steps by default)."""
+ROUNDING_MARGIN = 2
+"""A run trains the same when its window mean lies within twice the largest gap rounding alone made. The few
+seeds measured are a few draws of that noise and only hint at its spread: on issue #29's H100 run the
+in-graph optimizer's gap (+0.30 %) was larger than the one rounding-only gap measured (+0.24 %) and
+within twice it."""
+RUN_TIMEOUT_S = 900
+
+
+def eager_twin(overrides: Sequence[str]) -> Tuple[str, ...]:
+    """The same training without graphs: cuda_graph=none, the optimizer outside any graph."""
+    kept = [item for item in overrides if not item.startswith(("cuda_graph=", "optimizer.optimizer_in_graph="))]
+    return (*kept, "cuda_graph=none")
+
+
+def window_gap(losses: Sequence[float], eager_losses: Sequence[float]) -> float:
+    """The relative gap of the window means: (mean - eager's mean) / eager's mean."""
+    start, end = WINDOW
+    mean, eager = statistics.fmean(losses[start:end]), statistics.fmean(eager_losses[start:end])
+    return (mean - eager) / eager
+
+
+def rounding_gap(record: dict) -> Optional[float]:
+    """The largest |window gap| of the rounding-only pair in an equivalence record, from its per-step losses."""
+    gaps = [abs(window_gap(run["losses"], run["eager_losses"])) for run in record["runs"]
+            if run["variant"] == ROUNDING_VARIANT and run["status"] == run["eager_status"] == "completed"]
+    return max(gaps, default=None)
+
+
+def runs_to_make(seeds: Sequence[int], steps: int) -> List[dict]:
+    """Every (spec, variant, seed) with its overrides and its twin's."""
+    runs = []
+    for spec, spec_overrides in SPECS.items():
+        for variant, overrides in VARIANTS.items():
+            for seed in seeds:
+                full = (RECIPE, *spec_overrides, *overrides, f"rng.seed={seed}", f"train.train_iters={steps}")
+                runs.append({"spec": spec, "variant": variant, "seed": seed, "overrides": list(full),
+                             "eager_overrides": list(eager_twin(full))})
+    return runs
+
+
+def refusal(overrides: Tuple[str, ...]) -> Optional[dict]:
+    """Why this machine would refuse the configuration, as a result; None when it trains here."""
+    import bridge
+
+    plan = bridge.plan(list(overrides))
+    if plan.runnable_here:
+        return None
+    return {"status": "refused", "reason": "; ".join(str(v) for v in plan.violations), "losses": []}
+
+
+def train(overrides: Tuple[str, ...], workdir: Path, index: int) -> dict:
+    """One training through the CLI: its status and per-step losses (or why it failed)."""
+    run_dir = workdir / f"run{index}"
+    # Each run its own rendezvous port: ports picked free by concurrent processes can collide.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MASTER_PORT": str(21000 + index)}
+    with open(workdir / f"run{index}.log", "w") as log:
+        try:
+            subprocess.run([*GRAPHBRIDGE, *overrides, f"hydra.run.dir={run_dir}"], cwd=ROOT, env=env, stdout=log,
+                           stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return {"status": "timeout", "reason": f"no result within {RUN_TIMEOUT_S} s", "losses": []}
+    result_file = run_dir / "result.json"
+    if not result_file.exists():
+        return {"status": "failed", "reason": f"no result.json (log: {workdir / f'run{index}.log'})", "losses": []}
+    result = json.loads(result_file.read_text())
+    return {"status": result.get("status"), "reason": result.get("reason"), "losses": result.get("loss", [])}
+
+
+def with_gaps(run: dict) -> dict:
+    if run["status"] != "completed" or run["eager_status"] != "completed":
+        return run
+    gaps = [abs(a - b) for a, b in zip(run["losses"], run["eager_losses"])]
+    start, end = WINDOW
+    return {**run, "window_mean": statistics.fmean(run["losses"][start:end]),
+            "eager_window_mean": statistics.fmean(run["eager_losses"][start:end]),
+            "relative_gap": window_gap(run["losses"], run["eager_losses"]), "largest_step_gap": max(gaps)}
+
+
+def measure(runs: List[dict], workers: int) -> List[dict]:
+    """Train every distinct configuration once (twins are shared) and put each twin's losses beside its run's."""
+    distinct = sorted({tuple(run["overrides"]) for run in runs} | {tuple(run["eager_overrides"]) for run in runs})
+    # Planned here, one after the other: composition is not thread-safe (Hydra's global state).
+    results = {overrides: refusal(overrides) for overrides in distinct}
+    runnable = [overrides for overrides in distinct if results[overrides] is None]
+    workdir = Path(tempfile.mkdtemp(prefix="equivalence_"))
+    with ThreadPoolExecutor(workers) as pool:
+        results.update(zip(runnable, pool.map(lambda index: train(runnable[index], workdir, index),
+                                              range(len(runnable)))))
+    measured = []
+    for run in runs:
+        own, twin = results[tuple(run["overrides"])], results[tuple(run["eager_overrides"])]
+        measured.append(with_gaps({**run, **own, "eager_status": twin["status"], "eager_reason": twin["reason"],
+                                   "eager_losses": twin["losses"]}))
+    return measured
+
+
+def environment(command: List[str]) -> Dict[str, object]:
+    from bridge.machine import probe
+
+    machine = probe()
+    return {"gpu": machine.gpus[0].name if machine.gpus else None, "driver": suite.driver_version(),
+            **{name.replace("-", "_"): machine.version(name) for name in ("torch", "megatron-core", "transformer-engine")},
+            "python": platform.python_version(), "commit": suite.git_commit(), "command": " ".join(command),
+            "date": time.strftime("%Y-%m-%d")}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1234, 1, 2], help="rng.seed of each run (1234: the "
+                        "recipe's)")
+    parser.add_argument("--steps", type=int, default=WINDOW[1])
+    parser.add_argument("--workers", type=int, default=6, help="runs sharing the GPU at once")
+    args = parser.parse_args(argv)
+    if args.steps < WINDOW[1]:
+        parser.error(f"--steps must reach the window's end, {WINDOW[1]}")
+    env = environment(["python", "benchmarks/equivalence.py", *(argv if argv is not None else sys.argv[1:])])
+    runs = measure(runs_to_make(args.seeds, args.steps), args.workers)
+    gap = rounding_gap({"runs": runs})
+    record = {**env, "steps": args.steps, "window": list(WINDOW), "seeds": args.seeds, "variants": VARIANTS,
+              "rounding_variant": ROUNDING_VARIANT, "rounding_gap": gap, "rounding_margin": ROUNDING_MARGIN,
+              "tolerance": None if gap is None else ROUNDING_MARGIN * gap, "runs": runs}
+    from bridge.atomic import write_json_atomic
+
+    write_json_atomic(args.out, record)
+    for run in runs:
+        gap_text = f"{run['relative_gap']:+.3%}" if "relative_gap" in run else f"{run['status']}/{run['eager_status']}"
+        print(f"{run['spec']:18} {run['variant']:38} seed {run['seed']:5}: window mean vs eager {gap_text}")
+    print(f"rounding-only gap {gap}; tolerance {record['tolerance']}; written to {args.out}")
+    return 0 if gap is not None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""The equivalence benchmark's harness on the CPU (benchmarks/equivalence.py; the GPU runs it through
+scripts/gpu_check.sh equivalence): what it trains, how it pairs each run with its eager twin, and how the loss
+tests' tolerance is read back from its record."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import bridge
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import equivalence  # noqa: E402  (benchmarks/ is a directory of scripts)
+
+RUNS = equivalence.runs_to_make([1234], 100)
+
+
+@pytest.mark.parametrize("version", ["0.16.1", "0.19.2"])
+def test_every_run_and_twin_is_a_configuration_the_release_accepts_but_the_distributed_optimizer_graph_before_0_19(
+        version):
+    refused = {}
+    for run in RUNS:
+        for overrides in (run["overrides"], run["eager_overrides"]):
+            plan = bridge.plan([*overrides, f"plan.megatron_core={version}"])
+            refused[tuple(overrides)] = {violation.rule for violation in plan.config_violations}
+    expected = {tuple(run["overrides"]): {"optimizer_graph_distributed"} for run in RUNS
+                if run["variant"] == "full_iteration+optimizer+distributed" and version == "0.16.1"}
+    assert {overrides: rules for overrides, rules in refused.items() if rules} == expected
+
+
+def test_a_twin_is_the_same_training_without_graphs_and_with_the_optimizer_outside():
+    twin = equivalence.eager_twin(["recipe=llama/tiny", "cuda_graph=full_iteration", "optimizer.optimizer_in_graph=true",
+                                   "ddp.use_distributed_optimizer=true", "rng.seed=1"])
+    assert twin == ("recipe=llama/tiny", "ddp.use_distributed_optimizer=true", "rng.seed=1", "cuda_graph=none")
+
+
+def losses(level: float, steps: int = 100) -> list:
+    """A curve whose window (steps 50-99) averages ``level``, with a first half far from it."""
+    return [10.0] * equivalence.WINDOW[0] + [level] * (steps - equivalence.WINDOW[0])
+
+
+def test_runs_are_measured_once_each_with_their_twins_losses_beside_them(monkeypatch):
+    trained = []
+
+    def train(overrides, workdir, index):
+        trained.append(overrides)
+        graph = next(item for item in overrides if item.startswith("cuda_graph="))
+        level = {"cuda_graph=none": 4.0, "cuda_graph=local_layer": 4.02}.get(graph, 4.04)
+        return {"status": "completed", "reason": None, "losses": losses(level)}
+
+    monkeypatch.setattr(equivalence, "refusal", lambda overrides: None)
+    monkeypatch.setattr(equivalence, "train", train)
+    runs = [run for run in RUNS if run["spec"] == "local"]
+    measured = equivalence.measure(runs, workers=2)
+    assert len(trained) == len(set(trained)) == len({tuple(r["overrides"]) for r in runs} |
+                                                     {tuple(r["eager_overrides"]) for r in runs})
+    by_variant = {run["variant"]: run for run in measured}
+    assert by_variant["local_layer"]["eager_losses"] == losses(4.0)
+    assert by_variant["local_layer"]["relative_gap"] == pytest.approx(0.005)
+    assert by_variant["full_iteration"]["largest_step_gap"] == pytest.approx(0.04)
+    assert equivalence.rounding_gap({"runs": measured}) == pytest.approx(0.005)
+
+
+def test_the_rounding_gap_is_the_largest_of_the_completed_rounding_only_pairs():
+    def run(variant, level, status="completed"):
+        return {"variant": variant, "status": status, "eager_status": "completed", "losses": losses(level),
+                "eager_losses": losses(4.0)}
+
+    record = {"runs": [run("local_layer", 4.01), run("local_layer", 3.98), run("local_layer", 5.0, "failed"),
+                       run("full_iteration+optimizer", 4.4)]}
+    assert equivalence.rounding_gap(record) == pytest.approx(0.005)
+    assert equivalence.rounding_gap({"runs": [run("full_iteration", 4.4)]}) is None
