@@ -1,6 +1,7 @@
 """The megatron-engine GPU cases shared by the one-GPU and the multi-GPU tests: which job to run,
 how to run it in its own process, and what a graphed run must show against its eager twin."""
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -15,31 +16,48 @@ import torch
 
 import bridge
 from bridge.config.paths import recipes_dir
+from bridge.machine import probe
 
-STEPS = 30
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from equivalence import ROUNDING_MARGIN, WINDOW, rounding_gap, window_gap  # noqa: E402
+
+STEPS = WINDOW[1]
 CONCURRENT_JOBS = 6
 FIRST_PORT = 29517
-ROOT = Path(__file__).resolve().parents[2]
 HAVE_TE = importlib.util.find_spec("transformer_engine") is not None
 LOCAL_SPEC = "model.transformer_impl=local"
 OPTIMIZER_IN_GRAPH = "optimizer.optimizer_in_graph=true"
+DISTRIBUTED_OPTIMIZER = "ddp.use_distributed_optimizer=true"
 
-# Per-step |loss - eager loss| allowed over 30 steps, from measured runs on an H200
-# (docs/benchmarks.md, "Correctness"); eager itself is bitwise reproducible run to run.
-# - full_iteration and every TE per-layer scope replay eager's kernels in eager's order:
-#   bit-identical to eager on llama/tiny, qwen/tiny and deepseek/tiny;
-# - local per-layer graphs compute the same math with small rounding differences that grow
-#   as the weights separate (measured up to 9.4e-3 on llama/tiny, 1.3e-3 on the MoE models),
-#   as does the capturable optimizer against megatron-core's (up to 1.2e-2).
-# The learning-rate warmup those runs had. A steeper warmup separates rounding differences
-# faster: with 3 warmup steps the capturable optimizer left eager by 5.2e-2 (H100, measured).
-LR_WARMUP = "optimizer.lr_warmup_iters=10"
+# Every run trains at its recipe's default learning-rate warmup (a tenth of the steps).
+# - full_iteration and every TE per-layer scope replay eager's kernels in eager's order: bit-identical to
+#   eager on llama/tiny, qwen/tiny and deepseek/tiny (H200 and H100), so every step must match;
+# - local per-layer graphs compute the same math with other rounding, as does the in-graph optimizer against
+#   megatron-core's: the differences grow until single steps are far apart (0.84 at most over 100 steps for
+#   local_layer on an H100) while the curves stay alike on average. Those runs are compared by their window
+#   means (steps 50-99) against eager's, within ROUNDING_MARGIN times the gap rounding alone made.
 EXACT_TOLERANCE = 1e-4
-LOCAL_LAYER_TOLERANCE = 3e-2
-OPTIMIZER_IN_GRAPH_TOLERANCE = 3e-2
-# A run that does not train (learning rate 0) leaves the eager curve by 2.4 (measured): far
-# outside every tolerance, so matching eager within one shows the graphed run trains.
-FROZEN_GAP = 20 * LOCAL_LAYER_TOLERANCE
+ROUNDING_GAP_MEASURED = 0.0024
+"""Until benchmarks/results/<gpu>/mcore-<release>/equivalence.json is committed for the installed release: the
+relative window-mean gap of the rounding-only pair, cuda_graph=local_layer against eager (llama/tiny, local
+layer spec, megatron-core 0.16.1, one H100, 100 steps at the default warmup; issue #29: 3.7162 against
+3.7075). Once a record exists, window_tolerance reads the gap from it."""
+
+
+def window_tolerance() -> float:
+    """How far a window mean may lie from eager's: ROUNDING_MARGIN times the largest rounding-only gap the
+    committed equivalence records of the installed release measured (the issue's measurement without one)."""
+    release = probe().version("megatron-core")
+    records = sorted(ROOT.glob(f"benchmarks/results/*/mcore-{release}/equivalence.json"))
+    gaps = [gap for gap in (rounding_gap(json.loads(path.read_text())) for path in records) if gap is not None]
+    return ROUNDING_MARGIN * max(gaps, default=ROUNDING_GAP_MEASURED)
+
+
+FROZEN_MARGIN = 20
+"""A run that does not train (learning rate 0) stays near its first loss, about ln(vocab_size) = 8.3 on
+llama/tiny, where eager's window mean is 3.7 (issue #29): a gap over 100 %, far beyond the window tolerance.
+It must lie this many tolerances away, so that matching eager within one shows a graphed run trains."""
 
 
 @dataclass(frozen=True)
@@ -50,19 +68,23 @@ class TrainingCase:
 
     @property
     def overrides(self) -> Tuple[str, ...]:
-        return (f"recipe={self.recipe}", f"cuda_graph={self.cuda_graph}", f"train.train_iters={STEPS}",
-                LR_WARMUP) + self.extra
+        return (f"recipe={self.recipe}", f"cuda_graph={self.cuda_graph}", f"train.train_iters={STEPS}") + self.extra
 
     @property
     def eager(self) -> "TrainingCase":
-        """The eager run of the same model (the same model.* overrides) and default training settings."""
-        return TrainingCase(self.recipe, "none", tuple(o for o in self.extra if o.startswith("model.")))
+        """The eager run of the same training: the same overrides, no graph, the optimizer outside any graph."""
+        return TrainingCase(self.recipe, "none", tuple(o for o in self.extra if o != OPTIMIZER_IN_GRAPH))
 
     @property
-    def tolerance(self) -> float:
-        if OPTIMIZER_IN_GRAPH in self.extra:
-            return OPTIMIZER_IN_GRAPH_TOLERANCE
-        return LOCAL_LAYER_TOLERANCE if self.cuda_graph == "local_layer" else EXACT_TOLERANCE
+    def rounds_differently(self) -> bool:
+        """Whether it computes eager's math with other rounding (else it replays eager's kernels exactly)."""
+        return OPTIMIZER_IN_GRAPH in self.extra or self.cuda_graph == "local_layer"
+
+    @property
+    def graphs_per_iteration(self) -> int:
+        """Graphs of a full-iteration run: the iteration's, and megatron-core's optimizer graph when it steps the
+        distributed optimizer (megatron-core 0.19)."""
+        return 1 + (OPTIMIZER_IN_GRAPH in self.extra and DISTRIBUTED_OPTIMIZER in self.extra)
 
     def __str__(self) -> str:
         return " ".join((self.recipe, self.cuda_graph) + self.extra)
@@ -80,12 +102,15 @@ CASES = (
     + [TrainingCase("llama/tiny", "full_iteration", (OPTIMIZER_IN_GRAPH,))]
     + [TrainingCase("llama/tiny", choice, (LOCAL_SPEC,)) for choice in ("none", "full_iteration", "local_layer")]
     + [TrainingCase("llama/tiny", "full_iteration", (LOCAL_SPEC, OPTIMIZER_IN_GRAPH))]
+    + [TrainingCase("llama/tiny", "full_iteration", (*spec, DISTRIBUTED_OPTIMIZER, OPTIMIZER_IN_GRAPH))
+       for spec in ((LOCAL_SPEC,), ())]
     + [TrainingCase(recipe, choice) for recipe in MOE_RECIPES
        for choice in ("none", "te_attn_moe_router", "te_moe_router")]
     + [TrainingCase(recipe, choice, DROP_AND_PAD) for recipe in MOE_RECIPES
        for choice in ("full_iteration", "local_layer")]
 )
 FROZEN = TrainingCase("llama/tiny", "none", ("optimizer.lr=0.0", "optimizer.min_lr=0.0"))
+TRAINED = TrainingCase("llama/tiny", "none")
 
 
 def skip_reason(case: TrainingCase):
@@ -113,8 +138,12 @@ def run_job(case: TrainingCase, directory: Path, master_port: int) -> dict:
 
 
 def job_file(case: TrainingCase, directory: Path) -> Path:
-    """Where the job of ``case`` writes its record: a file name made of the case."""
-    return directory / (str(case).replace("/", "_").replace(" ", "__").replace("=", "-") + ".json")
+    """Where the job of ``case`` writes its record: a file name made of the case (cut, with a digest of the whole,
+    where it would pass the file system's 255 bytes: the Qwen3 proxy's overrides alone are longer)."""
+    name = str(case).replace("/", "_").replace(" ", "__").replace("=", "-")
+    if len(name) > 200:
+        name = f"{name[:150]}-{hashlib.sha256(name.encode()).hexdigest()[:16]}"
+    return directory / f"{name}.json"
 
 
 def job_environment(master_port: int) -> dict:
@@ -142,8 +171,13 @@ def assert_matches_eager(case: TrainingCase, result: dict, eager: dict) -> None:
     # Graph machinery is set up after the model, so every impl starts from the same weights and data.
     assert result["weights_sha256"] == eager["weights_sha256"]
     assert result["losses"][0] == pytest.approx(eager["losses"][0], abs=1e-6)
-    worst = max_loss_difference(result, eager)
-    assert worst <= case.tolerance, f"max |loss - eager loss| = {worst:.2e} > {case.tolerance:.0e}"
+    if case.rounds_differently:
+        gap, tolerance = window_gap(result["losses"], eager["losses"]), window_tolerance()
+        assert abs(gap) <= tolerance, (f"window mean (steps {WINDOW[0]}-{WINDOW[1] - 1}) {gap:+.3%} from eager's, "
+                                       f"tolerance {tolerance:.3%}")
+    else:
+        worst = max_loss_difference(result, eager)
+        assert worst <= EXACT_TOLERANCE, f"max |loss - eager loss| = {worst:.2e} > {EXACT_TOLERANCE:.0e}"
 
 
 def assert_memory_flat(allocated) -> None:

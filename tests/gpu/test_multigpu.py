@@ -4,10 +4,10 @@ Each layout trains with every graph impl valid there and without graphs; per ran
 tests/gpu/megatron_job.py records losses, graph counts and replays. A graphed run must capture
 once and replay every later step on every rank, the ranks must report the same loss each step
 (the engine averages it over data-parallel ranks and broadcasts it from the last pipeline
-stage), and the losses must follow the same layout without graphs within the tolerances of
-tests/gpu/test_megatron_engine.py: graphs replay eager's kernels and collectives in eager's
-order, so full_iteration and TE scopes stay within EXACT_TOLERANCE; local per-layer graphs
-round differently (LOCAL_LAYER_TOLERANCE).
+stage), and the losses must follow the same layout without graphs as tests/gpu/megatron_cases.py
+judges them: graphs replay eager's kernels and collectives in eager's order, so full_iteration
+and TE scopes stay within EXACT_TOLERANCE every step; local per-layer graphs round differently
+and are judged by their window mean.
 
 The runs also go through the real CLI once (graphbridge under torchrun): rank 0 alone writes
 result.json, with step times and memory taken over both ranks.
