@@ -327,6 +327,8 @@ RULE_CASES.update({
     "retained_backward_compiled_fusion": (
         Case({**te("mlp"), "model.cuda_graph_retain_backward_graph": True, "model.bias_dropout_fusion": True}),
         Case({**FULL_ITERATION, "model.cuda_graph_retain_backward_graph": True, "model.bias_dropout_fusion": True})),
+    "router_fusion_fp64": (Case({**MOE, "model.moe_router_fusion": True, "model.moe_router_dtype": "fp64"}),
+                           Case({**MOE, "model.moe_router_fusion": True, "model.moe_router_dtype": "fp32"})),
     "router_topk_one": (Case({**MOE, "model.moe_router_topk": 1}, megatron=True),
                         Case({**MOE, "model.moe_router_topk": 1, "model.moe_router_pre_softmax": True}, megatron=True)),
 })
@@ -453,6 +455,7 @@ class GpuWitness:
 FIRST_DIFFERENTIAL = "h100/mcore-0.16.1/gpu_differential_610e521.json"
 ON_0161 = "h100/mcore-0.16.1/gpu_differential.json"
 ON_0192 = "h100/mcore-0.19.2/gpu_differential.json"
+LAZY_NCCL_0161 = "h100/mcore-0.16.1/gpu_differential_91c0f81.json"
 GPU_WITNESSES = {
     "allgather_dispatch_capture": GpuWitness(ON_0161, 706, "Cannot copy between CPU and CUDA tensors during CUDA graph"),
     "dropless_permute_capture": GpuWitness(ON_0161, 709, "cudaErrorStreamCaptureUnsupported"),
@@ -461,6 +464,7 @@ GPU_WITNESSES = {
     "te_rng_tracker": GpuWitness(ON_0192, 711, "Unsupported RNG states tracker"),
     "mla_recompute_in_layer_graphs": GpuWitness(ON_0192, 229, "cudaErrorIllegalAddress"),
     "router_fp64_graphs": GpuWitness(ON_0192, 201, "Could not infer dtype of _WeakRefTensor"),
+    "router_fusion_fp64": GpuWitness(LAZY_NCCL_0161, 344, "does not support float64 router type"),
     "router_padding_moe_recompute": GpuWitness(ON_0192, 270, "modified by an inplace operation"),
     "retained_backward_compiled_fusion": GpuWitness(ON_0192, 97, "non-empty donated buffers"),
     "quantized_precision_gpu": GpuWitness(FIRST_DIFFERENTIAL, 600, "compute capability 10.0 or higher required for MXFP8"),

@@ -123,9 +123,10 @@ class OptimizerConfig:
     overlap_param_gather_with_optimizer_step: bool = False
     """Overlap the param all-gather with the optimizer step (not with the full-iteration graph)."""
     optimizer_in_graph: bool = False
-    """Capture the optimizer step inside the full-iteration graph (capturable optimizer,
-    learning rate as a device tensor); beyond what Bridge does on megatron-core 0.16.1. Read by
-    the megatron engine; the torch engine's full-iteration graph always holds its optimizer."""
+    """Capture the optimizer step with the full-iteration graph (capturable optimizer, learning rate
+    as a device tensor): graphbridge's capturable AdamW inside it; with ddp.use_distributed_optimizer,
+    megatron-core's own optimizer graph beside it (megatron-core 0.19, Bridge's optimizer_cuda_graph).
+    Read by the megatron engine; the torch engine's full-iteration graph always holds its optimizer."""
 
 
 @dataclass

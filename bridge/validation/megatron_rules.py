@@ -183,6 +183,20 @@ def router_topk_one(cfg, target):
     return None
 
 
+@rule("router_fusion_fp64", engine="megatron",
+      rejects="the fused router (`model.moe_router_fusion=true`) with fp64 router logits (`model.moe_router_dtype=fp64`)",
+      fix="`model.moe_router_dtype=fp32`, or `model.moe_router_fusion=false`")
+def router_fusion_fp64(cfg, target):
+    # Transformer Engine's fused top-k raises "Current TE does not support float64 router type" at the first forward
+    # (every release up to 2.20; qwen/tiny on an H100, eager steps included), and megatron-core does not check it.
+    model = cfg.model
+    if is_moe_model(model) and model.moe_router_fusion and model.moe_router_dtype == "fp64":
+        return violation("router_fusion_fp64", ["model.moe_router_fusion", "model.moe_router_dtype"],
+                         "Transformer Engine's fused router takes no fp64 logits; set model.moe_router_dtype=fp32, or "
+                         "model.moe_router_fusion=false")
+    return None
+
+
 @rule("pipeline_split",
       rejects="an uneven pipeline split (layers of the first/last stage) that megatron-core refuses: together with a "
               "layout or the embedding/loss accounting, not divisible by VP, or middle layers that do not split evenly",
