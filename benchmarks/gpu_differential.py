@@ -275,10 +275,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--count", type=int, default=700, help="configurations drawn")
-    # Each training process holds 4.5-9.6 GiB of an H100 outside PyTorch's allocator (CUDA context, NCCL
-    # communicators of megatron-core's process groups, TE workspaces; its peak reserved memory is under 1 GiB):
-    # ten at once ran the GPU out of memory (the records' out-of-memory and NCCL retries).
-    parser.add_argument("--workers", type=int, default=8, help="runs sharing the GPU at once")
+    # One run alone on the H100 (benchmarks/results/h100/mcore-0.16.1/run_footprint.json): 32 s, 20 of them importing
+    # torch, Transformer Engine and megatron-core on one core, and 2.8 GiB of device memory (8.1 GiB before the
+    # engine's NCCL communicators became lazy). So the GPU's memory holds about 25 at once and the cores decide: at
+    # one run a core (16 on that machine) the load average was 18 and 0.35 runs finished a second.
+    parser.add_argument("--workers", type=int, default=os.cpu_count(), help="runs sharing the GPU at once")
     parser.add_argument("--bypass-per-rule", type=int, default=2, help="refused runs trained unchecked, per rule")
     parser.add_argument("--eager-twins", type=int, default=30)
     parser.add_argument("--witnesses", action="store_true", help="first train WITNESS_CASES, rules unasked")
