@@ -4,8 +4,10 @@ dropout, MoE routing and dispatch, batch and accumulation, the optimizer (in the
 tracker, the host NaN checks and the graph options.
 
 Values are drawn independently, so many draws break a rule on purpose: the differential counts what the plan
-refuses as well as what the GPU does with what it accepts. Parallel layouts need several GPUs and are left to
-the two-GPU differential.
+refuses as well as what the GPU does with what it accepts. On several GPUs (``gpus``) a draw also takes one
+parallel layout over them: tensor (with or without sequence parallelism), pipeline (with or without virtual
+stages), context, expert (each dispatcher) or data parallelism (with or without the distributed optimizer and
+its overlaps).
 """
 
 import random
@@ -24,12 +26,14 @@ FITTING_GRAPHS = {"llama/tiny": ("none", "full_iteration", "local_layer", "te_at
 times in five, so that most draws test what the GPU does rather than a module-name rule."""
 PRECISIONS = ("bf16",) * 5 + ("fp8_cs", "fp8_sc", "fp8_mx", "nvfp4")
 RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm", "moe", "moe_act", "shared_experts", "mla_up_proj")
+LAYOUTS = ("tensor", "pipeline", "virtual_pipeline", "context", "expert", "data")
+DISPATCHERS = ("allgather", "alltoall", "flex")
 FUSIONS = ("bias_dropout_fusion", "masked_softmax_fusion", "apply_rope_fusion", "bias_activation_fusion",
            "gradient_accumulation_fusion", "persist_layer_norm", "cross_entropy_loss_fusion")
 
 
-def draw(rng: random.Random) -> List[str]:
-    """One configuration: ``recipe=...`` first, then its overrides."""
+def draw(rng: random.Random, gpus: int = 1) -> List[str]:
+    """One configuration on ``gpus`` GPUs: ``recipe=...`` first, then its overrides."""
     recipe = rng.choice(TINY_RECIPES)
     graphs = FITTING_GRAPHS[recipe] if rng.random() < 0.8 else CUDA_GRAPHS
     changes: Dict[str, object] = {"cuda_graph": rng.choice(graphs), "precision": rng.choice(PRECISIONS)}
@@ -39,7 +43,9 @@ def draw(rng: random.Random) -> List[str]:
     changes.update(fusions(rng))
     if recipe in MOE_RECIPES:
         changes.update(moe(rng, recipe))
-    changes.update(training(rng))
+    parallel, data_parallel = layout(rng, recipe, gpus) if gpus > 1 else ({}, 1)
+    changes.update(training(rng, data_parallel))
+    changes.update(parallel)  # the layout's dispatcher and optimizer settings over the ones drawn for one GPU
     return [f"recipe={recipe}"] + [f"{key}={hydra_value(value)}" for key, value in changes.items()]
 
 
@@ -87,10 +93,34 @@ def moe(rng: random.Random, recipe: str) -> Dict[str, object]:
     return changes
 
 
-def training(rng: random.Random) -> Dict[str, object]:
+def layout(rng: random.Random, recipe: str, gpus: int):
+    """The overrides of one parallel layout over ``gpus`` GPUs, and its data-parallel size."""
+    kind = rng.choice([name for name in LAYOUTS if name != "expert" or recipe in MOE_RECIPES])
+    changes: Dict[str, object] = {"train.num_gpus": gpus}
+    if kind == "tensor":
+        changes["model.tensor_model_parallel_size"] = gpus
+        if rng.random() < 0.5:
+            changes["model.sequence_parallel"] = True
+    elif kind in ("pipeline", "virtual_pipeline"):
+        changes["model.pipeline_model_parallel_size"] = gpus
+        if kind == "virtual_pipeline":  # the tiny recipes' four layers: one a stage
+            changes["model.virtual_pipeline_model_parallel_size"] = 2
+    elif kind == "context":
+        changes["model.context_parallel_size"] = gpus
+    elif kind == "expert":  # experts split over the GPUs, which are data parallel for the rest
+        changes["model.expert_model_parallel_size"] = gpus
+        changes["model.moe_token_dispatcher_type"] = rng.choice(DISPATCHERS)
+    for key, chance in (("ddp.use_distributed_optimizer", 0.5), ("ddp.overlap_grad_reduce", 0.4),
+                        ("ddp.overlap_param_gather", 0.3)):
+        if kind in ("data", "expert") and rng.random() < chance:
+            changes[key] = True
+    return changes, gpus if kind in ("data", "expert") else 1
+
+
+def training(rng: random.Random, data_parallel: int = 1) -> Dict[str, object]:
     micro = rng.choice([1, 2])
     changes: Dict[str, object] = {"train.micro_batch_size": micro,
-                                  "train.global_batch_size": micro * rng.choice([1, 1, 2, 4])}
+                                  "train.global_batch_size": micro * data_parallel * rng.choice([1, 1, 2, 4])}
     for key, chance in (("optimizer.optimizer_in_graph", 0.15), ("ddp.use_distributed_optimizer", 0.15),
                         ("ddp.overlap_grad_reduce", 0.1), ("rng.te_rng_tracker", 0.06),
                         ("rerun_state_machine.check_for_nan_in_loss", 0.1), ("ddp.check_for_nan_in_grad", 0.06),

@@ -4,6 +4,7 @@ steps through the real `graphbridge` CLI, and the failures are grouped by cause:
 
     python benchmarks/gpu_differential.py --seed 0 --count 700 --out gpu_differential.json
     bash scripts/gpu_check.sh differential       # on the GPU machine, into $OUT/mcore-<release>/
+    bash scripts/gpu_check.sh differential2      # the same at two GPUs a configuration (--gpus 2)
 
 Besides the accepted configurations it trains two samples:
 - refused ones with the refusing rules not asked again (benchmarks/unchecked_run.py): a rule whose refused
@@ -115,9 +116,9 @@ def refused_rules(plan: Dict[str, object]) -> List[str]:
     return sorted({v["rule"] for v in plan["violations"]})
 
 
-def drawn_runs(seed: int, count: int, workers: int) -> List[Run]:
+def drawn_runs(seed: int, count: int, workers: int, gpus: int) -> List[Run]:
     rng = random.Random(seed)
-    runs = [Run(index, draw(rng) + [f"train.train_iters={STEPS}"]) for index in range(count)]
+    runs = [Run(index, draw(rng, gpus) + [f"train.train_iters={STEPS}"]) for index in range(count)]
     with multiprocessing.get_context("fork").Pool(workers) as pool:  # a plan costs ~0.2 s of one core
         for run, verdict in zip(runs, pool.map(plan_verdict, [run.overrides for run in runs])):
             run.plan = verdict
@@ -239,7 +240,7 @@ def summary(runs: List[Run], args, environment: Dict[str, object], elapsed: floa
                 bypass[rule]["completed" if run.status == "completed" else "failed"] += 1
     classes = Counter(failure_class(run.error) for run in crashed)
     return {
-        **environment, "num_gpus": 1, "seed": args.seed, "drawn": len(drawn), "accepted": len(accepted),
+        **environment, "num_gpus": args.gpus, "seed": args.seed, "drawn": len(drawn), "accepted": len(accepted),
         "trained": len(trained), "completed": len(trained) - len(crashed), "crash_after_accept": len(crashed),
         "rejections": dict(Counter(rule for run in drawn if not run.plan["runnable_here"]
                                    for rule in refused_rules(run.plan)).most_common()),
@@ -279,7 +280,10 @@ def main() -> int:
     # torch, Transformer Engine and megatron-core on one core, and 2.8 GiB of device memory (8.1 GiB before the
     # engine's NCCL communicators became lazy). So the GPU's memory holds about 25 at once and the cores decide: at
     # one run a core (16 on that machine) the load average was 18 and 0.35 runs finished a second.
-    parser.add_argument("--workers", type=int, default=os.cpu_count(), help="runs sharing the GPU at once")
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs each drawn configuration trains on, in one "
+                        "parallel layout (tensor, pipeline, context, expert or data)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="runs sharing the GPUs at once (default: the cores over --gpus, a process a GPU)")
     parser.add_argument("--bypass-per-rule", type=int, default=2, help="refused runs trained unchecked, per rule")
     parser.add_argument("--eager-twins", type=int, default=30)
     parser.add_argument("--witnesses", action="store_true", help="first train WITNESS_CASES, rules unasked")
@@ -290,7 +294,8 @@ def main() -> int:
     args = parser.parse_args()
     start = time.monotonic()
     env = environment(["python", "benchmarks/gpu_differential.py", *sys.argv[1:]])
-    runs = drawn_runs(args.seed, args.count, args.workers)
+    args.workers = args.workers or max(1, (os.cpu_count() or 1) // args.gpus)
+    runs = drawn_runs(args.seed, args.count, args.workers, args.gpus)
     first = witnesses(len(runs)) if args.witnesses else []
     rest = [run for run in runs if run.plan["runnable_here"]]
     rest += samples(runs, random.Random(args.seed), args.bypass_per_rule, args.eager_twins, len(runs) + len(first))

@@ -8,6 +8,7 @@
 #   bash scripts/gpu_check.sh sweep      # the dense-scope sweep (profiled)
 #   bash scripts/gpu_check.sh suite W... # the benchmark suite's workloads W (python benchmarks/suite.py --list)
 #   bash scripts/gpu_check.sh differential [ARGS] # plan equals run: benchmarks/gpu_differential.py ARGS
+#   bash scripts/gpu_check.sh differential2 [ARGS] # the same at two GPUs a configuration (*_2gpu files)
 #   bash scripts/gpu_check.sh equivalence [ARGS]  # graphed training against eager: benchmarks/equivalence.py ARGS
 #   bash scripts/gpu_check.sh overhead   # trainer vs minimal megatron-core loop; torch engine vs torch.compile
 #   bash scripts/gpu_check.sh nan        # the in-graph NaN check's overhead
@@ -55,11 +56,13 @@ case "${1:-tests}" in
     shift
     python3 benchmarks/suite.py "$@" --out "$out" 2>&1 | grep -v "step/s\|it/s" | tail -40
     ;;
-  differential)  # the GPU differential's JSON (rewritten after every run), its log and the GPU's load into $out
+  differential|differential2)  # the GPU differential's JSON (rewritten after every run), its log and the GPUs' load
+    suffix=; [ "$1" = differential2 ] && suffix=_2gpu
     shift
-    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 5 >"$out/gpu_load.csv" &
-    python3 benchmarks/gpu_differential.py --out "$out/gpu_differential.json" "$@" 2>&1 \
-      | tee "$out/gpu_differential.log" | tail -40
+    [ -n "$suffix" ] && set -- --gpus 2 "$@"
+    nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv -l 5 >"$out/gpu_load$suffix.csv" &
+    python3 benchmarks/gpu_differential.py --out "$out/gpu_differential$suffix.json" "$@" 2>&1 \
+      | tee "$out/gpu_differential$suffix.log" | tail -40
     kill %1
     ;;
   equivalence)  # per-step losses of graphed runs beside their eager twins' into $out/equivalence.json, and the log

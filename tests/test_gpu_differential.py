@@ -71,3 +71,18 @@ def test_the_footprint_tool_reads_its_variants_and_counts_the_processes_a_run_st
         assert run_footprint.descendants(parent.pid) == 2
     finally:
         parent.kill()
+
+
+def test_draws_at_two_gpus_take_every_parallel_layout_and_plan_on_a_cluster_gpu():
+    from differential_draw import LAYOUTS
+
+    rng = random.Random(11)
+    draws = [draw(rng, gpus=2) for _ in range(30)]
+    keys = {item.split("=")[0] for overrides in draws for item in overrides}
+    assert all("train.num_gpus=2" in overrides for overrides in draws)
+    assert {"model.tensor_model_parallel_size", "model.pipeline_model_parallel_size", "model.context_parallel_size",
+            "model.expert_model_parallel_size", "model.virtual_pipeline_model_parallel_size"} <= keys, LAYOUTS
+    # This CPU machine cannot run them (the GPU machine plans them itself); the configuration rules judge them here.
+    verdicts = [plan_verdict(overrides) for overrides in draws[:12]]
+    assert not [v for v in verdicts if "error" in v]
+    assert any(v["valid"] for v in verdicts) and not any(v["runnable_here"] for v in verdicts)
