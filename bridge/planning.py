@@ -76,13 +76,10 @@ class Plan:
         return estimate_memory(self.config, here.memory_bytes / 2**30 if here else None, here.name if here else None)
 
     def verdict_with_memory(self) -> str:
-        """VALID, and loudly so when the memory estimate leaves the GPU no headroom or exceeds it."""
-        memory = self.memory()
-        if memory.verdict not in ("tight", "does not fit"):
-            return "VALID"
-        return (f"VALID, BUT MEMORY {memory.verdict.upper()}: ~{memory.total_gib:.1f} GiB per GPU of "
-                f"{memory.capacity_gib:.0f} GiB ({memory.gpu}); lower train.micro_batch_size, recompute "
-                "(model.recompute_granularity), more parallelism (TP/PP/CP/EP) or ddp.use_distributed_optimizer=true")
+        """VALID, and loudly so when the memory estimate leaves the GPU no headroom or is likely beyond it
+        (certainly beyond it: the memory_capacity rules refuse it)."""
+        warning = self.memory().warning()
+        return f"VALID, BUT {warning}" if warning else "VALID"
 
     def megatron_core_source(self) -> str:
         """Where the target release comes from, in words."""

@@ -17,7 +17,8 @@ Keys of a full record (perf/report.py reads exactly these):
     capture_step (first capture step or null), capture_time_s (wall time of the capture steps),
     graph_count, tokens_per_s, tflops_per_gpu (null when bridge.flops is unavailable),
     memory {peak_allocated_gb, peak_reserved_gb} in GiB (2**30 bytes; null on the CPU; the
-        largest over ranks) and estimate_gb, the plan's estimate of peak_allocated_gb (bridge.memory),
+        largest over ranks) and estimate_gb, the plan's estimate of peak_allocated_gb for graphbridge's
+        engine's run (bridge.memory),
     loss (one float per completed step), env {gpu, torch, megatron_core, transformer_engine,
     python}, created (ISO 8601);
     with perf.profile=true also profile {trace, steps, gpu_ms_per_step, gpu_busy} (see
@@ -40,6 +41,7 @@ from bridge.config.schema import GraphBridgeConfig
 from bridge.diagnosis import failure_reason
 from bridge.machine import probe
 from bridge.memory import estimate_memory
+from bridge.memory_params import ENGINE
 
 RESULT_FILE = "result.json"
 AUTO_RECORD = "auto.json"
@@ -105,7 +107,7 @@ def build_result(cfg: Optional[GraphBridgeConfig], job_dir: Path, status: str, r
         "tokens_per_s": cfg.train.global_batch_size * cfg.dataset.seq_length / median_s if cfg and median_s else None,
         "tflops_per_gpu": _tflops_per_gpu(cfg, median_s) if cfg and median_s else None,
         "memory": {"peak_allocated_gb": record.peak_allocated_gb, "peak_reserved_gb": record.peak_reserved_gb,
-                   "estimate_gb": estimate_memory(cfg).total_gib if cfg else None},
+                   "estimate_gb": estimate_memory(cfg, regime=ENGINE).total_gib if cfg else None},
         "loss": list(record.losses),
         "env": environment(record.device == "cuda"),
         "auto": _read_json(job_dir / AUTO_RECORD) or None,

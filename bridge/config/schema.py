@@ -147,7 +147,11 @@ class WorkloadConfig:
     """Which per-(gpu, precision) preset a recipe was tuned with; filled by recipe presets."""
 
     task: str = "pretrain"
-    """pretrain, sft or lora: the Bridge task of the recipe."""
+    """pretrain, sft or lora: the Bridge task of the recipe (the memory estimate counts lora as Bridge runs it:
+    base weights frozen, adapters on linear_qkv; graphbridge's engine trains every weight)."""
+    megatron_fsdp: bool = False
+    """Bridge runs the preset with Megatron-FSDP (use_megatron_fsdp, optim_grads_params): the memory estimate
+    shards weights, gradients and Adam state over the data-parallel ranks; graphbridge's engine trains it with DDP."""
     gpu: Optional[str] = None
     """h100, h200 (the H100 presets), b200, b300, gb200 or gb300; None when the recipe has no preset."""
     precision: Optional[str] = None

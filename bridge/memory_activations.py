@@ -1,0 +1,147 @@
+"""The memory estimate's activation terms (bridge.memory puts them together).
+
+What one layer keeps for its backward, per micro-batch, after Korthikanti et al. 2022 ("Reducing
+Activation Recomputation in Large Transformer Models"): sbh(34 + 5as/h) bytes for GPT with GELU,
+here term by term so that SwiGLU, GQA, MoE (top-k routed tokens, shared expert) and fused/flash
+attention (no s x s scores: the 5as/h term is gone) follow from the config. Tensor parallelism
+divides all of it with sequence parallelism, else all but the 10sbh of layer inputs, norms and
+dropout masks; context parallelism divides the sequence.
+
+A linear layer keeps its input for its weight gradient (Transformer Engine: only when the weight
+requires a gradient). Under fp8 or fp4 that saved input is its quantized column-wise copy, not the
+bf16 tensor: the norms' outputs feeding QKV and FC1, FC2's input and the experts' inputs shrink to
+the low-precision element; the attention output stays bf16 (flash attention keeps it for its own
+backward) and the output projection's fp8 copy comes on top. Under LoRA (base weights frozen,
+adapters on linear_qkv) the frozen layers keep no input: the MLP's and experts' inputs are gone,
+and QKV's norm output stays bf16 (the adapter's down-projection keeps it).
+
+``recompute_granularity=full`` keeps each layer's input only (plus one layer's activations while it
+is recomputed); ``selective`` drops the modules it recomputes. With pipelining, the first stage
+holds min(PP, micro-batches) micro-batches in flight; interleaved, PP(1 + (PP-1)/(PP x VP)) of them
+as Korthikanti et al. count, at most every micro-batch of the step (megatron-core's interleaved
+schedule runs the whole step as warm-up when its warm-up count reaches the micro-batches x VP
+chunk passes). ``model.cpu_offloading`` moves the activations of ``cpu_offloading_num_layers``
+layers of the stage to the host. The logits add 2 bytes per token and vocabulary entry / TP with
+model.cross_entropy_loss_fusion (Transformer Engine's fused loss writes its gradient into the bf16
+logits in place), 5.5 without it (the fp32 softmax it keeps on top; measured: the unfused loss
+peaked 3.4 GiB higher over 1.05 G logit entries, benchmarks/results/vs_bridge/llama32_1b_*.json,
+where the layers' terms account for the rest of both peaks within 2 %).
+"""
+
+from typing import Dict
+
+from bridge.memory_params import data_parallel_sizes, layers_per_stage, low_precision_bytes
+from bridge.translate import padded_vocab_size
+from bridge.validation.model_facts import moe_layer_pattern, recompute_modules
+
+LOGIT_BYTES, FUSED_LOSS_LOGIT_BYTES = 5.5, 2
+ACTIVATION_BYTES = 2
+"""bf16: the activations' element (the calibration rows are all bf16)."""
+
+
+def layer_activation_terms(model, seq: int, frozen: bool = False) -> Dict[str, float]:
+    """Bytes one layer keeps per token of a micro-batch, by module, before tensor parallelism:
+    ``replicated`` (sbh-sized inputs, norms and masks) is what TP alone does not divide. ``frozen``:
+    LoRA's frozen base layers, which keep no input for a weight gradient."""
+    h, heads = model.hidden_size, model.num_attention_heads
+    channels = model.kv_channels or h // heads
+    q, kv = channels * heads, channels * (model.num_query_groups or heads)
+    masks = h if model.hidden_dropout > 0 else 0
+    glu = 2 if model.gated_linear_unit else 1
+    pattern = moe_layer_pattern(model)
+    moe_share = sum(pattern) / len(pattern)
+    ffn = model.ffn_hidden_size or 4 * h
+    topk, moe_ffn = model.moe_router_topk, model.moe_ffn_hidden_size or ffn
+    shared = model.moe_shared_expert_intermediate_size or 0
+    low = low_precision_bytes(model)
+    kept = 0 if frozen else low or ACTIVATION_BYTES  # a saved linear input, per element
+    qkv_input = ACTIVATION_BYTES if frozen else kept  # LoRA's adapter keeps QKV's input in bf16
+    proj_copy = 0 if frozen or low is None else low  # beside flash attention's own bf16 output
+    # Fused and flash attention keep no s x s scores: only the unfused local path does (5as bytes per token).
+    scores = 5 * heads * seq if model.transformer_impl == "local" else 0
+    mlp = 2 * glu * ffn + kept * ffn
+    # Routed: each of the top-k copies of a token through an expert; the fp32 router logits; the shared expert.
+    moe = (topk * (kept * h + 2 * glu * moe_ffn + kept * moe_ffn) + 4 * (model.num_moe_experts or 0)
+           + (2 * glu + kept) * shared)
+    return {
+        "replicated": 4 * h + 2 * masks + (qkv_input + kept) * h,  # norm inputs, QKV and MLP inputs, masks
+        "core_attn": scores + 2 * q + proj_copy * q,  # the attention output; scores when not fused
+        "qkv": 2 * (q + 2 * kv),
+        "mlp": (1 - moe_share) * mlp,
+        "moe": moe_share * moe,
+    }
+
+
+def layer_activations(cfg, frozen: bool = False, graphed_only: bool = False) -> float:
+    """Bytes one layer keeps for its backward for one micro-batch on one GPU."""
+    model = cfg.model
+    seq = cfg.dataset.seq_length // model.context_parallel_size
+    tokens = seq * cfg.train.micro_batch_size
+    tp = model.tensor_model_parallel_size
+    terms = layer_activation_terms(model, seq, frozen)
+    if model.recompute_granularity == "selective":  # what megatron-core recomputes is not kept
+        for module in recompute_modules(model):
+            terms.pop(module, None)
+    if graphed_only:
+        terms = {name: value for name, value in terms.items() if graphed_term(cfg, name)}
+    replicated = terms.pop("replicated", 0)
+    sharded = sum(terms.values())
+    per_token = (replicated + sharded) / tp if model.sequence_parallel or tp == 1 else replicated + sharded / tp
+    return tokens * per_token
+
+
+def graphed_term(cfg, term: str) -> bool:
+    """Whether a per-layer graph captures the part of the layer ``term`` is kept by."""
+    modules = set(cfg.model.cuda_graph_modules)
+    if not modules:  # the whole layer
+        return True
+    parts = {"replicated": {"attn", "mlp", "moe"}, "core_attn": {"attn"}, "qkv": {"attn"},
+             "mlp": {"mlp"}, "moe": {"moe", "moe_router"}}
+    return bool(parts[term] & modules)
+
+
+def micro_batches(cfg) -> int:
+    """Micro-batches one data-parallel rank runs per step."""
+    dp, _ = data_parallel_sizes(cfg)
+    return max(1, cfg.train.global_batch_size // (cfg.train.micro_batch_size * dp))
+
+
+def micro_batches_in_flight(cfg) -> float:
+    """How many micro-batches' activations the first pipeline stage holds at once."""
+    model = cfg.model
+    pp = model.pipeline_model_parallel_size
+    if pp == 1:
+        return 1
+    vp = model.virtual_pipeline_model_parallel_size
+    if vp:
+        return min(pp * (1 + (pp - 1) / (pp * vp)), micro_batches(cfg))
+    return min(pp, micro_batches(cfg))
+
+
+def tokens_per_micro_batch(cfg) -> int:
+    """Tokens of one micro-batch on one context-parallel rank."""
+    return cfg.dataset.seq_length // cfg.model.context_parallel_size * cfg.train.micro_batch_size
+
+
+def activation_bytes(cfg, frozen: bool = False) -> float:
+    """Activations of the largest stage at its peak, with the logits."""
+    model = cfg.model
+    stage = layers_per_stage(cfg)
+    per_layer = layer_activations(cfg, frozen)
+    tokens = tokens_per_micro_batch(cfg)
+    if model.recompute_granularity == "full":
+        kept = ACTIVATION_BYTES * model.hidden_size * tokens / model.tensor_model_parallel_size
+        stored = stage * kept + per_layer  # layer inputs, and one layer being recomputed
+    else:
+        stored = on_gpu_layers(cfg) * per_layer
+    per_entry = FUSED_LOSS_LOGIT_BYTES if model.cross_entropy_loss_fusion else LOGIT_BYTES
+    logits = per_entry * tokens * padded_vocab_size(cfg) / model.tensor_model_parallel_size
+    return stored * micro_batches_in_flight(cfg) + logits
+
+
+def on_gpu_layers(cfg) -> int:
+    """Layers of the stage whose activations stay on the GPU: cpu_offloading moves some to the host."""
+    stage = layers_per_stage(cfg)
+    if not cfg.model.cpu_offloading:
+        return stage
+    return max(1, stage - cfg.model.cpu_offloading_num_layers)
