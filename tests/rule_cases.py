@@ -56,6 +56,9 @@ def local(*modules: str) -> Dict[str, Any]:
 
 
 FULL_ITERATION = {"model.cuda_graph_impl": "full_iteration"}
+LLAMA_8B = {"model.num_layers": 32, "model.hidden_size": 4096, "model.num_attention_heads": 32,
+            "model.ffn_hidden_size": 14336, "dataset.seq_length": 8192}
+H100_80GB = Machine(gpus=(GPU("NVIDIA H100 80GB HBM3", (9, 0), 80 * 10**9),), packages=PACKAGES)
 
 
 @dataclass
@@ -217,6 +220,10 @@ RULE_CASES = {
                                      machine=Machine(gpus=(H100,), packages={**PACKAGES, "apex": "0.1"}))),
     "nsys_available": (Case({"perf.nsys": True, "train.train_iters": 20}),
                        Case({"perf.nsys": True, "train.train_iters": 20}, machine=WITH_NSYS)),
+    # An 8B model on one GPU: its weights, gradients and Adam state alone are beyond 80 GB.
+    "memory_capacity": (Case({**LLAMA_8B, "workload.gpu": "h100"}), Case({**LLAMA_8B, "workload.gpu": "b300"})),
+    "memory_capacity_here": (Case(LLAMA_8B, machine=H100_80GB), Case({**LLAMA_8B, "model.num_layers": 16},
+                                                                      machine=H100_80GB)),
 }
 
 TORCH = {"engine": "torch"}

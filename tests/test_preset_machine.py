@@ -48,6 +48,6 @@ def test_a_plan_for_an_h100_on_this_cpu_judges_the_h100_node_and_says_in_one_lin
 
 
 def test_the_verdict_line_says_when_the_memory_does_not_fit(cli, tmp_path):
-    result = cli("mode=plan", "recipe=llama/llama3_8b", "gpu=h100", "train.micro_batch_size=4", cwd=tmp_path)
+    result = cli("mode=plan", "recipe=llama/llama3_8b", "gpu=h100", "train.micro_batch_size=2", cwd=tmp_path)
     assert result.stdout.splitlines()[0].startswith("graphbridge plan: VALID, BUT MEMORY DOES NOT FIT: ~")
     assert "lower train.micro_batch_size" in result.stdout.splitlines()[0]

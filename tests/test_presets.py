@@ -356,7 +356,8 @@ def test_every_cuda_graph_choice_gets_the_expected_verdict(composed, key):
     row = ROWS[key]
     for choice, values in CHOICES.items():
         cfg = _with_choice(composed[key], choice)
-        found = {v.rule for v in bridge.validate(cfg) if v.in_config}
+        # Whether a choice fits the GPU is the memory estimate's verdict, not a fact of the row (tests/test_memory.py).
+        found = {v.rule for v in bridge.validate(cfg) if v.in_config and not v.rule.startswith("memory_capacity")}
         expected = expected_violations(row, values["cuda_graph_impl"], tuple(values["cuda_graph_modules"]))
         assert found == expected, choice
         if not found:

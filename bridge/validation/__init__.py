@@ -13,6 +13,7 @@ from bridge.validation import (  # noqa: F401  (importing registers the rules)
     environment_rules,
     legacy_rules,
     measurement_rules,
+    memory_rules,
     megatron_rules,
     moe_graph_rules,
     recompute_rules,
