@@ -9,8 +9,8 @@ with its sweep directory ``<run dir>/auto/``: every job trains in a fresh proces
 each capture is clean, and the sweep's summary.md and summary.png stay there as the probe's table and plot
 (its output goes to ``auto/probe.log``). bridge.auto_decision decides from the jobs' result.json files, the
 decision is cached, and ``<run dir>/auto.json`` keeps it for the run's result.json (its ``auto`` record).
-The terminal gets one line: what was chosen, and why. Without a CUDA device nothing is probed: graphs
-cannot pay off there, and the run trains eagerly.
+The terminal gets a line as the probe starts and one saying what was chosen and why. Without a CUDA
+device nothing is probed: graphs cannot pay off there, and the run trains eagerly.
 
 A candidate that fails in the probe was accepted by the plan, so it is a plan-equals-run bug: it is logged as
 an error with its status and reason, recorded, never chosen, and the probe goes on (a sweep goes on past a
@@ -38,7 +38,7 @@ from perf.workload_map import quoted
 
 log = logging.getLogger("graphbridge")
 PROBE_LOG = "probe.log"
-PROBE_ONLY = ("perf.profile=false", "perf.nsys=false", "mode=train")
+PROBE_ONLY = ("perf.profile=false", "perf.nsys=false", "perf.tensorboard=false", "mode=train")
 """What every probe job sets besides its length: the probe times steps, it records nothing else."""
 
 Probe = Callable[[AutoPlan, Path], List[Measurement]]

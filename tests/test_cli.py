@@ -100,7 +100,7 @@ def test_bad_keys_and_types_fail_at_composition_with_the_full_path(cli, tmp_path
 
 @pytest.mark.parametrize(
     "args,expected",
-    [(["--help"], "cuda_graph: full_iteration, local_layer, none"), (["--cfg", "job"], "cuda_graph_impl: none"),
+    [(["--help"], "cuda_graph: auto, full_iteration, local_layer, none"), (["--cfg", "job"], "cuda_graph_impl: none"),
      (["--info", "defaults"], "recipe/llama/tiny"), (["--info", "searchpath"], "conf"),
      # The hydra node resolved without the job's keys: the mode comes from the command line.
      (["--cfg", "hydra", "--resolve"], "output_subdir: .hydra"),
