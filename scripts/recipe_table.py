@@ -66,7 +66,7 @@ def markdown(composed: Dict[Key, DictConfig]) -> str:
         graph = graphs["impl"] + (f" [{', '.join(graphs['modules'])}]" if graphs["modules"] else "")
         if graphs["impl"] == "none":
             graph = "none"
-        verdict = "valid" if plan.valid else ", ".join(sorted({v.rule for v in plan.violations}))
+        verdict = "valid" if plan.valid else ", ".join(sorted({v.rule for v in plan.config_violations}))
         cells = [key[0], cfg.workload.task, key[1] or "–", key[2], train.num_gpus,
                  model.tensor_model_parallel_size, model.pipeline_model_parallel_size, model.context_parallel_size,
                  model.virtual_pipeline_model_parallel_size or "–", model.expert_model_parallel_size,

@@ -222,6 +222,9 @@ RULE_CASES = {
                        Case({"perf.nsys": True, "train.train_iters": 20}, machine=WITH_NSYS)),
     # An 8B model on one GPU: its weights, gradients and Adam state alone are beyond 80 GB.
     "memory_capacity": (Case({**LLAMA_8B, "workload.gpu": "h100"}), Case({**LLAMA_8B, "workload.gpu": "b300"})),
+    # The same 8B model as LoRA: Bridge's frozen base fits an H100, graphbridge's engine trains every weight.
+    "engine_memory": (Case({**LLAMA_8B, "workload.gpu": "h100", "workload.task": "lora"}),
+                      Case({**LLAMA_8B, "workload.gpu": "b300", "workload.task": "lora"})),
     "memory_capacity_here": (Case(LLAMA_8B, machine=H100_80GB), Case({**LLAMA_8B, "model.num_layers": 16},
                                                                       machine=H100_80GB)),
 }

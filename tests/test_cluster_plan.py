@@ -19,7 +19,8 @@ def test_a_multi_node_preset_spans_the_nodes_of_its_gpus_machine(cli, tmp_path, 
     assert plan["config"]["train"]["num_gpus"] == 64
     assert plan["config"]["train"]["num_nodes"] == nodes
     assert plan["derived"]["train.num_nodes"] == nodes
-    assert not plan["violations"], result.stderr
+    # The GB200 and GB300 presets run with Megatron-FSDP, which graphbridge's engine lacks (engine_memory).
+    assert {v["rule"] for v in plan["violations"]} <= {"engine_memory"}, result.stderr
 
 
 def test_the_node_count_follows_num_gpus(cli, tmp_path):

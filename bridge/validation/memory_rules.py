@@ -5,7 +5,9 @@ says so, and the job may run.
 
 memory_capacity judges the GPU the config names (workload.gpu, a preset GPU: its fault, wherever it
 is planned); memory_capacity_here judges this machine's GPU for a config that names none (another,
-larger GPU could run it).
+larger GPU could run it). Both judge the job as Megatron-Bridge runs it (Megatron-FSDP, LoRA, fp8
+weights); engine_memory judges the same GPU for graphbridge's engine, which trains every weight with
+DDP from bf16 weights, where that is what does not fit.
 """
 
 from dataclasses import replace
@@ -21,6 +23,7 @@ REJECTS = (f"a job estimated beyond its GPU's memory even if the estimate (bridg
 FIX = ("the changes the message names that fit it (the distributed optimizer, recompute, a smaller micro-batch), "
        "else more GPUs: higher TP or PP")
 KEYS = ["train.micro_batch_size", "model.recompute_granularity", "ddp.use_distributed_optimizer"]
+MEMORY_RULES = ("memory_capacity", "memory_capacity_here", "engine_memory")
 
 
 @rule("memory_capacity", rejects=REJECTS + " (the preset GPU `gpu=` names)", fix=FIX)
@@ -37,6 +40,25 @@ def memory_capacity_here(cfg, target):
     if cfg.workload.gpu in PRESET_GPUS or not gpus or not gpus[0].memory_bytes:
         return None  # memory_capacity judges a named GPU; without a known GPU there is no capacity
     return beyond_capacity("memory_capacity_here", cfg, target, gpus[0].memory_bytes / GIB, gpus[0].name)
+
+
+@rule("engine_memory", engine="megatron",
+      rejects="a preset that fits its GPU as Megatron-Bridge runs it (Megatron-FSDP, LoRA, fp8 primary weights) "
+              f"but not as graphbridge's engine, which does none of them, trains it (even {ESTIMATE_ERROR:.0%} lower)",
+      fix="more GPUs (higher TP or PP with train.num_gpus), or train the preset with Megatron-Bridge itself")
+def engine_memory(cfg, target):
+    if cfg.workload.gpu not in PRESET_GPUS or positive_sizes(cfg, target) or value_ranges(cfg, target):
+        return None
+    estimate = estimate_memory(cfg)
+    if estimate.engine_verdict != "cannot fit" or estimate.verdict == "cannot fit":
+        return None  # it fits the engine, or memory_capacity refuses it as Bridge runs it already
+    return violation("engine_memory", ["workload.task", "workload.megatron_fsdp", "workload.precision", "workload.gpu"],
+                     f"graphbridge's engine trains it without {' and '.join(estimate.as_bridge_runs_it)} (as "
+                     f"Megatron-Bridge runs it) and would need "
+                     f"~{estimate.engine_gib:.0f} GiB per GPU, beyond the {estimate.capacity_gib:.0f} GiB of the "
+                     f"{estimate.gpu} even {ESTIMATE_ERROR:.0%} lower (Megatron-Bridge runs it in "
+                     f"~{estimate.total_gib:.0f}); spread it over more GPUs (higher model.tensor_model_parallel_size "
+                     "or model.pipeline_model_parallel_size with train.num_gpus), or train it with Megatron-Bridge")
 
 
 def beyond_capacity(name: str, cfg, target, gpu_gib: Optional[float], gpu_name: Optional[str]):
