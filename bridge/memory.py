@@ -12,8 +12,9 @@ preset uses them), activations (bridge.memory_activations), and on top:
   steps' cached blocks, which the allocator releases when it runs short, and the pool) but are
   not allocated twice. What it adds is the capture stream's two cuBLAS workspaces (forward thread
   and autograd's; measured: full_iteration peaked 0.06 GiB above eager on llama/tiny, the Qwen3
-  proxy (35.11 against 35.05 GiB) and Llama 3.2 1B (32.69 against 32.62 GiB)). An optimizer step
-  inside that graph (optimizer.optimizer_in_graph) keeps 4 bytes per parameter allocated on top:
+  proxy (35.11 against 35.05 GiB) and Llama 3.2 1B (32.69 against 32.62 GiB)). graphbridge's own
+  optimizer step inside that graph (optimizer.optimizer_in_graph without the distributed optimizer)
+  keeps 4 bytes per parameter allocated on top:
   the fp32 copies of bf16/fp16 gradients its master weights step with, and as much with fp32
   gradients (measured: +6.77 GiB over 1.87 G parameters on the Qwen3 proxy, +0.10 GiB over 28 M on
   llama/tiny with ddp.grad_reduce_in_fp32). Transformer Engine's per-layer graphs
@@ -218,7 +219,11 @@ def graph_pool_bytes(cfg, trainable: float, frozen: bool = False) -> float:
     if not impl.graphed:
         return 0.0
     if impl.unit == "iteration":
-        optimizer = FP32_BYTES * trainable if cfg.optimizer.optimizer_in_graph else 0
+        # With the distributed optimizer the step is megatron-core's own optimizer graph (0.19; the catalogue
+        # refuses it before): its fp32 gradient copies are made in the step and sharded, as eagerly, which the
+        # optimizer-step term counts already.
+        own_step = cfg.optimizer.optimizer_in_graph and not cfg.ddp.use_distributed_optimizer
+        optimizer = FP32_BYTES * trainable if own_step else 0
         return CAPTURE_STREAM_WORKSPACE_BYTES + optimizer
     if impl.impl == CudaGraphImpl.local:
         return local_graph_bytes(cfg)

@@ -241,9 +241,13 @@ def describe_graphs(cfg: GraphBridgeConfig, engine: str = "megatron") -> Dict[st
         parked = modules or legacy or None
     summary = graph.describe(modules, warmup, engine)
     if graph.unit == "iteration":
-        # The torch engine's full-iteration graph always holds its optimizer step.
-        where = "inside" if cfg.optimizer.optimizer_in_graph or engine == "torch" else "outside"
-        summary += f" (optimizer step {where} the graph)"
+        # The torch engine's full-iteration graph always holds its optimizer step; megatron-core's distributed
+        # optimizer steps in megatron-core's own optimizer graph (0.19), captured beside it.
+        if cfg.optimizer.optimizer_in_graph and cfg.ddp.use_distributed_optimizer and engine != "torch":
+            summary += " (optimizer step in megatron-core's optimizer graph, captured beside it)"
+        else:
+            where = "inside" if cfg.optimizer.optimizer_in_graph or engine == "torch" else "outside"
+            summary += f" (optimizer step {where} the graph)"
     return {"impl": graph.impl.value, "modules": modules, "warmup_steps": warmup,
             "capture_step": graph.capture_step(warmup), "summary": summary, "parked": parked}
 

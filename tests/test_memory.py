@@ -216,3 +216,14 @@ def test_an_estimate_inside_the_headroom_is_tight(cli, tmp_path):
     assert result.returncode == 0, result.stderr
     line = next(line for line in result.stdout.splitlines() if line.startswith("  memory:"))
     assert ": tight in 75 GiB (h100): above the 90% a job can count on" in line
+
+
+def test_only_graphbridges_own_in_graph_optimizer_keeps_gradient_copies_in_the_graph_pool():
+    """Its capturable AdamW keeps fp32 gradient copies in the iteration graph's pool; megatron-core's optimizer
+    graph (with the distributed optimizer, 0.19) makes them in the step and shards them, as eagerly."""
+    def graphs(*overrides):
+        return estimate_memory(bridge.load(["recipe=llama/tiny", "cuda_graph=full_iteration", *overrides])).graphs_gib
+
+    outside = graphs()
+    assert graphs("optimizer.optimizer_in_graph=true") > outside + 0.05  # 4 bytes a parameter
+    assert graphs("optimizer.optimizer_in_graph=true", "ddp.use_distributed_optimizer=true") == outside

@@ -38,6 +38,12 @@ def test_the_qwen3_proxy_plans_the_distributed_optimizer_in_megatron_cores_optim
     assert plan.memory().verdict != "does not fit", plan.memory().to_text()
 
 
+def test_the_plan_says_the_distributed_optimizer_steps_in_its_own_graph_beside_the_iterations(cli, tmp_path):
+    result = cli("mode=plan", *PROXY, *IN_GRAPH, DISTRIBUTED, "plan.megatron_core=0.19.2", cwd=tmp_path)
+    graphed = next(line for line in result.stdout.splitlines() if line.startswith("  graphed:"))
+    assert "(optimizer step in megatron-core's optimizer graph, captured beside it)" in graphed, result.stdout
+
+
 def test_before_0_19_the_distributed_optimizer_in_the_graph_is_refused_with_a_fix_that_names_0_19():
     plan = bridge.plan([*PROXY, *IN_GRAPH, DISTRIBUTED, "plan.megatron_core=0.16.1"])
     refusals = [v for v in plan.config_violations if v.rule == "optimizer_graph_distributed"]
