@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.rule_cases import GPU_WITNESSES
+from tests.gpu_witnesses import GPU_WITNESSES
 
 pytest.importorskip("megatron.core")
 

@@ -11,7 +11,8 @@ from sections import with_section
 import bridge
 from bridge.machine import Machine
 from bridge.validation import RULES, resolve_target, validate
-from tests.rule_cases import EXTRA_REJECTS, GPU_WITNESSES, H100, RULE_CASES, build, fired
+from tests.gpu_witnesses import GPU_WITNESSES
+from tests.rule_cases import EXTRA_REJECTS, H100, RULE_CASES, build, fired
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 

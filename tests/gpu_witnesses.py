@@ -1,0 +1,37 @@
+"""The GPU witness of each rule that refuses on GPU grounds: the run of a GPU differential record
+(benchmarks/results/) that failed as the rule says. tests/test_rules.py checks each against its record."""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GpuWitness:
+    """The GPU run that justified a rule refusing on GPU grounds: a record of the GPU differential under
+    benchmarks/results/ (its command, GPU and versions in its summary), the run's index in it, and a fragment
+    of the error the run ended with."""
+
+    record: str
+    run: int
+    error: str
+
+
+FIRST_DIFFERENTIAL = "h100/mcore-0.16.1/gpu_differential_610e521.json"
+ON_0161 = "h100/mcore-0.16.1/gpu_differential.json"
+ON_0192 = "h100/mcore-0.19.2/gpu_differential.json"
+LAZY_NCCL_0161 = "h100/mcore-0.16.1/gpu_differential_91c0f81.json"
+GPU_WITNESSES = {
+    "allgather_dispatch_capture": GpuWitness(ON_0161, 706, "Cannot copy between CPU and CUDA tensors during CUDA graph"),
+    "dropless_permute_capture": GpuWitness(ON_0161, 709, "cudaErrorStreamCaptureUnsupported"),
+    "recompute_in_layer_graphs": GpuWitness(ON_0161, 702, "Checkpointing is not compatible with .grad()"),
+    "recompute_quantized_in_layer_graphs": GpuWitness(ON_0192, 704, "Checkpointing is not compatible with .grad()"),
+    "te_rng_tracker": GpuWitness(ON_0192, 711, "Unsupported RNG states tracker"),
+    "mla_recompute_in_layer_graphs": GpuWitness(ON_0192, 229, "cudaErrorIllegalAddress"),
+    "router_fp64_graphs": GpuWitness(ON_0192, 201, "Could not infer dtype of _WeakRefTensor"),
+    "router_fusion_fp64": GpuWitness(LAZY_NCCL_0161, 344, "does not support float64 router type"),
+    "router_padding_moe_recompute": GpuWitness(ON_0192, 270, "modified by an inplace operation"),
+    "retained_backward_compiled_fusion": GpuWitness(ON_0192, 97, "non-empty donated buffers"),
+    "quantized_precision_gpu": GpuWitness(FIRST_DIFFERENTIAL, 600, "compute capability 10.0 or higher required for MXFP8"),
+    "shared_expert_bias": GpuWitness(FIRST_DIFFERENTIAL, 615, "bias is not supported in the shared experts"),
+    "mla_needs_te_spec": GpuWitness(FIRST_DIFFERENTIAL, 354, "unexpected keyword argument 'k_channels'"),
+    "compiled_kernels": GpuWitness(FIRST_DIFFERENTIAL, 35, "fused_weight_gradient_mlp_cuda module is not found"),
+}
