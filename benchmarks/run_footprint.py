@@ -67,7 +67,7 @@ def child(job_dir: str) -> int:
     finally:
         phases["torch.compile"] = compile_seconds()
         phases["process"] = time.monotonic() - start
-        Path(os.environ["FOOTPRINT_DIR"], PHASES_FILE).write_text(json.dumps(phases))
+        write_json_atomic(Path(os.environ["FOOTPRINT_DIR"], PHASES_FILE), phases)
 
 
 def compile_seconds() -> float:

@@ -160,13 +160,15 @@ def cpu_offloading_conflicts(cfg, target):
 
 def recomputed_inside_layer_graphs(cfg, modules) -> list:
     """Of ``modules``, those selective recompute would checkpoint inside a per-layer graph (local or TE): the
-    attention's core for attn graphs, a dense MLP for mlp graphs, the MoE layer and its shared expert for moe
-    graphs, the shared expert for router graphs that run it (not overlapped); whole-layer graphs hold them all."""
+    attention's core, norms and MLA up-projections for attn graphs, a dense MLP for mlp graphs, the MoE layer
+    and its shared expert for moe graphs, the shared expert for router graphs that run it (not overlapped);
+    whole-layer graphs hold them all."""
     model = cfg.model
     if model.recompute_granularity != "selective" or impl_of(cfg) not in (LOCAL, TE):
         return []
     graphed = set(modules_of(cfg)) or {"attn", "mlp", "moe", "moe_router"}
-    inside = {"core_attn": "attn" in graphed, "mlp": "mlp" in graphed and has_dense_layers(model),
+    inside = {"core_attn": "attn" in graphed, "layernorm": "attn" in graphed, "mla_up_proj": "attn" in graphed,
+              "mlp": "mlp" in graphed and has_dense_layers(model),
               "moe": "moe" in graphed and is_moe_model(model),
               "shared_experts": bool(model.moe_shared_expert_intermediate_size) and (
                   "moe" in graphed or ("moe_router" in graphed and not model.moe_shared_expert_overlap))}
@@ -224,12 +226,9 @@ def mla_recompute_in_layer_graphs(cfg, target):
     # MLA recomputes its up-projections and its q/kv norms without reentry; replaying a per-layer graph that
     # holds them touched freed memory (cudaErrorIllegalAddress) on an H100, deepseek/tiny with te_attn,
     # te_attn_moe_router and te_layer on 0.16.1 and 0.19.2; dense attention's layernorm recompute trains.
-    model = cfg.model
-    graphed = set(modules_of(cfg))
-    attention_graphed = impl_of(cfg) in (LOCAL, TE) and (not graphed or "attn" in graphed)
-    if not (model.multi_latent_attention and model.recompute_granularity == "selective" and attention_graphed):
+    if not cfg.model.multi_latent_attention:
         return None
-    inside = [name for name in recompute_modules(model) if name in ("layernorm", "mla_up_proj")]
+    inside = recomputed_inside_layer_graphs(cfg, ("layernorm", "mla_up_proj"))
     if not inside:
         return None
     return violation(
