@@ -25,6 +25,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -50,6 +51,7 @@ kernels sum in other orders) by far less over six steps."""
 RESOURCE_ERRORS = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "ncclUnhandledCudaError", "EADDRINUSE")
 """Failures of one run among --workers on one GPU whose cause is the others: memory taken by them, or a port
 another run took. A run that fails so is trained once more, and counts by that second attempt."""
+COMPOSING = threading.Lock()
 ACCEPTED, BYPASS, EAGER_TWIN, WITNESS = "accepted", "bypass", "eager_twin", "witness"
 SELECTIVE = "model.recompute_granularity=selective"
 DROP_AND_PAD = ("model.moe_expert_capacity_factor=1.0", "model.moe_pad_expert_input_to_capacity=true")
@@ -159,36 +161,57 @@ def witnesses(first_index: int) -> List[Run]:
     return runs
 
 
-def train(run: Run, workdir: Path, run_env: Dict[str, str]) -> Run:
+@dataclass
+class Launch:
+    """How each run's training process starts: ``process``, the CLI in a fresh process as a user types it (the
+    bypass: benchmarks/unchecked_run.py); ``preloaded``, the job the CLI would write, trained in a child forked
+    from one that imported torch, TE and megatron-core once (benchmarks/preloaded.py)."""
+    launcher: str
+    run_env: Dict[str, str]
+    port_base: int
+
+    def command(self, run: Run, run_dir: Path, log: Path, retry: bool) -> Optional[int]:
+        # Each run its own rendezvous port: ports picked free by concurrent processes collided (EADDRINUSE).
+        env = {**self.run_env, "PYTHONUNBUFFERED": "1", "MASTER_PORT": str(self.port_base + 2 * run.index + retry)}
+        if run.unchecked_rules or self.launcher == "preloaded":
+            import bridge
+            from perf.launch import job_record, write_job
+
+            with COMPOSING:  # Hydra's compose holds one global state
+                config = bridge.plan(run.overrides).config
+            write_job(config, run_dir, job_record({}, run.overrides))
+        if self.launcher == "preloaded":
+            import preloaded
+
+            return preloaded.train(run_dir, log, env, run.unchecked_rules, RUN_TIMEOUT_S)
+        if run.unchecked_rules:
+            command = [*UNCHECKED, str(run_dir), ",".join(run.unchecked_rules)]
+        else:
+            command = [*GRAPHBRIDGE, *run.overrides, f"hydra.run.dir={run_dir}"]
+        with open(log, "w") as output:
+            try:
+                return subprocess.run(command, cwd=ROOT, env={**os.environ, **env}, stdout=output,
+                                      stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S).returncode
+            except subprocess.TimeoutExpired:
+                return None
+
+
+def train(run: Run, workdir: Path, launch: Launch) -> Run:
     """Train ``run`` (a second time when the first attempt failed for want of the GPU's shared resources)."""
-    attempt(run, workdir, run_env)
+    attempt(run, workdir, launch)
     if run.status != "completed" and any(text in (run.error or "") for text in RESOURCE_ERRORS):
         run.retried_after, run.status = run.error, None
-        attempt(run, workdir, run_env, retry=True)
+        attempt(run, workdir, launch, retry=True)
     return run
 
 
-def attempt(run: Run, workdir: Path, run_env: Dict[str, str], retry: bool = False) -> None:
+def attempt(run: Run, workdir: Path, launch: Launch, retry: bool = False) -> None:
     """Train ``run`` in its own directory and read its result.json."""
     name = f"run{run.index}{'_retry' if retry else ''}"
     run_dir = workdir / name
     start = time.monotonic()
-    if run.unchecked_rules:
-        import bridge
-        from perf.launch import job_record, write_job
-
-        write_job(bridge.plan(run.overrides).config, run_dir, job_record({}, run.overrides))
-        command = [*UNCHECKED, str(run_dir), ",".join(run.unchecked_rules)]
-    else:
-        command = [*GRAPHBRIDGE, *run.overrides, f"hydra.run.dir={run_dir}"]
-    # Each run its own rendezvous port: ports picked free by concurrent processes collided (EADDRINUSE).
-    port = 20000 + 2 * run.index + retry
-    env = {**os.environ, "OMP_NUM_THREADS": "2", **run_env, "PYTHONUNBUFFERED": "1", "MASTER_PORT": str(port)}
-    with open(workdir / f"{name}.log", "w") as log:
-        try:
-            subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            run.status, run.error = "timeout", f"no result within {RUN_TIMEOUT_S} s"
+    if launch.command(run, run_dir, workdir / f"{name}.log", retry) is None:
+        run.status, run.error = "timeout", f"no result within {RUN_TIMEOUT_S} s"
     run.seconds = round(time.monotonic() - start, 1)
     result_file = run_dir / "result.json"
     if run.status is None:
@@ -251,7 +274,7 @@ def summary(runs: List[Run], args, environment: Dict[str, object], elapsed: floa
         "eager_twins": eager_agreement(runs),
         "witnesses": [{"label": run.label, "overrides": run.overrides, "unchecked_rules": run.unchecked_rules,
                        "status": run.status, "error": run.error} for run in runs if run.kind == WITNESS],
-        "steps": STEPS, "elapsed_s": round(elapsed, 1),
+        "launcher": args.launcher, "steps": STEPS, "elapsed_s": round(elapsed, 1),
     }
 
 
@@ -290,8 +313,15 @@ def main() -> int:
     parser.add_argument("--deadline-s", type=float, default=None, help="start no run after this many seconds")
     parser.add_argument("--run-env", action="append", default=[], metavar="NAME=VALUE",
                         help="set in every training process (benchmarks/run_footprint.py measures what pays off)")
+    parser.add_argument("--launcher", choices=("process", "preloaded"), default="process",
+                        help="preloaded: fork each training process from one that imported torch, TE and megatron-core "
+                        "(benchmarks/preloaded.py); process: the CLI in a fresh process, as a user runs it")
+    parser.add_argument("--port-base", type=int, default=20000,
+                        help="first rendezvous port (two differentials on one machine need ranges apart)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    if args.launcher == "preloaded" and args.gpus > 1:
+        parser.error("--launcher preloaded trains one process a run: several GPUs need torchrun (--launcher process)")
     start = time.monotonic()
     env = environment(["python", "benchmarks/gpu_differential.py", *sys.argv[1:]])
     args.workers = args.workers or max(1, (os.cpu_count() or 1) // args.gpus)
@@ -311,11 +341,14 @@ def main() -> int:
                                      "runs": [asdict(run) for run in all_runs]})
 
     run_env = dict(item.split("=", 1) for item in args.run_env)
+    # Read when the libraries load (OpenMP's pool), so set here, before the preloaded launcher's server starts.
+    os.environ.update({"OMP_NUM_THREADS": "2", **run_env})
+    launch = Launch(args.launcher, run_env, args.port_base)
     workdir = Path(tempfile.mkdtemp(prefix="gpu_differential_"))
     with ThreadPoolExecutor(args.workers) as pool:
         def in_time(run: Run) -> Run:
             late = args.deadline_s is not None and time.monotonic() - start > args.deadline_s
-            return run if late else train(run, workdir, run_env)
+            return run if late else train(run, workdir, launch)
 
         for done, future in enumerate(as_completed([pool.submit(in_time, run) for run in queue]), 1):
             run = future.result()

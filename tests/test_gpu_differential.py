@@ -56,6 +56,19 @@ def test_the_harness_plans_trains_and_records_through_the_cli(tmp_path):
     assert gpu_differential.STEPS == summary["steps"]
 
 
+def test_the_preloaded_launcher_trains_a_job_as_the_cli_would_and_says_why_one_fails(tmp_path):
+    # On the CPU with the torch engine: the forkserver's child writes result.json as `python -m bridge.run` does,
+    # and a run it cannot start leaves its last line as the error.
+    overrides = ["recipe=llama/tiny", "device=cpu", "engine=torch", "train.train_iters=2"]
+    launch = gpu_differential.Launch("preloaded", {}, 21000)
+    trained = Run(0, overrides)
+    gpu_differential.attempt(trained, tmp_path, launch)
+    assert trained.status == "completed" and len(trained.losses) == 2
+    refused = Run(1, [*overrides[:-1], "train.train_iters=0"])
+    gpu_differential.attempt(refused, tmp_path, launch)
+    assert refused.status != "completed" and refused.error
+
+
 def test_the_footprint_tool_reads_its_variants_and_counts_the_processes_a_run_starts():
     import run_footprint
 
