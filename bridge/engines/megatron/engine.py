@@ -8,8 +8,9 @@ object per impl (full_iteration.py, local.py, transformer_engine.py beside this 
 protocol (lifecycle.py). What the engine can run, the catalogue decided before it was built.
 
 Same seed, same weights and same data for every graph impl: the model is built before any graph
-machinery runs, from RNG trackers seeded identically, and the data depends only on the seed, so
-loss curves compare across impls.
+machinery runs, from RNG trackers seeded identically (Transformer Engine's attention sinks, which TE
+before 2.14 leaves uninitialised, are zeroed: ``zero_attention_sinks``), and the data depends only on
+the seed, so loss curves compare across impls.
 
 Every step records into a device-side ``FiniteCheck`` whether its loss and gradient norm were
 finite (perf.nan_check_interval > 0); under full-iteration graphs both come out of the replay
@@ -331,6 +332,7 @@ def build_model_chunks(transformer_config, gpt_model_args, ddp_config, use_trans
             pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
             post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
             vp_stage=vp_stage, **gpt_model_args)
+        zero_attention_sinks(model)
         model.cuda(torch.cuda.current_device())
         if transformer_config.bf16 or transformer_config.fp16:
             model = Float16Module(transformer_config, model)
@@ -338,6 +340,33 @@ def build_model_chunks(transformer_config, gpt_model_args, ddp_config, use_trans
     return [DistributedDataParallel(config=transformer_config, ddp_config=ddp_config, module=chunk,
                                     disable_bucketing=index > 0 or overlap_param_gather_with_optimizer_step)
             for index, chunk in enumerate(chunks)]
+
+
+def zero_attention_sinks(model: torch.nn.Module) -> int:
+    """Zero the learnable attention sinks (``softmax_type=learnable``: ``softmax_offset``) of Transformer Engine's
+    attention, as TE 2.14 and later create them; returns how many modules it zeroed.
+
+    TE before 2.14 (2.10: transformer_engine/pytorch/attention/dot_product_attention/dot_product_attention.py:435)
+    makes the parameter with ``torch.empty`` and, unlike its other modules, never runs ``reset_parameters``;
+    megatron-core's TEDotProductAttention (0.16.1 and 0.19.2) does not initialise it either. The sinks then hold
+    whatever the caching allocator last kept there, which depends on what ran before (megatron-core's first
+    CudaGraphManager, built by the first layer under cuda_graph_impl=local and full_iteration on 0.16.1, moves
+    the process onto a new stream before that layer's attention exists): on an H100 with TE 2.10, gpt_oss/tiny
+    under local_layer and full_iteration started from other weights than its eager twin. Zeros draw
+    nothing from any generator, so every other weight stays as it was. megatron-core's own (local-spec)
+    DotProductAttention initialises its sinks with init_method and is left alone."""
+    zeroed = 0
+    for module in model.modules():
+        offset = getattr(module, "softmax_offset", None)
+        if isinstance(offset, torch.nn.Parameter) and transformer_engine_class(module):
+            with torch.no_grad():
+                offset.zero_()
+            zeroed += 1
+    return zeroed
+
+
+def transformer_engine_class(module: torch.nn.Module) -> bool:
+    return any(cls.__module__.split(".")[0] == "transformer_engine" for cls in type(module).__mro__)
 
 
 def decoder_block_spec(transformer_config, use_transformer_engine: bool, vp_stage):

@@ -6,8 +6,12 @@ every graphable layer (static inputs from seq_length x micro_batch_size), then z
 buffers and optimizer grads it dirtied. When the distributed optimizer overlaps the param
 all-gather with the forward, DDP's forward pre-hooks are switched off around the capture
 (hooks are not captured) and re-registered as manual hooks that the graphed layers call.
+
+A YaRN model's graphed attention gets its rotary embedding as a captured input (``rotary_inputs``):
+megatron-core's helper hands it only to ``rope`` models.
 """
 
+from functools import partial
 from typing import Callable, List, Optional, Set
 
 import torch
@@ -30,6 +34,7 @@ class TransformerEngineGraphs:
             raise ValueError("model.cuda_graph_impl=transformer_engine found no layer matching "
                              f"model.cuda_graph_modules={graph_module_names(transformer_config)}; "
                              "pick modules the model has (attn, mlp for dense layers, moe_router for MoE)")
+        self.rotary_layers = rotary_inputs(model_chunks, self.helper.flattened_callables)
         self.warmup_steps = transformer_config.cuda_graph_warmup_steps
         self.toggle_forward_pre_hook = toggle_forward_pre_hook
         self.first_step = FirstStep()
@@ -64,3 +69,50 @@ class TransformerEngineGraphs:
     def delete(self) -> None:
         if self.helper.graphs_created():
             self.helper.delete_cuda_graphs()
+        for layer in self.rotary_layers:
+            del layer.get_layer_static_inputs  # the class's again
+        self.rotary_layers = []
+
+
+def rotary_inputs(model_chunks: List[torch.nn.Module], graphed_layers) -> List[torch.nn.Module]:
+    """Give the graphed layers of YaRN models (outside MLA) their rotary embedding as a static input; returns the
+    layers changed.
+
+    megatron-core's TECudaGraphHelper adds ``rotary_pos_emb`` to a layer's sample inputs only when the model's
+    position_embedding_type is ``rope`` (transformer/cuda_graphs.py, get_rotary_pos_emb: line 1863 in 0.16.1,
+    2306 in 0.19.2). A YaRN model's attention is captured with no rotary embedding, and at replay TE's graphed
+    callable reads only the keyword arguments it was captured with (TE 2.10 pytorch/graph.py:740-753), so the
+    ``rotary_pos_emb`` the layer is given is dropped without a word: the graphed attention trains without
+    positions while eager's rotates (gpt_oss/tiny te_attn_moe_router: 1.4e-2 from eager after 30 steps on an
+    H100). Each such layer's ``get_layer_static_inputs`` adds the embedding the model computes for that length
+    (as GPTModel does before the decoder), so it is captured as an input and every replay copies in the one the
+    layer is given. MLA computes its rotary embedding inside the attention, which the graph holds."""
+    graphed = {id(layer) for layer in graphed_layers}
+    changed = []
+    for chunk in model_chunks:
+        model = unwrapped(chunk)
+        if getattr(model, "position_embedding_type", None) != "yarn" or model.config.multi_latent_attention:
+            continue
+        for layer in model.modules():
+            if id(layer) in graphed:
+                layer.get_layer_static_inputs = partial(with_rotary_embedding, layer.get_layer_static_inputs, model)
+                changed.append(layer)
+    return changed
+
+
+def with_rotary_embedding(static_inputs: Callable, model, seq_length: int, micro_batch_size: int) -> dict:
+    inputs = static_inputs(seq_length, micro_batch_size)
+    # The layer adds an attention mask exactly when its attention is in its graph.
+    if "attention_mask" in inputs and "rotary_pos_emb" not in inputs:
+        rotary_seq_len = model.rotary_pos_emb.get_rotary_seq_len(
+            None, model.decoder, inputs["hidden_states"], model.config, None)
+        embedding = model.rotary_pos_emb(rotary_seq_len)
+        inputs["rotary_pos_emb"] = embedding[0] if isinstance(embedding, tuple) else embedding  # YaRN: (emb, mscale)
+    return inputs
+
+
+def unwrapped(chunk: torch.nn.Module) -> torch.nn.Module:
+    """The GPTModel inside megatron DDP and Float16Module."""
+    while hasattr(chunk, "module"):
+        chunk = chunk.module
+    return chunk

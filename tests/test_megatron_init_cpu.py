@@ -1,0 +1,176 @@
+"""What the megatron engine does to the model it builds so that a graphed run and its eager twin start from the
+same weights and compute the same layer, checked on the CPU with stand-ins for the GPU-only modules:
+Transformer Engine's attention sinks are zeroed (TE before 2.14 leaves them uninitialised), and a YaRN model's
+TE-graphed layers are captured with its rotary embedding (megatron-core's helper gives it to rope models only)."""
+
+from types import SimpleNamespace
+
+import torch
+
+from bridge.engines.megatron import transformer_engine as te_graphs
+from bridge.engines.megatron.engine import zero_attention_sinks
+from bridge.engines.megatron.transformer_engine import rotary_inputs, unwrapped
+
+
+class TEAttention(torch.nn.Module):
+    """Stands in for TE's DotProductAttention with softmax_type=learnable: sinks made with torch.empty."""
+
+    def __init__(self):
+        super().__init__()
+        self.softmax_offset = torch.nn.Parameter(torch.full((4,), float("nan")))
+
+
+TEAttention.__module__ = "transformer_engine.pytorch.attention.dot_product_attention.dot_product_attention"
+
+
+class MegatronTEAttention(TEAttention):
+    """megatron-core's TEDotProductAttention: a subclass of TE's, defined in megatron-core."""
+
+
+class LocalAttention(torch.nn.Module):
+    """megatron-core's own DotProductAttention: its sinks come from init_method."""
+
+    def __init__(self):
+        super().__init__()
+        self.softmax_offset = torch.nn.Parameter(torch.full((4,), 0.5))
+
+
+def test_transformer_engine_sinks_are_zeroed_and_nothing_else_changes():
+    model = torch.nn.ModuleDict({"te": MegatronTEAttention(), "local": LocalAttention(),
+                                 "linear": torch.nn.Linear(3, 3)})
+    weight = model["linear"].weight.detach().clone()
+    rng = torch.get_rng_state()
+    assert zero_attention_sinks(model) == 1
+    assert torch.equal(model["te"].softmax_offset, torch.zeros(4))
+    assert torch.equal(model["local"].softmax_offset, torch.full((4,), 0.5))
+    assert torch.equal(model["linear"].weight, weight)
+    assert torch.equal(torch.get_rng_state(), rng), "zeroing the sinks drew from a generator"
+    assert isinstance(model["te"].softmax_offset, torch.nn.Parameter)
+
+
+def test_a_model_without_learnable_sinks_is_left_alone():
+    class VanillaTEAttention(torch.nn.Module):
+        softmax_offset = None
+
+    VanillaTEAttention.__module__ = TEAttention.__module__
+    assert zero_attention_sinks(torch.nn.Sequential(VanillaTEAttention(), torch.nn.Linear(2, 2))) == 0
+
+
+SEQ, BATCH, HIDDEN, DIM = 8, 2, 4, 6
+
+
+class Rotary:
+    """YarnRotaryEmbedding's interface: the length from the decoder input, forward returns (emb, mscale)."""
+
+    def __init__(self, returns_tuple=True):
+        self.calls = []
+        self.returns_tuple = returns_tuple
+
+    def get_rotary_seq_len(self, inference_context, transformer, transformer_input, config, packed_seq_params):
+        assert inference_context is None and packed_seq_params is None
+        return transformer_input.size(0) * (config.tensor_model_parallel_size if config.sequence_parallel else 1)
+
+    def __call__(self, seq_len):
+        self.calls.append(seq_len)
+        emb = torch.arange(seq_len, dtype=torch.float32)[:, None, None, None].expand(seq_len, 1, 1, DIM)
+        return (emb, 1.0) if self.returns_tuple else emb
+
+
+class Layer(torch.nn.Module):
+    def __init__(self, attention_graphed=True):
+        super().__init__()
+        self.attention_graphed = attention_graphed
+
+    def get_layer_static_inputs(self, seq_length, micro_batch_size):
+        inputs = {"hidden_states": torch.ones(seq_length, micro_batch_size, HIDDEN)}
+        if self.attention_graphed:
+            inputs["attention_mask"] = torch.zeros(micro_batch_size, 1, seq_length, seq_length, dtype=torch.bool)
+        return inputs
+
+
+class Model(torch.nn.Module):
+    def __init__(self, position_embedding_type="yarn", mla=False, layers=2, returns_tuple=True):
+        super().__init__()
+        self.position_embedding_type = position_embedding_type
+        self.config = SimpleNamespace(multi_latent_attention=mla, sequence_parallel=False,
+                                      tensor_model_parallel_size=1)
+        self.decoder = torch.nn.Module()
+        self.decoder.layers = torch.nn.ModuleList(Layer() for _ in range(layers))
+        self.rotary_pos_emb = Rotary(returns_tuple)
+
+
+def wrapped(model):
+    """DDP(Float16Module(GPTModel)): each keeps the next as .module."""
+    inner = torch.nn.Module()
+    inner.module = model
+    outer = torch.nn.Module()
+    outer.module = inner
+    return outer
+
+
+def test_a_yarn_model_captures_its_rotary_embedding():
+    model = Model()
+    layers = list(model.decoder.layers)
+    assert rotary_inputs([wrapped(model)], layers) == layers
+    inputs = layers[0].get_layer_static_inputs(SEQ, BATCH)
+    assert set(inputs) == {"hidden_states", "attention_mask", "rotary_pos_emb"}
+    assert torch.equal(inputs["rotary_pos_emb"], model.rotary_pos_emb(SEQ)[0])
+    assert model.rotary_pos_emb.calls[0] == SEQ
+
+
+def test_the_rotary_length_follows_sequence_parallelism():
+    model = Model()
+    model.config.sequence_parallel, model.config.tensor_model_parallel_size = True, 2
+    rotary_inputs([model], list(model.decoder.layers))
+    # The helper hands a sequence-parallel layer SEQ / TP rows; the embedding covers the whole sequence.
+    inputs = model.decoder.layers[0].get_layer_static_inputs(SEQ // 2, BATCH)
+    assert inputs["rotary_pos_emb"].shape[0] == SEQ
+
+
+def test_an_embedding_returned_alone_is_taken_as_is():
+    model = Model(returns_tuple=False)
+    rotary_inputs([model], list(model.decoder.layers))
+    assert model.decoder.layers[1].get_layer_static_inputs(SEQ, BATCH)["rotary_pos_emb"].shape == (SEQ, 1, 1, DIM)
+
+
+def test_layers_whose_attention_is_not_graphed_get_no_embedding():
+    model = Model()
+    model.decoder.layers[0].attention_graphed = False
+    rotary_inputs([model], list(model.decoder.layers))
+    assert set(model.decoder.layers[0].get_layer_static_inputs(SEQ, BATCH)) == {"hidden_states"}
+    assert model.rotary_pos_emb.calls == []
+
+
+def test_rope_mla_and_ungraphed_layers_are_left_to_megatron_core():
+    rope, mla, yarn = Model("rope"), Model(mla=True), Model()
+    graphed = list(rope.decoder.layers) + list(mla.decoder.layers) + [yarn.decoder.layers[0]]
+    assert rotary_inputs([rope, mla, yarn], graphed) == [yarn.decoder.layers[0]]
+    for layer in list(rope.decoder.layers) + list(mla.decoder.layers) + [yarn.decoder.layers[1]]:
+        assert "get_layer_static_inputs" not in vars(layer)
+    assert "rotary_pos_emb" not in rope.decoder.layers[0].get_layer_static_inputs(SEQ, BATCH)
+
+
+def test_the_lifecycle_patches_its_graphed_layers_and_delete_restores_them(monkeypatch):
+    model = Model()
+    layers = list(model.decoder.layers)
+
+    class Helper:
+        def __init__(self, model, config, seq_length, micro_batch_size, optimizers):
+            self.flattened_callables = layers
+
+        def graphs_created(self):
+            return False
+
+    monkeypatch.setattr(te_graphs, "TECudaGraphHelper", Helper)
+    config = SimpleNamespace(cuda_graph_warmup_steps=1)
+    graphs = te_graphs.TransformerEngineGraphs([wrapped(model)], config, SEQ, BATCH, optimizer=None,
+                                               toggle_forward_pre_hook=False)
+    assert "rotary_pos_emb" in layers[0].get_layer_static_inputs(SEQ, BATCH)
+    graphs.delete()
+    assert all("get_layer_static_inputs" not in vars(layer) for layer in layers)
+    assert "rotary_pos_emb" not in layers[0].get_layer_static_inputs(SEQ, BATCH)
+
+
+def test_unwrapped_reaches_the_model():
+    model = Model()
+    assert unwrapped(wrapped(model)) is model and unwrapped(model) is model
