@@ -294,6 +294,11 @@ RULE_CASES.update({
         Case({**MOE, "model.moe_router_padding_for_fp8": True, "model.moe_token_dispatcher_type": "alltoall"},
              megatron=True),
         Case({**MOE, "model.moe_token_dispatcher_type": "alltoall"}, megatron=True)),
+    # The fp8 padding of the routing map is in place, and the router's backward keeps the map (0.16.1 and 0.19.2:
+    # "modified by an inplace operation", eager steps included); dropless with the unfused router keeps none.
+    "router_padding_saved_map": (
+        Case({**MOE, **ALLTOALL, **DROP_AND_PAD, "model.fp8": "e4m3", "model.moe_router_padding_for_fp8": True}),
+        Case({**MOE, **ALLTOALL, "model.fp8": "e4m3", "model.moe_router_padding_for_fp8": True})),
     "pipeline_split": (Case({"model.num_layers": 8, **PP2, "model.num_layers_in_first_pipeline_stage": 3,
                              "model.num_layers_in_last_pipeline_stage": 4}),
                        Case({"model.num_layers": 8, **PP2, "model.num_layers_in_first_pipeline_stage": 3,
@@ -398,6 +403,13 @@ EXTRA_REJECTS = {
                         Case({**MOE, **DROP_AND_PAD, "model.moe_token_dispatcher_type": "flex", "train.num_gpus": 2,
                               "model.moe_flex_dispatcher_backend": "deepep", "model.expert_model_parallel_size": 2})],
     "router_padding_for_quantization": [Case({**MOE, "model.moe_router_padding_for_fp8": True, "model.fp8": "e4m3"})],
+    "router_padding_saved_map": [
+        Case({**MOE, **ALLTOALL, "model.moe_expert_capacity_factor": 1.0, "model.fp8": "e4m3",
+              "model.moe_router_padding_for_fp8": True}),
+        Case({**MOE, **ALLTOALL, "model.moe_router_fusion": True, "model.fp8": "e4m3",
+              "model.moe_router_padding_for_fp8": True}),
+        Case({**MOE, **ALLTOALL, "model.moe_router_load_balancing_type": "sinkhorn",
+              "model.fp8": "e4m3", "model.moe_router_padding_for_fp8": True})],
     # flex overlaps the shared expert from 0.19 on only (the differential against 0.19.2 meets it).
     "shared_expert_overlap": [Case({**MOE, "model.moe_shared_expert_intermediate_size": 64,
                                     "model.moe_shared_expert_overlap": True, "model.moe_token_dispatcher_type": "flex",

@@ -170,6 +170,40 @@ def router_padding_for_quantization(cfg, target):
     return None
 
 
+@rule("router_padding_saved_map", engine="megatron",
+      rejects="padding the routing map for fp8 or fp4 with the alltoall dispatcher when the router's backward keeps "
+              "that map: a capacity factor, the fused router, or sinkhorn routing",
+      fix="`model.moe_router_padding_for_fp8=false`, or dropless (`model.moe_expert_capacity_factor=null`) with the "
+          "unfused router")
+def router_padding_saved_map(cfg, target):
+    # The alltoall dispatcher pads the router's routing map in place (moe_utils.pad_routing_map: `routing_map[mask]
+    # = 1`, token_dispatcher.py dispatch_preprocess; the out-of-place fused_pad_routing_map needs megatron-core's
+    # experimental flag, which graphbridge never sets). Autograd kept that very bool map for the router's backward
+    # where a capacity factor applies (apply_router_token_dropping: `routing_probs * final_map`, both branches), where
+    # Transformer Engine's fused top-k saves its output map (FusedTopkScoreFunction), and in sinkhorn routing
+    # (`logits * map`), so the backward fails on the bumped version: "modified by an inplace operation:
+    # [CUDABoolType [tokens, experts]]", eager steps included (0.16.1 and 0.19.2 on an H100, fp8 drop-and-pad).
+    # flex pads the dispatched map, which no backward keeps.
+    model = cfg.model
+    if not (is_moe_model(model) and model.moe_router_padding_for_fp8 and (model.fp8 or model.fp4)
+            and model.moe_token_dispatcher_type == "alltoall"):
+        return None
+    if model.moe_expert_capacity_factor is not None:
+        key, why = "model.moe_expert_capacity_factor", "the capacity factor masks the probs with it"
+    elif model.moe_router_load_balancing_type == "sinkhorn":
+        key, why = "model.moe_router_load_balancing_type", "sinkhorn routing masks the scores with it"
+    elif model.moe_router_fusion:
+        key, why = "model.moe_router_fusion", "Transformer Engine's fused router saves it"
+    else:
+        return None
+    return violation(
+        "router_padding_saved_map", ["model.moe_router_padding_for_fp8", key],
+        "the alltoall dispatcher pads the routing map for fp8 in place, and the router's backward still needs that "
+        f"map ({why}): training fails at the first backward; set model.moe_router_padding_for_fp8=false, or train "
+        "dropless (model.moe_expert_capacity_factor=null) with the unfused, non-sinkhorn router",
+    )
+
+
 @rule("router_topk_one",
       rejects="top-1 routing with a softmax router that applies softmax after the top-k (a zero gradient)",
       fix="`model.moe_router_pre_softmax=true`")
