@@ -224,6 +224,8 @@ def attempt(run: Run, workdir: Path, launch: Launch, retry: bool = False) -> Non
 
 
 def last_line(log: Path) -> str:
+    if not log.exists():  # a preloaded child that died before opening its log (its error is on the harness's stderr)
+        return "no output"
     lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
     return lines[-1][:300] if lines else "no output"
 

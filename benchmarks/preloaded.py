@@ -7,6 +7,9 @@ and forks each training process from there, before any CUDA call, so each child 
 ``python -m bridge.run <job_dir>`` would be after its imports. The child then does what that command does:
 applies the config's env_vars, asks the catalogue and trains.
 
+Python's forkserver prepares each child by importing the main script as ``__mp_main__``: a script that uses this
+launcher keeps its work under ``if __name__ == "__main__"``, or each child runs it again and dies before training.
+
 What differs from a fresh process: the environment a module reads at import time is the harness's, not the
 run's (this launcher sets only MASTER_PORT and what --run-env names per run, none read at import), and exit
 handlers registered by the imports do not run (result.json is written before them).
