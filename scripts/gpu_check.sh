@@ -10,6 +10,7 @@
 #   bash scripts/gpu_check.sh differential [ARGS] # plan equals run: benchmarks/gpu_differential.py ARGS
 #   bash scripts/gpu_check.sh differential2 [ARGS] # the same at two GPUs a configuration (*_2gpu files)
 #   bash scripts/gpu_check.sh equivalence [ARGS]  # graphed training against eager: benchmarks/equivalence.py ARGS
+#                                        # (before tests: the loss tests read its rounding-only gap)
 #   bash scripts/gpu_check.sh overhead   # trainer vs minimal megatron-core loop; torch engine vs torch.compile
 #   bash scripts/gpu_check.sh nan        # the in-graph NaN check's overhead
 #   bash scripts/gpu_check.sh multigpu   # two GPUs: the multigpu tests
@@ -68,6 +69,11 @@ case "${1:-tests}" in
   equivalence)  # per-step losses of graphed runs beside their eager twins' into $out/equivalence.json, and the log
     shift
     python3 benchmarks/equivalence.py --out "$out/equivalence.json" "$@" 2>&1 | tee "$out/equivalence.log" | tail -60
+    # The GPU loss tests take their tolerance from the committed record of this GPU and release: this one, from now
+    # on in this tree (run equivalence before tests; commit the record from $out).
+    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'gb?[0-9]00|[ahb][0-9]00' | head -1 \
+      | tr 'A-Z' 'a-z')
+    [ -n "$gpu" ] && mkdir -p "benchmarks/results/$gpu/mcore-$mcore" && cp "$out/equivalence.json" "benchmarks/results/$gpu/mcore-$mcore/"
     ;;
   overhead)
     timeout 360 python3 benchmarks/minimal_megatron_loop.py --rounds 3 --profile-dir /tmp/profiles 2>&1 | tee "$out/minimal_loop.log" | tail -12

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import equivalence  # noqa: E402  (benchmarks/ is a directory of scripts)
 
-RUNS = equivalence.runs_to_make([1234], 100)
+RUNS = equivalence.runs_to_make([1234], equivalence.STEPS)
+RUNS_BY_VARIANT = [(run["variant"], run) for run in RUNS if run["spec"] == "local"]
 
 
 @pytest.mark.parametrize("version", ["0.16.1", "0.19.2"])
@@ -29,15 +30,20 @@ def test_every_run_and_twin_is_a_configuration_the_release_accepts_but_the_distr
     assert {overrides: rules for overrides, rules in refused.items() if rules} == expected
 
 
-def test_a_twin_is_the_same_training_without_graphs_and_with_the_optimizer_outside():
+def test_a_twin_is_the_same_training_without_graphs_with_the_optimizer_outside_in_the_recipes_micro_batches():
     twin = equivalence.eager_twin(["recipe=llama/tiny", "cuda_graph=full_iteration", "optimizer.optimizer_in_graph=true",
                                    "ddp.use_distributed_optimizer=true", "rng.seed=1"])
     assert twin == ("recipe=llama/tiny", "ddp.use_distributed_optimizer=true", "rng.seed=1", "cuda_graph=none")
+    split = dict(RUNS_BY_VARIANT)[equivalence.ROUNDING_VARIANT]
+    assert "train.micro_batch_size=1" in split["overrides"] and "cuda_graph=none" in split["overrides"]
+    assert sorted(split["eager_overrides"]) == sorted(item for item in split["overrides"]
+                                                      if item != "train.micro_batch_size=1")
 
 
-def losses(level: float, steps: int = 100) -> list:
-    """A curve whose window (steps 50-99) averages ``level``, with a first half far from it."""
-    return [10.0] * equivalence.WINDOW[0] + [level] * (steps - equivalence.WINDOW[0])
+def losses(level: float, late: float = 7.0, steps: int = equivalence.STEPS) -> list:
+    """A curve whose window (steps 10-29) averages ``level``, far from it before and after."""
+    start, end = equivalence.WINDOW
+    return [10.0] * start + [level] * (end - start) + [late] * (steps - end)
 
 
 def test_runs_are_measured_once_each_with_their_twins_losses_beside_them(monkeypatch):
@@ -46,7 +52,8 @@ def test_runs_are_measured_once_each_with_their_twins_losses_beside_them(monkeyp
     def train(overrides, workdir, index):
         trained.append(overrides)
         graph = next(item for item in overrides if item.startswith("cuda_graph="))
-        level = {"cuda_graph=none": 4.0, "cuda_graph=local_layer": 4.02}.get(graph, 4.04)
+        split = "train.micro_batch_size=1" in overrides
+        level = {"cuda_graph=none": 4.02 if split else 4.0, "cuda_graph=local_layer": 4.03}.get(graph, 4.04)
         return {"status": "completed", "reason": None, "losses": losses(level)}
 
     monkeypatch.setattr(equivalence, "refusal", lambda overrides: None)
@@ -57,7 +64,8 @@ def test_runs_are_measured_once_each_with_their_twins_losses_beside_them(monkeyp
                                                      {tuple(r["eager_overrides"]) for r in runs})
     by_variant = {run["variant"]: run for run in measured}
     assert by_variant["local_layer"]["eager_losses"] == losses(4.0)
-    assert by_variant["local_layer"]["relative_gap"] == pytest.approx(0.005)
+    assert by_variant["local_layer"]["relative_gap"] == pytest.approx(0.0075)
+    assert by_variant["local_layer"]["late_relative_gap"] == 0.0
     assert by_variant["full_iteration"]["largest_step_gap"] == pytest.approx(0.04)
     assert equivalence.rounding_gap({"runs": measured}) == pytest.approx(0.005)
 
@@ -67,7 +75,8 @@ def test_the_rounding_gap_is_the_largest_of_the_completed_rounding_only_pairs():
         return {"variant": variant, "status": status, "eager_status": "completed", "losses": losses(level),
                 "eager_losses": losses(4.0)}
 
-    record = {"runs": [run("local_layer", 4.01), run("local_layer", 3.98), run("local_layer", 5.0, "failed"),
-                       run("full_iteration+optimizer", 4.4)]}
+    split = equivalence.ROUNDING_VARIANT
+    record = {"runs": [run(split, 4.01), run(split, 3.98), run(split, 5.0, "failed"),
+                       run("full_iteration+optimizer", 4.4), run("local_layer", 4.3)]}
     assert equivalence.rounding_gap(record) == pytest.approx(0.005)
     assert equivalence.rounding_gap({"runs": [run("full_iteration", 4.4)]}) is None
