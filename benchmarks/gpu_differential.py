@@ -80,6 +80,10 @@ WITNESS_CASES = {
     "full_iteration_without_te_tracker": ("recipe=llama/tiny", "cuda_graph=full_iteration", "rng.te_rng_tracker=false",
                                           "model.attention_dropout=0.1", "model.hidden_dropout=0.1"),
     "gpt_oss_bias_activation_fusion": ("recipe=gpt_oss/tiny", "model.bias_activation_fusion=true"),
+    "router_padding_drop_and_pad": ("recipe=qwen/tiny", "cuda_graph=te_attn", "precision=fp8_sc", ALLTOALL,
+                                    *DROP_AND_PAD, "model.moe_router_padding_for_fp8=true"),
+    "router_padding_dropless": ("recipe=qwen/tiny", "cuda_graph=te_attn", "precision=fp8_sc", ALLTOALL,
+                                "model.moe_router_padding_for_fp8=true"),
 }
 
 

@@ -19,6 +19,7 @@ FIRST_DIFFERENTIAL = "h100/mcore-0.16.1/gpu_differential_610e521.json"
 ON_0161 = "h100/mcore-0.16.1/gpu_differential.json"
 ON_0192 = "h100/mcore-0.19.2/gpu_differential.json"
 LAZY_NCCL_0161 = "h100/mcore-0.16.1/gpu_differential_91c0f81.json"
+TWO_GPUS_0161 = "h100/mcore-0.16.1/gpu_differential_e15f81f.json"
 GPU_WITNESSES = {
     "allgather_dispatch_capture": GpuWitness(ON_0161, 706, "Cannot copy between CPU and CUDA tensors during CUDA graph"),
     "dropless_permute_capture": GpuWitness(ON_0161, 709, "cudaErrorStreamCaptureUnsupported"),
@@ -29,6 +30,7 @@ GPU_WITNESSES = {
     "router_fp64_graphs": GpuWitness(ON_0192, 201, "Could not infer dtype of _WeakRefTensor"),
     "router_fusion_fp64": GpuWitness(LAZY_NCCL_0161, 344, "does not support float64 router type"),
     "router_padding_moe_recompute": GpuWitness(ON_0192, 270, "modified by an inplace operation"),
+    "router_padding_saved_map": GpuWitness(TWO_GPUS_0161, 348, "modified by an inplace operation"),
     "retained_backward_compiled_fusion": GpuWitness(ON_0192, 97, "non-empty donated buffers"),
     "quantized_precision_gpu": GpuWitness(FIRST_DIFFERENTIAL, 600, "compute capability 10.0 or higher required for MXFP8"),
     "shared_expert_bias": GpuWitness(FIRST_DIFFERENTIAL, 615, "bias is not supported in the shared experts"),

@@ -44,9 +44,7 @@ STRICTER = {
                    "this test never runs",
     "bias_activation_fusion": "megatron-core's MLP forward raises for the fusions its config checks let through, "
                               "which this test never runs",
-    "router_padding_saved_map": "the alltoall dispatcher pads the routing map for fp8 in place after the router's "
-                                "backward saved it: the first backward fails on an H100 (0.16.1 and 0.19.2)",
-    # Rules that refuse on GPU grounds: the run that justified each is its witness (tests/rule_cases.py).
+    # Rules that refuse on GPU grounds: the run that justified each is its witness (tests/gpu_witnesses.py).
     **{rule: f"a GPU failure: {witness.record} run {witness.run}" for rule, witness in GPU_WITNESSES.items()},
 }
 
