@@ -85,8 +85,10 @@ KNOWN_FAILURES = (
         "cudaErrorIllegalAddress",
         "a kernel touched memory it does not own; with graphs, most often a replay reading a tensor that was freed "
         "or replaced after capture (an input reassigned instead of copied into, parameters re-created by .to() or "
-        "load_state_dict(assign=True), multi-latent attention's recompute inside a per-layer graph)",
-        "keep every tensor the graph uses alive and copy new data into it in place; "
+        "load_state_dict(assign=True), or megatron-core's selective recompute of a norm or of MLA's up-projections "
+        "inside a per-layer graph, which frees their output in the forward graph and rebuilds it in the backward)",
+        "keep every tensor the graph uses alive and copy new data into it in place (for megatron-core: drop "
+        "layernorm and mla_up_proj from model.recompute_modules); "
         "torch.cuda.graph(..., check_input_liveness=True) names the freed tensor, CUDA_LAUNCH_BLOCKING=1 the kernel; "
         "the CUDA context is unusable afterwards, so the process exits"),
     KnownFailure(

@@ -36,6 +36,8 @@ PACKAGES = {
     # their own: apex, or Megatron-LM's fused kernels, installs them).
     "apex-fused-weight-gradient": ("fused_weight_gradient_mlp_cuda", "fused_weight_gradient_mlp_cuda"),
     "fused-softmax": ("scaled_masked_softmax_cuda", "scaled_masked_softmax_cuda"),
+    # The CUTLASS grouped GEMM of megatron-core 0.16.1's legacy GroupedMLP (github.com/fanshiqing/grouped_gemm).
+    "grouped-gemm": ("grouped_gemm", "grouped_gemm"),
 }
 TOOLS = ("nsys",)
 """Programs a run may start the training process under (perf.nsys), looked up on PATH."""

@@ -32,6 +32,7 @@ TE_WITHOUT_EXTENSION = Machine(gpus=(H100,), packages={**PACKAGES, "transformer-
                                                        "transformer-engine-python": "2.10.0"})
 WITH_APEX_KERNELS = Machine(gpus=(H100,), packages={**PACKAGES, "apex-fused-weight-gradient": "unknown",
                                                     "fused-softmax": "unknown"})
+WITH_GROUPED_GEMM = Machine(gpus=(H100,), packages={**PACKAGES, "grouped-gemm": "1.1.4"})
 WITH_NSYS = Machine(gpus=(H100,), packages=PACKAGES, tools={"nsys": "/opt/nvidia/nsight-systems/bin/nsys"})
 
 MOE = {"model.num_moe_experts": 8, "model.moe_router_topk": 2, "model.moe_ffn_hidden_size": 128}
@@ -315,6 +316,11 @@ RULE_CASES.update({
     "transformer_engine_extension": (Case({"engine": "megatron"}, machine=TE_WITHOUT_EXTENSION),
                                      Case({"engine": "megatron"}, machine=NO_TE)),
     "mla_needs_te_spec": (Case({**MLA, "model.transformer_impl": "local"}), Case(MLA)),
+    # 0.16.1's local spec builds grouped experts as the legacy GroupedMLP, which asserts grouped_gemm imports
+    # (qwen/tiny on an H100, at model build).
+    "grouped_gemm_package": (Case({**MOE, "model.transformer_impl": "local", "model.moe_grouped_gemm": True}),
+                             Case({**MOE, "model.transformer_impl": "local", "model.moe_grouped_gemm": True},
+                                  machine=WITH_GROUPED_GEMM)),
     "compiled_kernels": (Case({"model.gradient_accumulation_fusion": True}),
                          Case({"model.gradient_accumulation_fusion": True}, machine=WITH_APEX_KERNELS)),
     "bias_activation_fusion": (
@@ -332,6 +338,14 @@ RULE_CASES.update({
         Case({**te("attn", "mlp"), **SELECTIVE, "model.recompute_modules": ["mlp"]}, machine=ONE_H100_019)),
     "mla_recompute_in_layer_graphs": (Case({**MLA, **te("attn"), **SELECTIVE, "model.recompute_modules": ["layernorm"]}),
                                       Case({**MLA, **te("mlp"), **SELECTIVE, "model.recompute_modules": ["layernorm"]})),
+    # The MoE layer's pre-MLP norm, freed inside the router+preprocess graph and recomputed by a backward hook
+    # (H100: illegal address at the first replay, 0.16.1 and 0.19.2); megatron-core itself keeps it eager, without
+    # recompute, under the allgather dispatcher.
+    "moe_norm_recompute_in_layer_graphs": (
+        Case({**MOE, **ALLTOALL, "model.moe_permute_fusion": True, **te("attn", "moe_router", "moe_preprocess"),
+              **SELECTIVE, "model.recompute_modules": ["layernorm"]}),
+        Case({**MOE, **te("attn", "moe_router", "moe_preprocess"), **SELECTIVE,
+              "model.recompute_modules": ["layernorm"]})),
     "router_fp64_graphs": (Case({**MOE, **te("moe_router", "moe_preprocess"), "model.moe_router_dtype": "fp64"}),
                            Case({**MOE, **te("moe_router", "moe_preprocess"), "model.moe_router_dtype": "fp32"})),
     "router_padding_moe_recompute": (
@@ -372,6 +386,14 @@ RULE_CASES.update({
 # Extra rejects for rules with more than one way to fail.
 EXTRA_REJECTS = {
     "dropless_moe_capture": [Case({**MOE, **local()}), Case({**MOE, **te()})],
+    "grouped_gemm_package": [Case({**MOE, "model.moe_grouped_gemm": True, "model.moe_use_legacy_grouped_gemm": True}),
+                             Case({**MOE, "model.moe_grouped_gemm": True}, machine=NO_TE)],
+    "moe_norm_recompute_in_layer_graphs": [
+        Case({**MOE, **DROP_AND_PAD, **ALLTOALL, **te("moe"), **SELECTIVE, "model.recompute_modules": ["layernorm"]}),
+        Case({**MOE, **DROP_AND_PAD, **ALLTOALL, **te(), **SELECTIVE, "model.recompute_modules": ["layernorm"]}),
+        Case({**MOE, **ALLTOALL, **te("moe_router", "moe_preprocess"), **SELECTIVE, "model.fp8": "e4m3",
+              "model.fp8_recipe": "blockwise", "model.recompute_modules": ["layernorm", "core_attn"],
+              "model.moe_grouped_gemm": True, "model.moe_shared_expert_intermediate_size": 128}, machine=V19)],
     "optimizer_in_graph_megatron": [Case({**FULL_ITERATION, "optimizer.optimizer_in_graph": True,
                                           "model.fp16": True, "model.bf16": False}),
                                     Case({**FULL_ITERATION, **MOE, "optimizer.optimizer_in_graph": True,

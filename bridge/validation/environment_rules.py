@@ -9,6 +9,7 @@ from bridge.config.schema import Device, EngineChoice
 from bridge.machine import PACKAGES, version_tuple
 from bridge.translate.versions import RELEASES, SUPPORTED, in_range, release
 from bridge.validation.graph_facts import IMPL, MODULES, TE, impl_of
+from bridge.validation.model_facts import is_moe_model
 from bridge.validation.registry import rule, violation
 
 
@@ -208,6 +209,37 @@ def persist_layer_norm_apex(cfg, target):
                      "builds its local layer spec here and apex is not installed, so it would refuse the torch "
                      "LayerNorm it falls back to; set model.persist_layer_norm=false, or install apex (or Transformer "
                      "Engine, with model.transformer_impl=transformer_engine)")
+
+
+@rule("grouped_gemm_package", environment=True, megatron_core="<0.19",
+      rejects="grouped MoE experts (`model.moe_grouped_gemm=true`) that megatron-core 0.16.1 builds as its legacy "
+              "GroupedMLP (the local layer spec, or `model.moe_use_legacy_grouped_gemm=true`) where the grouped_gemm "
+              "package is not installed",
+      fix="`model.moe_grouped_gemm=false`, Transformer Engine's grouped experts (`model.transformer_impl="
+          "transformer_engine`, `model.moe_use_legacy_grouped_gemm=false`), or "
+          "`pip install git+https://github.com/fanshiqing/grouped_gemm@v1.1.4`")
+def grouped_gemm_package(cfg, target):
+    # 0.16.1's LocalSpecProvider.grouped_mlp_modules (models/backends.py) and the TE provider under
+    # moe_use_legacy_grouped_gemm return GroupedMLP, whose constructor asserts the package is importable
+    # (transformer/moe/experts.py, grouped_gemm_util.assert_grouped_gemm_is_available): qwen/tiny with
+    # model.transformer_impl=local and grouped GEMM failed so at model build on an H100. 0.19's local spec builds
+    # one-by-one experts (SequentialMLP) whatever the flag, and it has no legacy flag.
+    model = cfg.model
+    if target.engine != "megatron" or not (is_moe_model(model) and model.moe_grouped_gemm):
+        return None
+    if target.machine.has("grouped-gemm"):
+        return None
+    local = builds_local_spec(cfg, target)
+    if not (local or model.moe_use_legacy_grouped_gemm):
+        return None
+    key = "model.transformer_impl" if local else "model.moe_use_legacy_grouped_gemm"
+    instead = ("Transformer Engine's grouped experts (model.transformer_impl=transformer_engine)" if local
+               else "Transformer Engine's grouped experts (model.moe_use_legacy_grouped_gemm=false)")
+    return violation("grouped_gemm_package", ["model.moe_grouped_gemm", key],
+                     f"megatron-core {target.megatron_core} builds grouped experts here as its legacy GroupedMLP, which "
+                     "needs the grouped_gemm package, not installed here (it asserts at model build); set "
+                     f"model.moe_grouped_gemm=false, use {instead}, or pip install "
+                     "git+https://github.com/fanshiqing/grouped_gemm@v1.1.4")
 
 
 @rule("nsys_available", environment=True,

@@ -223,9 +223,11 @@ def recompute_quantized_in_layer_graphs(cfg, target):
       fix="drop layernorm and mla_up_proj from `model.recompute_modules`, graph a scope without attention, or "
           "`cuda_graph=full_iteration`")
 def mla_recompute_in_layer_graphs(cfg, target):
-    # MLA recomputes its up-projections and its q/kv norms without reentry; replaying a per-layer graph that
+    # MLA recomputes its up-projections and its input norm without reentry; replaying a per-layer graph that
     # holds them touched freed memory (cudaErrorIllegalAddress) on an H100, deepseek/tiny with te_attn,
-    # te_attn_moe_router and te_layer on 0.16.1 and 0.19.2; dense attention's layernorm recompute trains.
+    # te_attn_moe_router and te_layer on 0.16.1 and 0.19.2. Dense attention's layernorm recompute trains because
+    # there is none: the TE spec fuses that norm into linear_qkv (input_layernorm is an IdentityOp). The MoE
+    # layer's own norm is moe_norm_recompute_in_layer_graphs.
     if not cfg.model.multi_latent_attention:
         return None
     inside = recomputed_inside_layer_graphs(cfg, ("layernorm", "mla_up_proj"))
@@ -236,4 +238,47 @@ def mla_recompute_in_layer_graphs(cfg, target):
         f"recomputing {', '.join(inside)} of multi-latent attention inside a per-layer graph reads freed memory "
         "when the graph replays; drop them from model.recompute_modules, graph a scope without attention "
         "(cuda_graph=te_mlp or te_moe_router), or use cuda_graph=full_iteration",
+    )
+
+
+def moe_norm_recomputed_in_layer_graphs(cfg) -> bool:
+    """megatron-core recomputes the pre-MLP norm of MoE layers inside their Transformer Engine per-layer graphs:
+    selective recompute of layernorm (the TE spec gives MoE layers a TENorm of their own; dense layers fuse theirs
+    into linear_fc1) where the graph holds that norm: whole layers, the moe module, or the router with its
+    preprocessing under the alltoall dispatcher. transformer_layer.py's can_recompute_pre_mlp_layernorm_for_cudagraph
+    (0.16.1 and 0.19.2) turns the recompute off for router graphs otherwise (no preprocessing, another dispatcher,
+    or an overlapped shared expert), and a graph of attention alone leaves the norm eager."""
+    model = cfg.model
+    if not (impl_of(cfg) == TE and is_moe_model(model) and model.recompute_granularity == "selective"
+            and "layernorm" in recompute_modules(model)):
+        return False
+    modules = set(modules_of(cfg))
+    if not modules or "moe" in modules:
+        return True
+    return ("moe_router" in modules and "moe_preprocess" in modules and model.moe_token_dispatcher_type == "alltoall"
+            and not (model.moe_shared_expert_intermediate_size and model.moe_shared_expert_overlap))
+
+
+@rule("moe_norm_recompute_in_layer_graphs",
+      rejects="selective recompute of layernorm where a Transformer Engine per-layer graph holds an MoE layer's "
+              "pre-MLP norm (whole layers, moe, or moe_router with moe_preprocess under the alltoall dispatcher)",
+      fix="drop layernorm from `model.recompute_modules`, graph a scope without the MoE layer (`cuda_graph=te_attn`), "
+          "or `cuda_graph=full_iteration`")
+def moe_norm_recompute_in_layer_graphs(cfg, target):
+    # The norm's output is freed inside the forward graph and rebuilt by a backward hook
+    # (CheckpointWithoutOutput.discard_output_and_register_recompute, tensor_parallel/random.py), as MLA's input
+    # norm is (mla_recompute_in_layer_graphs). On an H100 (TE 2.10) qwen/tiny with fp8 blockwise, alltoall and
+    # grouped GEMM failed so at the first replay: te_attn_moe_router on 0.16.1 (cudaErrorIllegalAddress, surfacing
+    # at the dispatcher's device-to-host sync) and te_moe_router with a shared expert on 0.19.2 (illegal address,
+    # NCCL watchdog abort); the same router graphs without the recompute, or with the allgather dispatcher (where
+    # megatron-core turns it off), trained.
+    if not moe_norm_recomputed_in_layer_graphs(cfg):
+        return None
+    kept = [name for name in recompute_modules(cfg.model) if name != "layernorm"]
+    fix = f"model.recompute_modules=[{','.join(kept)}]" if kept else "model.recompute_granularity=null"
+    return violation(
+        "moe_norm_recompute_in_layer_graphs", [IMPL, MODULES, "model.recompute_modules"],
+        "megatron-core frees the MoE layer's pre-MLP norm output inside the per-layer graph and recomputes it in "
+        f"the backward, and the replay then touches freed memory (an illegal memory access); set {fix}, graph a "
+        "scope without the MoE layer (cuda_graph=te_attn), or use cuda_graph=full_iteration",
     )
