@@ -84,6 +84,17 @@ WITNESS_CASES = {
                                     *DROP_AND_PAD, "model.moe_router_padding_for_fp8=true"),
     "router_padding_dropless": ("recipe=qwen/tiny", "cuda_graph=te_attn", "precision=fp8_sc", ALLTOALL,
                                 "model.moe_router_padding_for_fp8=true"),
+    **{f"moe_norm_recompute_{dispatch}": ("recipe=qwen/tiny", "cuda_graph=te_attn_moe_router", "precision=fp8_sc",
+                                          SELECTIVE, "model.recompute_modules=[layernorm]",
+                                          f"model.moe_token_dispatcher_type={dispatch}", "model.moe_grouped_gemm=true",
+                                          "model.moe_permute_fusion=true", "train.micro_batch_size=1",
+                                          "train.global_batch_size=2") for dispatch in ("alltoall", "allgather")},
+    "moe_norm_recompute_bf16_te_moe_router": ("recipe=qwen/tiny", "cuda_graph=te_moe_router", SELECTIVE,
+                                              "model.recompute_modules=[layernorm]", ALLTOALL,
+                                              "model.moe_permute_fusion=true"),
+    **{f"local_spec_grouped_gemm_{on}": ("recipe=qwen/tiny", "model.transformer_impl=local",
+                                         f"model.moe_grouped_gemm={on}", "train.micro_batch_size=1",
+                                         "train.global_batch_size=1") for on in ("true", "false")},
 }
 
 

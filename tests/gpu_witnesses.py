@@ -31,6 +31,8 @@ GPU_WITNESSES = {
     "router_fusion_fp64": GpuWitness(LAZY_NCCL_0161, 344, "does not support float64 router type"),
     "router_padding_moe_recompute": GpuWitness(ON_0192, 270, "modified by an inplace operation"),
     "router_padding_saved_map": GpuWitness(TWO_GPUS_0161, 348, "modified by an inplace operation"),
+    "moe_norm_recompute_in_layer_graphs": GpuWitness(TWO_GPUS_0161, 1055, "cudaErrorIllegalAddress"),
+    "grouped_gemm_package": GpuWitness(TWO_GPUS_0161, 1258, "Grouped GEMM is not available"),
     "retained_backward_compiled_fusion": GpuWitness(ON_0192, 97, "non-empty donated buffers"),
     "quantized_precision_gpu": GpuWitness(FIRST_DIFFERENTIAL, 600, "compute capability 10.0 or higher required for MXFP8"),
     "shared_expert_bias": GpuWitness(FIRST_DIFFERENTIAL, 615, "bias is not supported in the shared experts"),

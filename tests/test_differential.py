@@ -44,11 +44,6 @@ STRICTER = {
                    "this test never runs",
     "bias_activation_fusion": "megatron-core's MLP forward raises for the fusions its config checks let through, "
                               "which this test never runs",
-    "moe_norm_recompute_in_layer_graphs": "the MoE layer's pre-MLP norm, freed and recomputed inside a TE per-layer "
-                                          "graph, reads freed memory at the first replay on an H100 (0.16.1 and "
-                                          "0.19.2), which this test never runs",
-    "grouped_gemm_package": "0.16.1's legacy GroupedMLP asserts grouped_gemm at model build, which this test reaches "
-                            "only for the models one CPU process can build",
     # Rules that refuse on GPU grounds: the run that justified each is its witness (tests/gpu_witnesses.py).
     **{rule: f"a GPU failure: {witness.record} run {witness.run}" for rule, witness in GPU_WITNESSES.items()},
 }
