@@ -101,8 +101,8 @@ RULE_CASES = {
                                Case(FULL_ITERATION)),
     "te_rng_tracker": (Case({**te("attn"), "rng.te_rng_tracker": False}),
                        Case({**te("attn"), "rng.te_rng_tracker": False, "model.use_te_rng_tracker": True})),
-    "full_iteration_nan_checks": (Case({**FULL_ITERATION, "rerun_state_machine.check_for_nan_in_loss": True}),
-                                  Case(FULL_ITERATION)),
+    "full_iteration_nan_checks": (Case({**FULL_ITERATION, "ddp.check_for_nan_in_grad": True}),
+                                  Case({**FULL_ITERATION, "rerun_state_machine.check_for_nan_in_loss": True})),
     "local_scoped_modules": (Case(local("attn")), Case(local())),
     "cpu_offloading": (Case({**te("attn"), "model.cpu_offloading": True}, megatron=True),
                        Case({"model.cpu_offloading": True}, megatron=True)),
@@ -386,6 +386,8 @@ RULE_CASES.update({
 # Extra rejects for rules with more than one way to fail.
 EXTRA_REJECTS = {
     "dropless_moe_capture": [Case({**MOE, **local()}), Case({**MOE, **te()})],
+    "full_iteration_nan_checks": [Case({**FULL_ITERATION, "rerun_state_machine.check_for_nan_in_loss": True,
+                                        "plan.format": "bridge"})],
     "grouped_gemm_package": [Case({**MOE, "model.moe_grouped_gemm": True, "model.moe_use_legacy_grouped_gemm": True}),
                              Case({**MOE, "model.moe_grouped_gemm": True}, machine=NO_TE)],
     "moe_norm_recompute_in_layer_graphs": [

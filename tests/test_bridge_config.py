@@ -255,10 +255,10 @@ def test_a_parked_scope_wakes_up_when_an_impl_is_typed_after_the_file(cli, tmp_p
 
 def test_the_rule_catalogue_judges_the_files_values(cli, tmp_path):
     (tmp_path / "nan.yaml").write_text("model:\n  cuda_graph_impl: local\n  cuda_graph_scope: [full_iteration]\n"
-                                       "rerun_state_machine:\n  check_for_nan_in_loss: true\n")
+                                       "ddp:\n  check_for_nan_in_grad: true\n")
     result = cli("bridge_config=nan.yaml", "mode=plan", cwd=tmp_path)
     assert result.returncode == 2
-    assert "rerun_state_machine.check_for_nan_in_loss" in result.stderr
+    assert "ddp.check_for_nan_in_grad" in result.stderr
 
 
 # --- what cannot be read: one line, exit status 2 -----------------------------------------------------------------
