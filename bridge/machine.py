@@ -117,7 +117,8 @@ def preset_machine(gpu: str, megatron_core: str) -> Machine:
     """One node of the cluster a ``gpu=`` preset is written for (``gpu``: a key of PRESET_GPUS), set up
     for megatron-core release ``megatron_core``: its GPUs, that release with the newest Transformer
     Engine the GPU record tested it with (bridge.translate.versions), torch of a version not known
-    here, apex with its compiled kernels and Nsight Systems (the NGC containers Bridge runs in ship both)."""
+    here, apex with its compiled kernels and Nsight Systems (the NGC containers Bridge runs in ship both), and
+    grouped_gemm (Megatron-Bridge 0.3.1 requires megatron-core[dev,mlm], whose dev extra brings nv-grouped-gemm)."""
     # Imported here: the release table imports this module for Machine and version_tuple.
     from bridge.translate.versions import release
 
@@ -126,7 +127,7 @@ def preset_machine(gpu: str, megatron_core: str) -> Machine:
     engine = row.tested_transformer_engine[-1] if row and row.tested_transformer_engine else None
     node = tuple(GPU(preset.name, preset.capability, preset.memory_gb * 10 ** 9)
                  for _ in range(preset_gpus_per_node(gpu)))
-    shipped = {name: "unknown" for name in ("apex", "apex-fused-weight-gradient", "fused-softmax")}
+    shipped = {name: "unknown" for name in ("apex", "apex-fused-weight-gradient", "fused-softmax", "grouped-gemm")}
     return Machine(gpus=node, packages={"torch": "unknown", "megatron-core": megatron_core,
                                         "transformer-engine": engine, **shipped},
                    tools={name: name for name in TOOLS})
