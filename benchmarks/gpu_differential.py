@@ -84,6 +84,11 @@ WITNESS_CASES = {
                                     *DROP_AND_PAD, "model.moe_router_padding_for_fp8=true"),
     "router_padding_dropless": ("recipe=qwen/tiny", "cuda_graph=te_attn", "precision=fp8_sc", ALLTOALL,
                                 "model.moe_router_padding_for_fp8=true"),
+    # router_padding_moe_recompute's witness (0.19.2 run 270) also had a capacity factor, which
+    # router_padding_saved_map refuses by itself: does recomputing a dropless MoE layer fail too?
+    "router_padding_dropless_moe_recompute": ("recipe=qwen/tiny", "cuda_graph=te_attn", "precision=fp8_sc", ALLTOALL,
+                                              SELECTIVE, "model.recompute_modules=[moe]",
+                                              "model.moe_router_padding_for_fp8=true"),
     **{f"moe_norm_recompute_{dispatch}": ("recipe=qwen/tiny", "cuda_graph=te_attn_moe_router", "precision=fp8_sc",
                                           SELECTIVE, "model.recompute_modules=[layernorm]",
                                           f"model.moe_token_dispatcher_type={dispatch}", "model.moe_grouped_gemm=true",
