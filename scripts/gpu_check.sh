@@ -9,6 +9,8 @@
 #   bash scripts/gpu_check.sh suite W... # the benchmark suite's workloads W (python benchmarks/suite.py --list)
 #   bash scripts/gpu_check.sh differential [ARGS] # plan equals run: benchmarks/gpu_differential.py ARGS
 #   bash scripts/gpu_check.sh differential2 [ARGS] # the same at two GPUs a configuration (*_2gpu files)
+#   bash scripts/gpu_check.sh differentials [ARGS] # two GPUs: 0.16.1 on GPU 0 and 0.19.2 on GPU 1 at once (TE 2.10.0),
+#                                        # each with half the cores (nvidia-h100-x2: both releases in one session)
 #   bash scripts/gpu_check.sh equivalence [ARGS]  # graphed training against eager: benchmarks/equivalence.py ARGS
 #                                        # (before tests: the loss tests read its rounding-only gap)
 #   bash scripts/gpu_check.sh overhead   # trainer vs minimal megatron-core loop; torch engine vs torch.compile
@@ -65,6 +67,16 @@ case "${1:-tests}" in
     python3 benchmarks/gpu_differential.py --out "$out/gpu_differential$suffix.json" "$@" 2>&1 \
       | tee "$out/gpu_differential$suffix.log" | tail -40
     kill %1
+    ;;
+  differentials)  # one single-GPU differential a release, side by side, rendezvous ports apart
+    shift
+    workers=$(( $(nproc) / 2 ))
+    CUDA_VISIBLE_DEVICES=0 MCORE=0.16.1 bash "$0" differential --workers "$workers" --port-base 20000 "$@" \
+      > "$out/differentials_0.16.1.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=1 MCORE=0.19.2 bash "$0" differential --workers "$workers" --port-base 40000 "$@" \
+      > "$out/differentials_0.19.2.log" 2>&1 &
+    wait
+    tail -n 3 "$out"/differentials_*.log
     ;;
   equivalence)  # per-step losses of graphed runs beside their eager twins' into $out/equivalence.json, and the log
     shift
