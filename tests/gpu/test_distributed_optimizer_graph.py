@@ -4,7 +4,7 @@ Qwen3-30B-A3B one-GPU proxy (benchmarks/suite.py's qwen3_moe_distributed_optimiz
 optimizer outside the graph, 100 steps each, one after the other (each holds 35-46 GiB of the GPU):
 
 - both graphs are captured once and replayed every later step, memory stays flat while replaying;
-- the losses start equal and their window means (steps 50-99) agree within the rounding tolerance of
+- the losses start equal and their window means (steps 10-29) agree within the rounding tolerance of
   tests/gpu/megatron_cases.py;
 - the plan's memory estimate agrees with the measured peak within 15 % (issue #29).
 

@@ -1,6 +1,6 @@
 """The megatron engine trains each CUDA-graph choice correctly: graphs are captured and replayed,
 losses follow the eager run of the same seed (step by step where the graphs replay eager's kernels, by
-their mean over steps 50-99 where they round differently: tests/gpu/megatron_cases.py), memory stays flat
+their mean over steps 10-29 where they round differently: tests/gpu/megatron_cases.py), memory stays flat
 while replaying, and close() leaves no graph and megatron-core's class-level graph state clean.
 
 Every training runs in its own process (tests/gpu/megatron_job.py): megatron-core keeps graph
