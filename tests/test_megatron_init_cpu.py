@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import torch
 
 from bridge.engines.megatron import transformer_engine as te_graphs
-from bridge.engines.megatron.engine import zero_attention_sinks
+from bridge.engines.megatron.model_build import zero_attention_sinks
 from bridge.engines.megatron.transformer_engine import rotary_inputs, unwrapped
 
 

@@ -32,7 +32,8 @@ from megatron.core.optimizer import get_megatron_optimizer
 import bridge
 from bridge.engines.megatron.capturable_optimizer import CapturableAdamW, ScheduleView
 from bridge.engines.megatron.compat import MEGATRON_CORE_VERSION
-from bridge.engines.megatron.engine import MegatronEngine, build_model_chunks, build_scheduler
+from bridge.engines.megatron.engine import MegatronEngine, build_scheduler
+from bridge.engines.megatron.model_build import build_model_chunks
 from bridge.engines.megatron.full_iteration import graph_optimizer_step
 from bridge.translate import build_megatron_configs
 from tests.optimizer_equivalence import CHECKPOINTS, RoundingBudget, WeightPair, compare, norm_gap, paired

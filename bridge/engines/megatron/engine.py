@@ -9,8 +9,8 @@ protocol (lifecycle.py). What the engine can run, the catalogue decided before i
 
 Same seed, same weights and same data for every graph impl: the model is built before any graph
 machinery runs, from RNG trackers seeded identically (Transformer Engine's attention sinks, which TE
-before 2.14 leaves uninitialised, are zeroed: ``zero_attention_sinks``), and the data depends only on
-the seed, so loss curves compare across impls.
+before 2.14 leaves uninitialised, are zeroed: model_build.py), and the data depends only on the seed,
+so loss curves compare across impls.
 
 Every step records into a device-side ``FiniteCheck`` whether its loss and gradient norm were
 finite (perf.nan_check_interval > 0); under full-iteration graphs both come out of the replay
@@ -33,12 +33,7 @@ from typing import List, Optional, Set
 
 import torch
 from megatron.core import parallel_state
-from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
-from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
-    get_transformer_block_with_experimental_attention_variant_spec,
-)
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_mtp_block_spec
+from megatron.core.distributed import finalize_model_grads
 from megatron.core.num_microbatches_calculator import (
     destroy_num_microbatches_calculator,
     get_num_microbatches,
@@ -48,7 +43,6 @@ from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
-from megatron.core.transformer.module import Float16Module
 
 from bridge.config.graphs import graph_impl
 from bridge.config.schema import CudaGraphImpl, GraphBridgeConfig
@@ -64,6 +58,7 @@ from bridge.engines.megatron.full_iteration import (
 )
 from bridge.engines.megatron.lifecycle import GraphLifecycle, NoGraphs
 from bridge.engines.megatron.local import LocalLayerGraphs, local_graph_state_is_clean, reset_local_graph_state
+from bridge.engines.megatron.model_build import build_model_chunks
 from bridge.engines.megatron.transformer_engine import TransformerEngineGraphs
 from bridge.translate import build_megatron_configs
 
@@ -314,67 +309,6 @@ def choose_layer_spec(cfg: GraphBridgeConfig) -> str:
                       f"({missing}); building megatron-core's local layer spec instead")
         return "local"
     return "transformer_engine"
-
-
-def build_model_chunks(transformer_config, gpt_model_args, ddp_config, use_transformer_engine: bool,
-                       overlap_param_gather_with_optimizer_step: bool) -> List:
-    """One GPTModel per virtual pipeline stage, each in Float16Module and megatron DDP."""
-    vp_size = transformer_config.virtual_pipeline_model_parallel_size
-    chunks = []
-    for vp_stage in range(vp_size) if vp_size else [None]:
-        block_spec = decoder_block_spec(transformer_config, use_transformer_engine, vp_stage)
-        mtp_spec = None
-        if transformer_config.mtp_num_layers:
-            mtp_spec = get_gpt_mtp_block_spec(transformer_config, block_spec,
-                                              use_transformer_engine=use_transformer_engine, vp_stage=vp_stage)
-        model = GPTModel(
-            config=transformer_config, transformer_layer_spec=block_spec, mtp_block_spec=mtp_spec,
-            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
-            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
-            vp_stage=vp_stage, **gpt_model_args)
-        zero_attention_sinks(model)
-        model.cuda(torch.cuda.current_device())
-        if transformer_config.bf16 or transformer_config.fp16:
-            model = Float16Module(transformer_config, model)
-        chunks.append(model)
-    return [DistributedDataParallel(config=transformer_config, ddp_config=ddp_config, module=chunk,
-                                    disable_bucketing=index > 0 or overlap_param_gather_with_optimizer_step)
-            for index, chunk in enumerate(chunks)]
-
-
-def zero_attention_sinks(model: torch.nn.Module) -> int:
-    """Zero the learnable attention sinks (``softmax_type=learnable``: ``softmax_offset``) of Transformer Engine's
-    attention, as TE 2.14 and later create them; returns how many modules it zeroed.
-
-    TE before 2.14 (2.10: transformer_engine/pytorch/attention/dot_product_attention/dot_product_attention.py:435)
-    makes the parameter with ``torch.empty`` and, unlike its other modules, never runs ``reset_parameters``;
-    megatron-core's TEDotProductAttention (0.16.1 and 0.19.2) does not initialise it either. The sinks then hold
-    whatever the caching allocator last kept there, which depends on what ran before (megatron-core's first
-    CudaGraphManager, built by the first layer under cuda_graph_impl=local and full_iteration on 0.16.1, moves
-    the process onto a new stream before that layer's attention exists): on an H100 with TE 2.10, gpt_oss/tiny
-    under local_layer and full_iteration started from other weights than its eager twin. Zeros draw
-    nothing from any generator, so every other weight stays as it was. megatron-core's own (local-spec)
-    DotProductAttention initialises its sinks with init_method and is left alone."""
-    zeroed = 0
-    for module in model.modules():
-        offset = getattr(module, "softmax_offset", None)
-        if isinstance(offset, torch.nn.Parameter) and transformer_engine_class(module):
-            with torch.no_grad():
-                offset.zero_()
-            zeroed += 1
-    return zeroed
-
-
-def transformer_engine_class(module: torch.nn.Module) -> bool:
-    return any(cls.__module__.split(".")[0] == "transformer_engine" for cls in type(module).__mro__)
-
-
-def decoder_block_spec(transformer_config, use_transformer_engine: bool, vp_stage):
-    """Megatron-LM's gpt_builders choice: linear-attention hybrids have their own block spec (TE only)."""
-    if transformer_config.experimental_attention_variant is None:
-        return get_gpt_decoder_block_spec(transformer_config, use_transformer_engine=use_transformer_engine,
-                                          normalization=transformer_config.normalization, vp_stage=vp_stage)
-    return get_transformer_block_with_experimental_attention_variant_spec(transformer_config, vp_stage=vp_stage)
 
 
 def build_scheduler(cfg: GraphBridgeConfig, optimizer) -> OptimizerParamScheduler:
