@@ -38,6 +38,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from bridge.atomic import write_json_atomic  # noqa: E402
 from differential_draw import draw  # noqa: E402
+from differential_witnesses import WITNESS_CASES  # noqa: E402
 
 GRAPHBRIDGE = [sys.executable, "-m", "perf.main"]
 UNCHECKED = [sys.executable, str(ROOT / "benchmarks" / "unchecked_run.py")]
@@ -53,54 +54,6 @@ RESOURCE_ERRORS = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "ncclUnhandled
 another run took. A run that fails so is trained once more, and counts by that second attempt."""
 COMPOSING = threading.Lock()
 ACCEPTED, BYPASS, EAGER_TWIN, WITNESS = "accepted", "bypass", "eager_twin", "witness"
-SELECTIVE = "model.recompute_granularity=selective"
-DROP_AND_PAD = ("model.moe_expert_capacity_factor=1.0", "model.moe_pad_expert_input_to_capacity=true")
-ALLTOALL = "model.moe_token_dispatcher_type=alltoall"
-WITNESS_CASES = {
-    # What each rule refusing on GPU grounds refuses, and its nearest configuration that should train, trained
-    # with every refusing rule unasked: the GPU's verdict on both is the rule's witness.
-    "fp8_mx": ("recipe=llama/tiny", "precision=fp8_mx"),
-    "fp8_sc": ("recipe=llama/tiny", "precision=fp8_sc"),
-    "recompute_core_attn_te_attn": ("recipe=llama/tiny", "cuda_graph=te_attn", SELECTIVE,
-                                    "model.recompute_modules=[core_attn]"),
-    "recompute_layernorm_te_attn": ("recipe=llama/tiny", "cuda_graph=te_attn", SELECTIVE,
-                                    "model.recompute_modules=[layernorm]"),
-    "recompute_mlp_te_attn_mlp_fp8": ("recipe=llama/tiny", "cuda_graph=te_attn_mlp", "precision=fp8_cs", SELECTIVE,
-                                      "model.recompute_modules=[mlp]"),
-    "recompute_core_attn_full_iteration": ("recipe=llama/tiny", "cuda_graph=full_iteration", SELECTIVE,
-                                           "model.recompute_modules=[core_attn,mlp]"),
-    "drop_and_pad_allgather_te_moe": ("recipe=qwen/tiny", "cuda_graph=te_moe", *DROP_AND_PAD),
-    "drop_and_pad_alltoall_te_moe": ("recipe=qwen/tiny", "cuda_graph=te_moe", *DROP_AND_PAD, ALLTOALL),
-    "drop_and_pad_alltoall_full_iteration": ("recipe=gpt_oss/tiny", "cuda_graph=full_iteration", *DROP_AND_PAD,
-                                             ALLTOALL),
-    "dropless_alltoall_router": ("recipe=qwen/tiny", "cuda_graph=te_attn_moe_router", ALLTOALL),
-    "dropless_alltoall_router_fused_permute": ("recipe=qwen/tiny", "cuda_graph=te_attn_moe_router", ALLTOALL,
-                                               "model.moe_permute_fusion=true"),
-    "local_layer_without_te_tracker": ("recipe=llama/tiny", "cuda_graph=local_layer", "rng.te_rng_tracker=false"),
-    "full_iteration_without_te_tracker": ("recipe=llama/tiny", "cuda_graph=full_iteration", "rng.te_rng_tracker=false",
-                                          "model.attention_dropout=0.1", "model.hidden_dropout=0.1"),
-    "gpt_oss_bias_activation_fusion": ("recipe=gpt_oss/tiny", "model.bias_activation_fusion=true"),
-    "router_padding_drop_and_pad": ("recipe=qwen/tiny", "cuda_graph=te_attn", "precision=fp8_sc", ALLTOALL,
-                                    *DROP_AND_PAD, "model.moe_router_padding_for_fp8=true"),
-    "router_padding_dropless": ("recipe=qwen/tiny", "cuda_graph=te_attn", "precision=fp8_sc", ALLTOALL,
-                                "model.moe_router_padding_for_fp8=true"),
-    # router_padding_moe_recompute's witness (0.19.2 run 270) also had a capacity factor, which
-    # router_padding_saved_map refuses by itself: does recomputing a dropless MoE layer fail too?
-    "router_padding_dropless_moe_recompute": ("recipe=qwen/tiny", "cuda_graph=te_attn", "precision=fp8_sc", ALLTOALL,
-                                              SELECTIVE, "model.recompute_modules=[moe]",
-                                              "model.moe_router_padding_for_fp8=true"),
-    **{f"moe_norm_recompute_{dispatch}": ("recipe=qwen/tiny", "cuda_graph=te_attn_moe_router", "precision=fp8_sc",
-                                          SELECTIVE, "model.recompute_modules=[layernorm]",
-                                          f"model.moe_token_dispatcher_type={dispatch}", "model.moe_grouped_gemm=true",
-                                          "model.moe_permute_fusion=true", "train.micro_batch_size=1",
-                                          "train.global_batch_size=2") for dispatch in ("alltoall", "allgather")},
-    "moe_norm_recompute_bf16_te_moe_router": ("recipe=qwen/tiny", "cuda_graph=te_moe_router", SELECTIVE,
-                                              "model.recompute_modules=[layernorm]", ALLTOALL,
-                                              "model.moe_permute_fusion=true"),
-    **{f"local_spec_grouped_gemm_{on}": ("recipe=qwen/tiny", "model.transformer_impl=local",
-                                         f"model.moe_grouped_gemm={on}", "train.micro_batch_size=1",
-                                         "train.global_batch_size=1") for on in ("true", "false")},
-}
 
 
 @dataclass

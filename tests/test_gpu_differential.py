@@ -25,6 +25,13 @@ def test_every_draw_is_a_set_of_overrides_the_cli_takes():
     assert any(v["valid"] for v in verdicts) and any(not v["valid"] for v in verdicts)
 
 
+def test_every_witness_case_is_a_set_of_overrides_the_cli_takes():
+    from differential_witnesses import WITNESS_CASES
+
+    assert not {label: verdict["error"] for label, overrides in WITNESS_CASES.items()
+                if "error" in (verdict := plan_verdict([*overrides, "gpu=h100"]))}
+
+
 def test_failures_group_by_cause_without_their_numbers_and_paths():
     first = "CUDA graph capture of x failed at step 3: NCCL error in: /pytorch/a.cpp:253, version 2.28.9"
     second = "CUDA graph capture of x failed at step 4: NCCL error in: /other/b.cpp:12, version 2.21.5"

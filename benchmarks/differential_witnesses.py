@@ -1,0 +1,59 @@
+"""The GPU differential's witness cases (``--witnesses``, benchmarks/gpu_differential.py): for each rule that refuses
+on GPU grounds, what it refuses and its nearest configuration that should train, and probes of configurations
+the catalogue accepts that no record has trained yet. Each trains with every refusing rule unasked
+(benchmarks/unchecked_run.py); the GPU's verdict on a pair is its rule's witness (tests/gpu_witnesses.py)."""
+
+SELECTIVE = "model.recompute_granularity=selective"
+DROP_AND_PAD = ("model.moe_expert_capacity_factor=1.0", "model.moe_pad_expert_input_to_capacity=true")
+ALLTOALL = "model.moe_token_dispatcher_type=alltoall"
+WITNESS_CASES = {
+    "fp8_mx": ("recipe=llama/tiny", "precision=fp8_mx"),
+    "fp8_sc": ("recipe=llama/tiny", "precision=fp8_sc"),
+    "recompute_core_attn_te_attn": ("recipe=llama/tiny", "cuda_graph=te_attn", SELECTIVE,
+                                    "model.recompute_modules=[core_attn]"),
+    "recompute_layernorm_te_attn": ("recipe=llama/tiny", "cuda_graph=te_attn", SELECTIVE,
+                                    "model.recompute_modules=[layernorm]"),
+    "recompute_mlp_te_attn_mlp_fp8": ("recipe=llama/tiny", "cuda_graph=te_attn_mlp", "precision=fp8_cs", SELECTIVE,
+                                      "model.recompute_modules=[mlp]"),
+    "recompute_core_attn_full_iteration": ("recipe=llama/tiny", "cuda_graph=full_iteration", SELECTIVE,
+                                           "model.recompute_modules=[core_attn,mlp]"),
+    "drop_and_pad_allgather_te_moe": ("recipe=qwen/tiny", "cuda_graph=te_moe", *DROP_AND_PAD),
+    "drop_and_pad_alltoall_te_moe": ("recipe=qwen/tiny", "cuda_graph=te_moe", *DROP_AND_PAD, ALLTOALL),
+    "drop_and_pad_alltoall_full_iteration": ("recipe=gpt_oss/tiny", "cuda_graph=full_iteration", *DROP_AND_PAD,
+                                             ALLTOALL),
+    "dropless_alltoall_router": ("recipe=qwen/tiny", "cuda_graph=te_attn_moe_router", ALLTOALL),
+    "dropless_alltoall_router_fused_permute": ("recipe=qwen/tiny", "cuda_graph=te_attn_moe_router", ALLTOALL,
+                                               "model.moe_permute_fusion=true"),
+    "local_layer_without_te_tracker": ("recipe=llama/tiny", "cuda_graph=local_layer", "rng.te_rng_tracker=false"),
+    "full_iteration_without_te_tracker": ("recipe=llama/tiny", "cuda_graph=full_iteration", "rng.te_rng_tracker=false",
+                                          "model.attention_dropout=0.1", "model.hidden_dropout=0.1"),
+    "gpt_oss_bias_activation_fusion": ("recipe=gpt_oss/tiny", "model.bias_activation_fusion=true"),
+    "router_padding_drop_and_pad": ("recipe=qwen/tiny", "cuda_graph=te_attn", "precision=fp8_sc", ALLTOALL,
+                                    *DROP_AND_PAD, "model.moe_router_padding_for_fp8=true"),
+    "router_padding_dropless": ("recipe=qwen/tiny", "cuda_graph=te_attn", "precision=fp8_sc", ALLTOALL,
+                                "model.moe_router_padding_for_fp8=true"),
+    # router_padding_moe_recompute's witness (0.19.2 run 270) also had a capacity factor, which
+    # router_padding_saved_map refuses by itself: does recomputing a dropless MoE layer fail too?
+    "router_padding_dropless_moe_recompute": ("recipe=qwen/tiny", "cuda_graph=te_attn", "precision=fp8_sc", ALLTOALL,
+                                              SELECTIVE, "model.recompute_modules=[moe]",
+                                              "model.moe_router_padding_for_fp8=true"),
+    **{f"moe_norm_recompute_{dispatch}": ("recipe=qwen/tiny", "cuda_graph=te_attn_moe_router", "precision=fp8_sc",
+                                          SELECTIVE, "model.recompute_modules=[layernorm]",
+                                          f"model.moe_token_dispatcher_type={dispatch}", "model.moe_grouped_gemm=true",
+                                          "model.moe_permute_fusion=true", "train.micro_batch_size=1",
+                                          "train.global_batch_size=2") for dispatch in ("alltoall", "allgather")},
+    "moe_norm_recompute_bf16_te_moe_router": ("recipe=qwen/tiny", "cuda_graph=te_moe_router", SELECTIVE,
+                                              "model.recompute_modules=[layernorm]", ALLTOALL,
+                                              "model.moe_permute_fusion=true"),
+    # megatron-core keeps a norm's recompute on inside local per-layer graphs too (can_recompute_pre_mlp_layernorm_
+    # for_cudagraph answers yes for cuda_graph_impl=local), and no record has trained one yet: the local spec's
+    # dense norms, and an MoE layer's pre-MLP norm on the TE spec.
+    "local_layer_norm_recompute_local_spec": ("recipe=llama/tiny", "cuda_graph=local_layer",
+                                              "model.transformer_impl=local", SELECTIVE,
+                                              "model.recompute_modules=[layernorm]"),
+    "local_layer_moe_norm_recompute": ("recipe=qwen/tiny", "cuda_graph=local_layer", SELECTIVE,
+                                       "model.recompute_modules=[layernorm]", ALLTOALL, *DROP_AND_PAD),
+    **{f"local_spec_grouped_gemm_{on}": ("recipe=qwen/tiny", "model.transformer_impl=local",
+                                         f"model.moe_grouped_gemm={on}", "train.micro_batch_size=1",
+                                         "train.global_batch_size=1") for on in ("true", "false")},
+}
