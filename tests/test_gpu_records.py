@@ -1,0 +1,56 @@
+"""Every GPU differential record replayed against today's catalogue (plan equals run, on the GPU, kept): each run
+the plan accepted there is planned again for the machine it ran on (one H100 with the record's megatron-core and
+Transformer Engine). A run that completed must still be accepted, or a rule has become stricter than the GPU;
+a run that crashed after its plan accepted it must now be refused, or have been made to train (TRAINS_NOW).
+
+Slow (about two minutes of plans on one core): `pytest -m slow tests/test_gpu_records.py`."""
+
+import json
+from pathlib import Path
+from typing import Dict, Tuple
+
+import pytest
+
+import bridge
+from bridge.machine import Machine
+from tests.rule_cases import H100
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+RECORDS = sorted(path.relative_to(RESULTS).as_posix() for path in RESULTS.glob("*/mcore-*/gpu_differential*.json")
+                 if "_2gpu" not in path.name)
+SHARED_GPU = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "ncclUnhandledCudaError", "EADDRINUSE")
+"""Failures of one run among many on one GPU whose cause was the others (benchmarks/gpu_differential.py)."""
+TRAINS_NOW: Dict[Tuple[str, int], str] = {
+    (record, index): "graphbridge handed megatron-core a copy of quick_gelu, and its checks compare by identity; "
+                     "translation hands its own now (witness gpt_oss_bias_activation_fusion, completed since)"
+    for record, index in (("h100/mcore-0.16.1/gpu_differential_610e521.json", 96),
+                          ("h100/mcore-0.16.1/gpu_differential_610e521.json", 219))
+}
+"""Crashes after an accepting plan that no rule refuses, because graphbridge now makes the configuration train."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("record", RECORDS)
+def test_what_a_gpu_trained_is_accepted_and_what_crashed_is_refused_or_trains_now(record):
+    content = json.loads((RESULTS / record).read_text())
+    summary = content["summary"]
+    machine = Machine(gpus=(H100,), packages={"torch": "2.11.0", "megatron-core": summary["megatron_core"],
+                                              "transformer-engine": summary["transformer_engine"]})
+    refused_completed, accepted_crashed = {}, {}
+    for run in content["runs"]:
+        if run["kind"] not in ("accepted", "eager_twin") or run["status"] is None:
+            continue
+        rules = sorted({violation.rule for violation in bridge.plan(run["overrides"], machine=machine).violations})
+        if run["status"] == "completed" and rules:
+            refused_completed[run["index"]] = rules
+        shared_gpu = any(text in (run["error"] or "") for text in SHARED_GPU)
+        if run["status"] != "completed" and not rules and not shared_gpu and (record, run["index"]) not in TRAINS_NOW:
+            accepted_crashed[run["index"]] = run["error"]
+    assert not refused_completed, f"refused now, yet trained on the GPU: {refused_completed}"
+    assert not accepted_crashed, f"crashed on the GPU, yet accepted now: {accepted_crashed}"
+
+
+def test_every_exception_names_a_recorded_crash():
+    for (record, index), why in TRAINS_NOW.items():
+        run = next(run for run in json.loads((RESULTS / record).read_text())["runs"] if run["index"] == index)
+        assert run["status"] == "failed" and why
