@@ -19,11 +19,8 @@ megatron-core 0.19) are recorded as refused.
 """
 
 import argparse
-import json
-import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,9 +31,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
+import gpu_differential  # noqa: E402
 import suite  # noqa: E402
 
-GRAPHBRIDGE = [sys.executable, "-m", "perf.main"]
 RECIPE = "recipe=llama/tiny"
 SPECS = {"local": ("model.transformer_impl=local",), "transformer_engine": ("model.transformer_impl=transformer_engine",)}
 IN_GRAPH = "optimizer.optimizer_in_graph=true"
@@ -61,7 +58,9 @@ ROUNDING_MARGIN = 2
 seeds measured are a few draws of that noise and only hint at its spread: on issue #29's H100 run the
 in-graph optimizer's gap (+0.30 %) was larger than the one rounding-only gap measured (+0.24 %) and
 within twice it."""
-RUN_TIMEOUT_S = 900
+LAUNCH = gpu_differential.Launch("process", {}, port_base=21000, timeout_s=900)
+"""Each run through the CLI in a fresh process; 100 steps of several runs sharing the GPU take longer than the
+differential's six."""
 
 
 def eager_twin(overrides: Sequence[str]) -> Tuple[str, ...]:
@@ -109,21 +108,10 @@ def refusal(overrides: Tuple[str, ...]) -> Optional[dict]:
 
 
 def train(overrides: Tuple[str, ...], workdir: Path, index: int) -> dict:
-    """One training through the CLI: its status and per-step losses (or why it failed)."""
-    run_dir = workdir / f"run{index}"
-    # Each run its own rendezvous port: ports picked free by concurrent processes can collide.
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MASTER_PORT": str(21000 + index)}
-    with open(workdir / f"run{index}.log", "w") as log:
-        try:
-            subprocess.run([*GRAPHBRIDGE, *overrides, f"hydra.run.dir={run_dir}"], cwd=ROOT, env=env, stdout=log,
-                           stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            return {"status": "timeout", "reason": f"no result within {RUN_TIMEOUT_S} s", "losses": []}
-    result_file = run_dir / "result.json"
-    if not result_file.exists():
-        return {"status": "failed", "reason": f"no result.json (log: {workdir / f'run{index}.log'})", "losses": []}
-    result = json.loads(result_file.read_text())
-    return {"status": result.get("status"), "reason": result.get("reason"), "losses": result.get("loss", [])}
+    """One training through the CLI, as the GPU differential trains (its own rendezvous port, once more after a
+    failure for want of the GPU's shared resources): its status and per-step losses (or why it failed)."""
+    run = gpu_differential.train(gpu_differential.Run(index, list(overrides)), workdir, LAUNCH)
+    return {"status": run.status, "reason": run.error, "losses": run.losses}
 
 
 def with_gaps(run: dict) -> dict:

@@ -142,6 +142,7 @@ class Launch:
     launcher: str
     run_env: Dict[str, str]
     port_base: int
+    timeout_s: float = RUN_TIMEOUT_S
 
     def command(self, run: Run, run_dir: Path, log: Path, retry: bool) -> Optional[int]:
         # Each run its own rendezvous port: ports picked free by concurrent processes collided (EADDRINUSE).
@@ -156,7 +157,7 @@ class Launch:
         if self.launcher == "preloaded":
             import preloaded
 
-            return preloaded.train(run_dir, log, env, run.unchecked_rules, RUN_TIMEOUT_S)
+            return preloaded.train(run_dir, log, env, run.unchecked_rules, self.timeout_s)
         if run.unchecked_rules:
             command = [*UNCHECKED, str(run_dir), ",".join(run.unchecked_rules)]
         else:
@@ -164,7 +165,7 @@ class Launch:
         with open(log, "w") as output:
             try:
                 return subprocess.run(command, cwd=ROOT, env={**os.environ, **env}, stdout=output,
-                                      stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S).returncode
+                                      stderr=subprocess.STDOUT, timeout=self.timeout_s).returncode
             except subprocess.TimeoutExpired:
                 return None
 
@@ -184,7 +185,7 @@ def attempt(run: Run, workdir: Path, launch: Launch, retry: bool = False) -> Non
     run_dir = workdir / name
     start = time.monotonic()
     if launch.command(run, run_dir, workdir / f"{name}.log", retry) is None:
-        run.status, run.error = "timeout", f"no result within {RUN_TIMEOUT_S} s"
+        run.status, run.error = "timeout", f"no result within {launch.timeout_s:.0f} s"
     run.seconds = round(time.monotonic() - start, 1)
     result_file = run_dir / "result.json"
     if run.status is None:
