@@ -2,6 +2,12 @@
 (benchmarks/results/) that failed as the rule says. tests/test_rules.py checks each against its record."""
 
 from dataclasses import dataclass
+from pathlib import Path
+
+from bridge.machine import Machine
+from tests.rule_cases import H100
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 
 @dataclass(frozen=True)
@@ -39,3 +45,10 @@ GPU_WITNESSES = {
     "mla_needs_te_spec": GpuWitness(FIRST_DIFFERENTIAL, 354, "unexpected keyword argument 'k_channels'"),
     "compiled_kernels": GpuWitness(FIRST_DIFFERENTIAL, 35, "fused_weight_gradient_mlp_cuda module is not found"),
 }
+
+
+def record_machine(summary: dict) -> Machine:
+    """The machine a GPU differential record ran on, as the catalogue judges it: one H100 with the record's
+    megatron-core and Transformer Engine."""
+    return Machine(gpus=(H100,), packages={"torch": "2.11.0", "megatron-core": summary["megatron_core"],
+                                           "transformer-engine": summary["transformer_engine"]})

@@ -6,20 +6,19 @@ a run that crashed after its plan accepted it must now be refused, or have been 
 Slow (about two minutes of plans on one core): `pytest -m slow tests/test_gpu_records.py`."""
 
 import json
-from pathlib import Path
+import sys
 from typing import Dict, Tuple
 
 import pytest
 
 import bridge
-from bridge.machine import Machine
-from tests.rule_cases import H100
+from tests.gpu_witnesses import RESULTS, record_machine
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+sys.path.insert(0, str(RESULTS.parents[0]))
+from gpu_differential import RESOURCE_ERRORS  # noqa: E402  (benchmarks/ is a directory of scripts)
+
 RECORDS = sorted(path.relative_to(RESULTS).as_posix() for path in RESULTS.glob("*/mcore-*/gpu_differential*.json")
                  if "_2gpu" not in path.name)
-SHARED_GPU = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "ncclUnhandledCudaError", "EADDRINUSE")
-"""Failures of one run among many on one GPU whose cause was the others (benchmarks/gpu_differential.py)."""
 TRAINS_NOW: Dict[Tuple[str, int], str] = {
     (record, index): "graphbridge handed megatron-core a copy of quick_gelu, and its checks compare by identity; "
                      "translation hands its own now (witness gpt_oss_bias_activation_fusion, completed since)"
@@ -40,8 +39,7 @@ REFUSES_WHAT_TRAINS = {
 def test_what_a_gpu_trained_is_accepted_and_what_crashed_is_refused_or_trains_now(record):
     content = json.loads((RESULTS / record).read_text())
     summary = content["summary"]
-    machine = Machine(gpus=(H100,), packages={"torch": "2.11.0", "megatron-core": summary["megatron_core"],
-                                              "transformer-engine": summary["transformer_engine"]})
+    machine = record_machine(summary)
     refused_completed, accepted_crashed = {}, {}
     for run in content["runs"]:
         if run["kind"] not in ("accepted", "eager_twin") or run["status"] is None:
@@ -49,7 +47,7 @@ def test_what_a_gpu_trained_is_accepted_and_what_crashed_is_refused_or_trains_no
         rules = sorted({violation.rule for violation in bridge.plan(run["overrides"], machine=machine).violations})
         if run["status"] == "completed" and rules:
             refused_completed[run["index"]] = rules
-        shared_gpu = any(text in (run["error"] or "") for text in SHARED_GPU)
+        shared_gpu = any(text in (run["error"] or "") for text in RESOURCE_ERRORS)  # the other runs' fault
         if run["status"] != "completed" and not rules and not shared_gpu and (record, run["index"]) not in TRAINS_NOW:
             accepted_crashed[run["index"]] = run["error"]
     assert not refused_completed, f"refused now, yet trained on the GPU: {refused_completed}"
@@ -61,8 +59,7 @@ def test_a_rule_whose_refused_configuration_trained_with_it_unasked_no_longer_re
     stays = {}
     for record in RECORDS:
         content = json.loads((RESULTS / record).read_text())
-        machine = Machine(gpus=(H100,), packages={"torch": "2.11.0", "megatron-core": content["summary"]["megatron_core"],
-                                                  "transformer-engine": content["summary"]["transformer_engine"]})
+        machine = record_machine(content["summary"])
         for run in content["runs"]:
             if run["status"] == "completed" and run.get("unchecked_rules"):
                 refusing = {violation.rule for violation in bridge.plan(run["overrides"], machine=machine).violations}

@@ -9,12 +9,10 @@ import rule_table
 from sections import with_section
 
 import bridge
-from bridge.machine import Machine
 from bridge.validation import RULES, resolve_target, validate
-from tests.gpu_witnesses import GPU_WITNESSES
-from tests.rule_cases import EXTRA_REJECTS, H100, RULE_CASES, build, fired
+from tests.gpu_witnesses import GPU_WITNESSES, RESULTS, record_machine
+from tests.rule_cases import EXTRA_REJECTS, RULE_CASES, build, fired
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 
 def test_every_rule_has_cases():
@@ -87,7 +85,5 @@ def test_a_gpu_witness_is_refused_by_its_rule(rule):
     record = json.loads((RESULTS / witness.record).read_text())
     run = next(run for run in record["runs"] if run["index"] == witness.run)
     assert run["status"] == "failed" and witness.error in run["error"]
-    versions = record["summary"]
-    machine = Machine(gpus=(H100,), packages={"torch": "2.11.0", "megatron-core": versions["megatron_core"],
-                                              "transformer-engine": versions["transformer_engine"]})
+    machine = record_machine(record["summary"])
     assert rule in {violation.rule for violation in bridge.plan(run["overrides"], machine=machine).violations}
