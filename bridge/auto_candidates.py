@@ -24,11 +24,12 @@ from bridge.config.schema import GraphBridgeConfig
 from bridge.machine import Machine
 from bridge.planning import Plan, build_plan, wrapped
 from bridge.prepare import prepare
+from bridge.result import MIN_TIMED_STEPS
 from bridge.validation import Violation
 from bridge.validation.registry import violation
 
-PROBE_TIMED_STEPS = 30
-"""Timed steps per candidate: as many as a sweep's report trusts for a median (perf.report_tables)."""
+PROBE_TIMED_STEPS = MIN_TIMED_STEPS
+"""Timed steps per candidate: as many as a sweep's report trusts for a median."""
 PROBE_DIR = "auto"
 """The probe's sweep directory, inside the run directory."""
 

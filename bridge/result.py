@@ -136,6 +136,11 @@ def write_missing_result(job_dir: Path, job: dict, reason: str, interrupted: boo
     return write_result(job_dir, {"status": "interrupted" if interrupted else "failed", "reason": reason, "job": job})
 
 
+MIN_TIMED_STEPS = 30
+"""Fewer timed steps than this give a median too noisy to trust for small differences: a sweep's report marks
+such rows, and cuda_graph=auto's probe times this many a candidate."""
+
+
 def step_time_stats_ms(step_times_s: List[float]) -> dict:
     if not step_times_s:
         return {"median": None, "p10": None, "p90": None, "mean": None, "count": 0}

@@ -26,8 +26,8 @@ import yaml
 
 from bridge.atomic import WriteError
 from bridge.config.graphs import chosen_graph_choice
-from bridge.result import REFUSED_HERE
-from perf.report_tables import MIN_TIMED_STEPS, print_summary, write_summary
+from bridge.result import MIN_TIMED_STEPS, REFUSED_HERE
+from perf.report_tables import print_summary, write_summary
 
 COMPUTE_BOUND = 0.9
 """GPU busy from which a step counts as compute-bound: graphs remove launch gaps, and there are few."""

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import List, Tuple
 
 from bridge.atomic import write_bytes_atomic, write_text_atomic
+from bridge.result import MIN_TIMED_STEPS
 
-MIN_TIMED_STEPS = 30
 SUMMARY_FILES = ("summary.md", "summary.csv", "summary.png")
 EAGER_COLOR, GRAPHED_COLOR = "#8c8c8c", "#76b900"
 CONTROL = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07|[\x00-\x08\x0b-\x1f\x7f]")
