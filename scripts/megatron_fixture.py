@@ -19,6 +19,7 @@ import hashlib
 import importlib.util
 import inspect
 import json
+import os
 import re
 import sys
 import typing
@@ -74,6 +75,14 @@ def sorted_sets(message: str) -> str:
     return re.sub(r"\{('[^{}]*')\}", sort, message)
 
 
+def without_install_path(message: str) -> str:
+    """A message with the folder megatron-core is installed in left out: it differs between machines."""
+    import megatron
+
+    install_folder = str(Path(next(iter(megatron.__path__))).parent) + os.sep
+    return message.replace(install_folder, "")
+
+
 def verdict(cfg, machine) -> dict:
     """Whether the installed release's config classes accept ``cfg``, translated for it."""
     from bridge.translate import build_megatron_configs
@@ -84,7 +93,7 @@ def verdict(cfg, machine) -> dict:
         try:
             build_megatron_configs(cfg)
         except Exception as error:  # every refusal is recorded, whatever megatron-core raises
-            first_line = sorted_sets((str(error).strip().splitlines() or [""])[0])[:200]
+            first_line = sorted_sets(without_install_path((str(error).strip().splitlines() or [""])[0]))[:200]
             return {"accepts": False, "error": f"{type(error).__name__}: {first_line}"}
     return {"accepts": True}
 
