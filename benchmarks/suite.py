@@ -50,7 +50,7 @@ class Workload:
     variants: Dict[str, Tuple[str, ...]]
     gpus: int = 1
     megatron_core: Optional[str] = None
-    """The megatron-core releases it measures (a range, bridge.translate.versions.in_range); None: all."""
+    """The megatron-core releases it measures (a range, bridge.config.releases.in_range); None: all."""
 
 
 def moe_proxy(recipe: str, gpu: str, *extra: str, experts: Optional[int] = None) -> Tuple[str, ...]:
@@ -228,7 +228,7 @@ def other_release(workload: Workload) -> Optional[str]:
         return None
     sys.path.insert(0, str(ROOT))
     from bridge.machine import probe
-    from bridge.translate.versions import in_range
+    from bridge.config.releases import in_range
 
     installed = probe().version("megatron-core")
     return None if installed and in_range(installed, workload.megatron_core) else installed or "none"

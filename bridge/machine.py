@@ -21,6 +21,7 @@ from typing import Dict, Optional, Tuple
 from omegaconf import OmegaConf
 
 from bridge.config.paths import config_dir
+from bridge.config.releases import release as table_row
 
 # The packages whose versions the rules read: name -> (distribution, module it provides). For
 # Transformer Engine that is its PyTorch extension: without it TE does not import in torch.
@@ -116,14 +117,11 @@ def preset_gpus_per_node(kind: str) -> int:
 def preset_machine(gpu: str, megatron_core: str) -> Machine:
     """One node of the cluster a ``gpu=`` preset is written for (``gpu``: a key of PRESET_GPUS), set up
     for megatron-core release ``megatron_core``: its GPUs, that release with the newest Transformer
-    Engine the GPU record tested it with (bridge.translate.versions), torch of a version not known
+    Engine the GPU record tested it with (bridge.config.releases), torch of a version not known
     here, apex with its compiled kernels and Nsight Systems (the NGC containers Bridge runs in ship both), and
     grouped_gemm (Megatron-Bridge 0.3.1 requires megatron-core[dev,mlm], whose dev extra brings nv-grouped-gemm)."""
-    # Imported here: the release table imports this module for Machine and version_tuple.
-    from bridge.translate.versions import release
-
     preset = PRESET_GPUS[gpu]
-    row = release(megatron_core)
+    row = table_row(megatron_core)
     engine = row.tested_transformer_engine[-1] if row and row.tested_transformer_engine else None
     node = tuple(GPU(preset.name, preset.capability, preset.memory_gb * 10 ** 9)
                  for _ in range(preset_gpus_per_node(gpu)))
@@ -187,9 +185,3 @@ def _gpu(driver, index: int) -> GPU:
     known = driver.cuDeviceTotalMem_v2(ctypes.byref(memory), device) == 0
     return GPU(name.value.decode(errors="replace"), (major.value, minor.value), memory.value if known else None)
 
-
-def version_tuple(version: Optional[str]) -> Tuple[int, ...]:
-    """``0.19.2`` -> (0, 19, 2); unknown or missing versions compare as ()."""
-    if not version or version == "unknown":
-        return ()
-    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])

@@ -8,7 +8,7 @@ GPUs, megatron-core and Transformer Engine), and what this machine lacks is one 
 migration notes, the derived values, what is graphed and when, the
 engine and device it would train on here, and the arguments megatron-core would be given. A run
 refuses exactly what the plan reports. The arguments are those of the target megatron-core release
-(plan.megatron_core, else the installed one), in that release's spelling (bridge.translate.versions).
+(plan.megatron_core, else the installed one), in that release's spelling (bridge.config.releases).
 """
 
 import dataclasses
@@ -18,11 +18,12 @@ from typing import Any, Dict, List, Optional
 
 from bridge.config.graphs import graph_impl
 from bridge.config.migration import scope_names
+from bridge.config.releases import default_release, release
 from bridge.config.schema import GraphBridgeConfig
 from bridge.machine import PRESET_GPUS, Machine, preset_machine, probe
 from bridge.memory import MemoryEstimate, estimate_memory
 from bridge.prepare import Prepared
-from bridge.translate import cuda_graph_arguments, default_release, megatron_arguments, release
+from bridge.translate import cuda_graph_arguments, megatron_arguments
 from bridge.validation import Target, resolve_target, validate
 from bridge.validation.violation import CONFIG, Violation
 

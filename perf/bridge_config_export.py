@@ -20,9 +20,9 @@ from typing import Any, Dict, List
 
 import yaml
 
+from bridge.config.releases import RELEASES
 from bridge.config.schema import CudaGraphImpl, GraphBridgeConfig
 from bridge.translate.arguments import MLA_FIELDS
-from bridge.translate.versions import RELEASES
 from perf.bridge_config_fields import ACTIVATION_TARGETS, CONTAINER, PLANNED_FOR, PROVIDERS, SAME_NAME, YARN
 
 BRIDGE_MEGATRON_CORE = "0.16.1"

@@ -13,8 +13,7 @@ import pytest
 from sections import with_section
 
 import bridge
-from bridge.translate import RELEASES
-from bridge.translate.versions import in_range
+from bridge.config.releases import RELEASES, in_range
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))

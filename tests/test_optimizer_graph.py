@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import bridge
+from bridge.config.releases import RELEASES, in_range
 from bridge.machine import probe
-from bridge.translate import RELEASES, megatron_arguments
-from bridge.translate.versions import in_range
+from bridge.translate import megatron_arguments
 from bridge.validation import RULES
 from bridge.validation.environment_rules import TRANSFORMER_ENGINE_NEEDS
 from tests.optimizer_equivalence import CHECKPOINTS, RoundingBudget, WeightPair, compare, norm_gap, paired, violations

@@ -28,7 +28,8 @@ import bridge
 from bridge.config.migration import DEPRECATED_VALUES
 from bridge.config.schema import CUDA_GRAPH_MODULES, CudaGraphImpl
 from bridge.machine import probe
-from bridge.translate import RELEASES, SUPPORTED, megatron_arguments
+from bridge.config.releases import RELEASES, SUPPORTED
+from bridge.translate import megatron_arguments
 from bridge.validation import resolve_target, validate
 from tests.rule_cases import RULE_CASES, build
 

@@ -10,7 +10,7 @@ from omegaconf import II
 
 class CudaGraphImpl(str, Enum):
     """Canonical (decomposed) CUDA-graph implementation, megatron-core 0.19's; translated to each
-    supported release's spelling (bridge.translate.versions)."""
+    supported release's spelling (bridge.config.releases)."""
 
     none = "none"
     local = "local"

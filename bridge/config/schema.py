@@ -1,7 +1,7 @@
 """The structured schema: one dataclass per Megatron-Bridge ConfigContainer section.
 
 Section names follow Bridge's ConfigContainer and field names follow megatron-core's
-TransformerConfig (0.19's CUDA-graph API; bridge.translate.versions says how each supported
+TransformerConfig (0.19's CUDA-graph API; bridge.config.releases says how each supported
 release spells them), so a Bridge user's ``cfg.model.x = y`` is ``model.x=y`` on the command
 line. Types stay OmegaConf-native (no Literal, no Union of containers); closed sets are
 string Enums, cross-field rules live in ``bridge.validation``.
@@ -170,7 +170,7 @@ class PlanConfig:
     format: PlanFormat = PlanFormat.text
     """text, json, or bridge: the config as a Megatron-Bridge 0.3.1 ConfigContainer YAML, to replay in Bridge."""
     megatron_core: Optional[str] = None
-    """The megatron-core release to plan for (0.16.1 or 0.19.2, bridge.translate.versions); None:
+    """The megatron-core release to plan for (0.16.1 or 0.19.2, bridge.config.releases); None:
     the installed one when graphbridge supports it, else the newest this Python can install. A run
     refuses a plan for a release other than the installed one."""
 

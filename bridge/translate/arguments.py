@@ -5,7 +5,7 @@ MLATransformerConfig), GPTModel, DistributedDataParallelConfig and OptimizerConf
 importing megatron-core (that import costs seconds). Callables and dtypes are named by strings;
 bridge.translate.build turns the data into the real objects.
 
-The release's row in bridge.translate.versions decides the spelling: on 0.16.1 a full-iteration
+The release's row in bridge.config.releases decides the spelling: on 0.16.1 a full-iteration
 graph is ``cuda_graph_impl=local`` with ``cuda_graph_scope=[full_iteration]`` and the modules
 travel as ``cuda_graph_scope``; on 0.19.2 it is ``cuda_graph_impl=full_iteration``, the modules
 travel as ``cuda_graph_modules`` and the inference scope is given explicitly. A field the release
@@ -16,9 +16,9 @@ Modules parked behind impl none are not passed on.
 import dataclasses
 from typing import Any, Dict, Optional
 
+from bridge.config.releases import MegatronCoreRelease, default_release, megatron_optimizer_graph, release
 from bridge.config.schema import CudaGraphImpl, GraphBridgeConfig
 from bridge.machine import probe
-from bridge.translate.versions import MegatronCoreRelease, default_release, megatron_optimizer_graph, release
 
 # Our fields that GPTModel takes (TransformerConfig does not know them).
 GPT_MODEL_FIELDS = ("position_embedding_type", "rotary_base", "rotary_percent", "rope_scaling",

@@ -6,8 +6,8 @@ keep the upstream wording where there is one and add the override that fixes it.
 
 import difflib
 
+from bridge.config.releases import in_range
 from bridge.config.schema import CUDA_GRAPH_MODULES, PlanFormat
-from bridge.translate.versions import in_range
 from bridge.validation.graph_facts import (
     FULL_ITERATION,
     IMPL,

@@ -5,9 +5,9 @@ configuration, so planning for a cluster from a laptop works."""
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
+from bridge.config.releases import RELEASES, SUPPORTED, in_range, release, version_tuple
 from bridge.config.schema import Device, EngineChoice
-from bridge.machine import PACKAGES, version_tuple
-from bridge.translate.versions import RELEASES, SUPPORTED, in_range, release
+from bridge.machine import PACKAGES
 from bridge.validation.graph_facts import IMPL, MODULES, TE, impl_of
 from bridge.validation.model_facts import is_moe_model
 from bridge.validation.registry import rule, violation
@@ -111,14 +111,14 @@ class TransformerEngineNeed:
     """Something a config can ask for that needs Transformer Engine, from release ``lowest`` on: where
     megatron-core 0.16.1 and 0.19.2 gate it (is_te_min_version), or graphbridge's tested floor (2.9)
     where they gate nothing. On top, each megatron-core release accepts only the TE releases its
-    row in bridge.translate.versions names."""
+    row in bridge.config.releases names."""
 
     what: str
     keys: Tuple[str, ...]
     lowest: str
     asked: Callable[[object], bool]
     megatron_core: Optional[str] = None
-    """The megatron-core releases that need it (a range, bridge.translate.versions.in_range); None: all."""
+    """The megatron-core releases that need it (a range, bridge.config.releases.in_range); None: all."""
 
 
 TRANSFORMER_ENGINE_NEEDS = (

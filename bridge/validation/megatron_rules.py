@@ -1,7 +1,7 @@
 """megatron-core 0.16.1 checks outside the CUDA-graph block that a valid plan must not promise
 past: each one would otherwise surface as a bare exception in the training process."""
 
-from bridge.translate.versions import in_range
+from bridge.config.releases import in_range
 from bridge.validation.model_facts import has_dense_layers, is_moe_model
 from bridge.validation.registry import rule, violation
 

@@ -13,7 +13,7 @@ lines of the README's rule table, and with what it judges:
   their versions. Its violations say the config cannot run here; planning for a cluster still works.
 
 A rule that holds for some megatron-core releases only declares them (``megatron_core=">=0.19"``,
-bridge.translate.versions.in_range): it applies when the target release is in that range. Where a
+bridge.config.releases.in_range): it applies when the target release is in that range. Where a
 release changed a rule, the catalogue holds one rule per range, and the README's table says which.
 
 ``mode=plan`` runs every rule, and a run refuses exactly what the plan reports, before a model is
@@ -23,7 +23,7 @@ built or a rank is started. Engines define no rules of their own.
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, Iterable, List, Optional, Union
 
-from bridge.translate.versions import in_range
+from bridge.config.releases import in_range
 from bridge.validation.violation import CONFIG, HERE, Violation
 
 RuleResult = Union[None, Violation, Iterable[Violation]]

@@ -10,9 +10,9 @@ and device picked here can.
 from dataclasses import dataclass
 from typing import Optional
 
+from bridge.config.releases import default_release
 from bridge.config.schema import Device, EngineChoice
 from bridge.machine import Machine, probe
-from bridge.translate.versions import default_release
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Target:
     machine: Machine
     megatron_core: str
     """The megatron-core release the arguments are translated for and the rules judged by:
-    plan.megatron_core, else bridge.translate.versions.default_release (the installed one when
+    plan.megatron_core, else bridge.config.releases.default_release (the installed one when
     supported)."""
     engine_is_auto: bool
     """engine=auto: the config is written for megatron-core; this machine may pick torch."""

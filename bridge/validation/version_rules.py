@@ -5,8 +5,8 @@ defined; each rule here declares its own (bridge.validation.registry)."""
 
 import dataclasses
 
+from bridge.config.releases import RELEASES, release
 from bridge.config.schema import GraphBridgeConfig, ModelConfig
-from bridge.translate.versions import RELEASES, release
 from bridge.validation.graph_facts import FULL_ITERATION, IMPL, LOCAL, MODULES, TE, impl_of, modules_of
 from bridge.validation.model_facts import recompute_modules
 from bridge.validation.registry import rule, violation

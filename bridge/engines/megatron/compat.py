@@ -1,6 +1,6 @@
 """What differs between the megatron-core releases the engine runs on (0.16.1 and 0.19.2), in one
 place: the engine and its graph lifecycles call these instead of asking the version themselves.
-How each release spells the config is translation's business (bridge.translate.versions).
+How each release spells the config is translation's business (bridge.config.releases).
 
 0.19 changed, for the engine:
 - get_batch_on_this_cp_rank takes ``is_hybrid_cp`` (positional, no default);
@@ -22,8 +22,8 @@ from megatron.core import __version__ as MEGATRON_CORE_VERSION
 from megatron.core.transformer import cuda_graphs
 from megatron.core.utils import get_batch_on_this_cp_rank
 
-from bridge.machine import release, version_tuple
-from bridge.translate.versions import release as table_row
+from bridge.config.releases import release as table_row, version_tuple
+from bridge.machine import release
 
 SINCE_0_19 = version_tuple(MEGATRON_CORE_VERSION) >= (0, 19)
 

@@ -1,4 +1,4 @@
-"""The megatron-core versions graphbridge supports, and how each one is spoken to.
+"""The megatron-core releases graphbridge supports, and how each one is spoken to.
 
 One row per supported release: which megatron-core field carries each graphbridge setting whose
 carrier differs between releases (None: that release has no such field), how it spells a
@@ -7,14 +7,21 @@ releases it accepts, the lowest Python its wheel installs on, and graphbridge's 
 install it. Translation, the rule catalogue, the plan and the README's version matrix read this
 table; the engine's API differences live in bridge/engines/megatron/compat.py.
 
-Pure data (no megatron-core import): planning for a version that is not installed works.
+Pure data (no megatron-core import): planning for a version that is not installed works. It lives on the
+ground floor because every layer reads it: translation, the rules, the machine description and the engine.
 """
 
+import re
 import sys
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
-from bridge.machine import Machine, version_tuple
+
+def version_tuple(version: Optional[str]) -> Tuple[int, ...]:
+    """``0.19.2`` -> (0, 19, 2); unknown or missing versions compare as ()."""
+    if not version or version == "unknown":
+        return ()
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
 
 
 @dataclass(frozen=True)
@@ -101,8 +108,9 @@ def release(version: Optional[str]) -> Optional[MegatronCoreRelease]:
     return RELEASES.get(version) if version else None
 
 
-def default_release(machine: Machine) -> MegatronCoreRelease:
-    """The release translation speaks when plan.megatron_core is unset: the installed one when
+def default_release(machine) -> MegatronCoreRelease:
+    """The release translation speaks to ``machine`` (a bridge.machine.Machine) when plan.megatron_core is
+    unset: the installed one when
     graphbridge supports it, else the newest one this Python can install (what a fresh
     ``pip install graphbridge`` brings)."""
     installed = release(machine.version("megatron-core"))
