@@ -271,7 +271,7 @@ def git_commit() -> Optional[str]:
         return None
 
 
-def main() -> int:
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--count", type=int, default=700, help="configurations drawn")
@@ -298,9 +298,14 @@ def main() -> int:
     args = parser.parse_args()
     if args.launcher == "preloaded" and args.gpus > 1:
         parser.error("--launcher preloaded trains one process a run: several GPUs need torchrun (--launcher process)")
+    args.workers = args.workers or max(1, (os.cpu_count() or 1) // args.gpus)
+    return args
+
+
+def main() -> int:
+    args = arguments()
     start = time.monotonic()
     env = environment(["python", "benchmarks/gpu_differential.py", *sys.argv[1:]])
-    args.workers = args.workers or max(1, (os.cpu_count() or 1) // args.gpus)
     runs = drawn_runs(args.seed, args.count, args.workers, args.gpus)
     first = witnesses(len(runs)) if args.witnesses else []
     rest = [run for run in runs if run.plan["runnable_here"]]
