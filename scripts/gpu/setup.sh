@@ -11,7 +11,8 @@ mkdir -p /tmp/gpu/parts /tmp/site /tmp/mcore /tmp/te
 install() { local target=$1; shift; python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$target" "$@"; }
 cat > /tmp/gpu/env.sh <<ENV
 # source /tmp/gpu/env.sh <megatron-core version> [<Transformer Engine version>]
-export PYTHONPATH=/tmp/mcore/\${1:?megatron-core version, e.g. 0.19.2}\${2:+:/tmp/te/\$2}:/tmp/site:$PWD
+# The checkout is the one the command runs in: the device's copy, or a snapshot (scripts/gpu/session.sh).
+export PYTHONPATH=/tmp/mcore/\${1:?megatron-core version, e.g. 0.19.2}\${2:+:/tmp/te/\$2}:/tmp/site:\$PWD
 ENV
 
 if [ -d .gpu/base ] && [ ! -d /tmp/site/hydra ]; then

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Runs longer than one device call (at most 10 minutes), on the GPU machine after `bash .gpu/bin/setup.sh`.
+# The machine goes back 30 s after the last call ends, and every job with it: keep one call in flight.
+# Each job runs from a snapshot of a commit, so that the next call's copy of the working tree changes nothing
+# under it. On the development machine, before the call that starts a job (carry .snap):
+#   c=$(git rev-parse --short HEAD); mkdir -p .snap/$c && git archive HEAD | tar x -C .snap/$c
+# Then, on the GPU machine:
+#   bash scripts/gpu/session.sh start C NAME 'COMMAND'  # COMMAND in the snapshot of C, in the background;
+#                                                      # OUT, GRAPHBRIDGE_COMMIT set; its output in NAME.log
+#   bash scripts/gpu/session.sh wait SECONDS            # progress after SECONDS (a call that keeps the machine)
+#   bash scripts/gpu/session.sh collect                 # stop every job; what they wrote into $OUT
+# For example, both releases' differentials on nvidia-h100-x2, one GPU each:
+#   bash scripts/gpu/session.sh start 6ba2ec3 differentials \
+#     'bash scripts/gpu_check.sh differentials --seed 8 --count 1400 --witnesses --deadline-s 1000'
+# Jobs run in their own session (setsid); collect stops them by process group, from the ids start wrote.
+set -uo pipefail
+state=${SESSION_STATE:-/tmp/session}  # the jobs' scripts, logs, process groups and output
+mkdir -p "$state/out"
+
+progress() {
+  for record in "$state"/out/mcore-*/gpu_differential*.json; do
+    [ -f "$record" ] && python3 - "$record" <<'PY'
+import json, sys
+summary = json.load(open(sys.argv[1]))["summary"]
+counts = {key: summary[key] for key in ("drawn", "accepted", "trained", "completed", "crash_after_accept")}
+print(sys.argv[1].split("/")[-2], counts, f"{summary['elapsed_s']:.0f} s")
+for group in summary.get("failure_classes", []):
+    print(f"  {group['count']} x {group['cause'][:160]} (run {group['example']})")
+PY
+  done
+  for log in "$state"/*.log; do [ -f "$log" ] && echo "== $(basename "$log"): $(tail -n 2 "$log" | cut -c1-300 | tr '\n' ' ')"; done
+  for done in "$state"/*.done; do [ -f "$done" ] && echo "finished: $(basename "$done" .done) (exit $(cat "$done"))"; done
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
+  uptime
+}
+
+case ${1:-} in
+  start)
+    commit=${2:?commit}; name=${3:?job name}; command=${4:?command}
+    [ -d ".snap/$commit" ] || { echo "no snapshot .snap/$commit: carry .snap (see this script's header)"; exit 2; }
+    [ -d "$state/snap-$commit" ] || cp -a ".snap/$commit" "$state/snap-$commit"
+    cat > "$state/$name.sh" <<JOB
+cd $state/snap-$commit
+export OUT=$state/out GRAPHBRIDGE_COMMIT=$commit
+$command
+echo \$? > $state/$name.done
+JOB
+    setsid nohup bash "$state/$name.sh" > "$state/$name.log" 2>&1 < /dev/null &
+    echo $! > "$state/$name.pgid"
+    echo "started $name at $commit"
+    sleep 2
+    progress
+    ;;
+  wait)
+    sleep "${2:?seconds}"
+    progress
+    ;;
+  collect)
+    progress
+    for group in "$state"/*.pgid; do [ -f "$group" ] && kill -- -"$(cat "$group")" 2>/dev/null; done
+    sleep 3
+    cp "$state"/*.log "$state/out/" 2>/dev/null
+    cp -r "$state/out/." "${OUT:?}/"
+    find "$OUT" -name '*.pt' -delete
+    ls -R "$OUT" | head -60
+    ;;
+  *)
+    sed -n '2,15p' "$0"
+    exit 2
+    ;;
+esac

@@ -1,0 +1,45 @@
+"""scripts/gpu/session.sh, which keeps GPU runs longer than one device call going: a job runs from its commit's
+snapshot in the background, and collect stops it and brings back what it wrote."""
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+SESSION = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "session.sh"
+
+
+def session(*args: str, cwd: Path, state: Path, out: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SESSION_STATE": str(state), "OUT": str(out)}
+    return subprocess.run(["bash", str(SESSION), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_a_job_runs_from_its_snapshot_and_collect_stops_it_and_returns_its_output(tmp_path):
+    checkout, state, out = tmp_path / "checkout", tmp_path / "state", tmp_path / "out"
+    (checkout / ".snap" / "abc1234").mkdir(parents=True)
+    (checkout / ".snap" / "abc1234" / "marker").write_text("snapshot\n")
+    out.mkdir()
+    started = session("start", "abc1234", "demo",
+                      'mkdir -p $OUT/mcore-0.16.1 && cat marker > $OUT/mcore-0.16.1/seen && echo $GRAPHBRIDGE_COMMIT; '
+                      'sleep 300', cwd=checkout, state=state, out=out)
+    assert started.returncode == 0, started.stderr
+    group = int((state / "demo.pgid").read_text())
+    os.killpg(group, 0)  # the job runs on after the call that started it
+
+    collected = session("collect", cwd=checkout, state=state, out=out)
+    assert collected.returncode == 0, collected.stderr
+    assert (out / "mcore-0.16.1" / "seen").read_text() == "snapshot\n"
+    assert (out / "demo.log").read_text().startswith("abc1234")
+    try:
+        os.killpg(group, signal.SIGKILL)
+        stopped = False
+    except ProcessLookupError:
+        stopped = True
+    assert stopped, "collect left the job running"
+
+
+def test_a_job_without_its_snapshot_is_refused_with_the_fix(tmp_path):
+    refused = session("start", "abc1234", "demo", "true", cwd=tmp_path, state=tmp_path / "state", out=tmp_path)
+    assert refused.returncode == 2
+    assert "carry .snap" in refused.stdout
