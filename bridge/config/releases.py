@@ -110,9 +110,8 @@ def release(version: Optional[str]) -> Optional[MegatronCoreRelease]:
 
 def default_release(machine) -> MegatronCoreRelease:
     """The release translation speaks to ``machine`` (a bridge.machine.Machine) when plan.megatron_core is
-    unset: the installed one when
-    graphbridge supports it, else the newest one this Python can install (what a fresh
-    ``pip install graphbridge`` brings)."""
+    unset: the installed one when graphbridge supports it, else the newest one this Python can install
+    (what a fresh ``pip install graphbridge`` brings)."""
     installed = release(machine.version("megatron-core"))
     if installed is not None:
         return installed
