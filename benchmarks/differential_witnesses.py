@@ -1,11 +1,15 @@
 """The GPU differential's witness cases (``--witnesses``, benchmarks/gpu_differential.py): for each rule that refuses
 on GPU grounds, what it refuses and its nearest configuration that should train, and probes of configurations
 the catalogue accepts that no record has trained yet. Each trains with every refusing rule unasked
-(benchmarks/unchecked_run.py); the GPU's verdict on a pair is its rule's witness (tests/gpu_witnesses.py)."""
+(benchmarks/unchecked_run.py); the GPU's verdict on a pair is its rule's witness (tests/gpu_witnesses.py). A case
+trains at its own `train.num_gpus` (1 when unset), in the differential of that many GPUs a configuration."""
 
 SELECTIVE = "model.recompute_granularity=selective"
 DROP_AND_PAD = ("model.moe_expert_capacity_factor=1.0", "model.moe_pad_expert_input_to_capacity=true")
 ALLTOALL = "model.moe_token_dispatcher_type=alltoall"
+TWO_GPUS = ("train.num_gpus=2",)
+TP2, SP = "model.tensor_model_parallel_size=2", "model.sequence_parallel=true"
+DP2 = ("recipe=llama/tiny", "train.global_batch_size=4")
 WITNESS_CASES = {
     "fp8_mx": ("recipe=llama/tiny", "precision=fp8_mx"),
     "fp8_sc": ("recipe=llama/tiny", "precision=fp8_sc"),
@@ -56,4 +60,27 @@ WITNESS_CASES = {
     **{f"local_spec_grouped_gemm_{on}": ("recipe=qwen/tiny", "model.transformer_impl=local",
                                          f"model.moe_grouped_gemm={on}", "train.micro_batch_size=1",
                                          "train.global_batch_size=1") for on in ("true", "false")},
+    # Two GPUs: the parallel-layout classes a random two-GPU run found after an accepting plan (reference section 9),
+    # each beside its control, and DeepSeek-V3's GB200 graphs and recompute (attn, moe_router and moe_preprocess graphs
+    # with mla_up_proj recomputed) on the tiny model, experts split as in the preset.
+    "moe_tp_without_sp": (*TWO_GPUS, "recipe=deepseek/tiny", TP2),
+    "moe_tp_with_sp": (*TWO_GPUS, "recipe=deepseek/tiny", TP2, SP),
+    "local_spec_sp": (*TWO_GPUS, "recipe=llama/tiny", "model.transformer_impl=local", TP2, SP),
+    "expert_bias_tp2": (*TWO_GPUS, "recipe=gpt_oss/tiny", TP2, SP),
+    "expert_bias_tp2_etp1": (*TWO_GPUS, "recipe=gpt_oss/tiny", TP2, SP, "model.expert_tensor_parallel_size=1"),
+    "overlap_param_gather_without_distributed_optimizer": (*TWO_GPUS, *DP2, "ddp.overlap_grad_reduce=true",
+                                                           "ddp.overlap_param_gather=true"),
+    "overlap_param_gather_distributed_optimizer": (*TWO_GPUS, *DP2, "ddp.overlap_grad_reduce=true",
+                                                   "ddp.overlap_param_gather=true", "ddp.use_distributed_optimizer=true"),
+    **{f"deepseek_v3_gb200_recompute_{graph}": (*TWO_GPUS, "recipe=deepseek/tiny", "model.expert_model_parallel_size=2",
+                                                "train.global_batch_size=4", ALLTOALL, *DROP_AND_PAD, SELECTIVE,
+                                                "model.recompute_modules=[mla_up_proj]", *overrides)
+       for graph, overrides in (("attn_router_preprocess", ("cuda_graph=te_attn_moe_router",
+                                                              "model.cuda_graph_modules=[attn,moe_router,moe_preprocess]")),
+                                ("attn", ("cuda_graph=te_attn",)))},
 }
+
+
+def gpus_of(overrides) -> int:
+    """The GPUs a case trains on: its `train.num_gpus`, 1 when unset."""
+    return next((int(item.split("=", 1)[1]) for item in overrides if item.startswith("train.num_gpus=")), 1)

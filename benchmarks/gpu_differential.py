@@ -38,7 +38,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from bridge.atomic import write_json_atomic  # noqa: E402
 from differential_draw import draw  # noqa: E402
-from differential_witnesses import WITNESS_CASES  # noqa: E402
+from differential_witnesses import WITNESS_CASES, gpus_of  # noqa: E402
 
 GRAPHBRIDGE = [sys.executable, "-m", "perf.main"]
 UNCHECKED = [sys.executable, str(ROOT / "benchmarks" / "unchecked_run.py")]
@@ -125,9 +125,11 @@ def samples(runs: List[Run], rng: random.Random, per_rule: int, twins: int, next
     return extra
 
 
-def witnesses(first_index: int) -> List[Run]:
+def witnesses(first_index: int, gpus: int) -> List[Run]:
+    """The witness cases that train on ``gpus`` GPUs."""
     runs = []
-    for index, (label, overrides) in enumerate(WITNESS_CASES.items(), first_index):
+    cases = [(label, overrides) for label, overrides in WITNESS_CASES.items() if gpus_of(overrides) == gpus]
+    for index, (label, overrides) in enumerate(cases, first_index):
         overrides = [*overrides, f"train.train_iters={STEPS}"]
         verdict = plan_verdict(overrides)
         runs.append(Run(index, overrides, WITNESS, verdict, refused_rules(verdict), label=label))
@@ -307,7 +309,7 @@ def main() -> int:
     start = time.monotonic()
     env = environment(["python", "benchmarks/gpu_differential.py", *sys.argv[1:]])
     runs = drawn_runs(args.seed, args.count, args.workers, args.gpus)
-    first = witnesses(len(runs)) if args.witnesses else []
+    first = witnesses(len(runs), args.gpus) if args.witnesses else []
     rest = [run for run in runs if run.plan["runnable_here"]]
     rest += samples(runs, random.Random(args.seed), args.bypass_per_rule, args.eager_twins, len(runs) + len(first))
     # Mixed, so that the refused samples and eager twins train before --deadline-s as the accepted ones do (queued

@@ -32,6 +32,7 @@ TE_WITHOUT_EXTENSION = Machine(gpus=(H100,), packages={**PACKAGES, "transformer-
                                                        "transformer-engine-python": "2.10.0"})
 WITH_APEX_KERNELS = Machine(gpus=(H100,), packages={**PACKAGES, "apex-fused-weight-gradient": "unknown",
                                                     "fused-softmax": "unknown"})
+WITH_APEX = Machine(gpus=(H100,) * 8, packages={**PACKAGES, "apex": "0.1"})
 WITH_GROUPED_GEMM = Machine(gpus=(H100,), packages={**PACKAGES, "grouped-gemm": "1.1.4"})
 WITH_NSYS = Machine(gpus=(H100,), packages=PACKAGES, tools={"nsys": "/opt/nvidia/nsight-systems/bin/nsys"})
 
@@ -40,6 +41,8 @@ DROP_AND_PAD = {"model.moe_expert_capacity_factor": 1.0, "model.moe_pad_expert_i
 EP_OVERLAP = {**MOE, "model.expert_model_parallel_size": 2, "train.num_gpus": 2,
               "model.moe_token_dispatcher_type": "alltoall", "model.overlap_moe_expert_parallel_comm": True}
 PP2 = {"model.pipeline_model_parallel_size": 2, "train.num_gpus": 2}
+TP2_SP = {"model.tensor_model_parallel_size": 2, "model.sequence_parallel": True, "train.num_gpus": 2}
+DP2 = {"train.num_gpus": 2, "train.global_batch_size": 4}
 MLA = {"model.multi_latent_attention": True, "model.kv_lora_rank": 32, "model.qk_head_dim": 16,
        "model.qk_pos_emb_head_dim": 8, "model.v_head_dim": 16}
 ALLTOALL = {"model.moe_token_dispatcher_type": "alltoall"}
@@ -216,9 +219,18 @@ RULE_CASES = {
                        Case({**FULL_ITERATION, "perf.profile": True, "train.train_iters": 10})),
     "nsys_with_profile": (Case({"perf.nsys": True, "perf.profile": True, "train.train_iters": 20}, machine=WITH_NSYS),
                           Case({"perf.nsys": True, "train.train_iters": 20}, machine=WITH_NSYS)),
-    "persist_layer_norm_apex": (Case({"model.persist_layer_norm": True, "model.transformer_impl": "local"}),
-                                Case({"model.persist_layer_norm": True, "model.transformer_impl": "local"},
-                                     machine=Machine(gpus=(H100,), packages={**PACKAGES, "apex": "0.1"}))),
+    "torch_norm": (Case({**TP2_SP, "model.transformer_impl": "local"}, machine=EIGHT_H100),
+                   Case({**TP2_SP, "model.transformer_impl": "local", "model.normalization": "LayerNorm"},
+                        machine=WITH_APEX)),
+    "expert_bias_tensor_parallel": (Case({**MOE, **TP2_SP, "model.add_bias_linear": True}, megatron=True),
+                                    Case({**MOE, **TP2_SP, "model.add_bias_linear": True,
+                                          "model.expert_tensor_parallel_size": 1}, megatron=True)),
+    "moe_tensor_parallel_needs_sequence_parallel": (
+        Case({**MOE, "model.tensor_model_parallel_size": 2, "train.num_gpus": 2}, machine=EIGHT_H100),
+        Case({**MOE, **TP2_SP}, machine=EIGHT_H100)),
+    "overlap_param_gather": (Case({**DP2, "ddp.overlap_param_gather": True, "ddp.overlap_grad_reduce": True}),
+                             Case({**DP2, "ddp.overlap_param_gather": True, "ddp.overlap_grad_reduce": True,
+                                   "ddp.use_distributed_optimizer": True})),
     "nsys_available": (Case({"perf.nsys": True, "train.train_iters": 20}),
                        Case({"perf.nsys": True, "train.train_iters": 20}, machine=WITH_NSYS)),
     # An 8B model on one GPU: its weights, gradients and Adam state alone are beyond 80 GB.
@@ -474,7 +486,11 @@ EXTRA_REJECTS = {
         Case({**MOE, **DROP_AND_PAD, **ALLTOALL, **te("moe"), **SELECTIVE, "model.recompute_modules": ["moe"]}),
         Case({**MOE, **te("attn", "moe_router", "moe_preprocess"), **SELECTIVE, "model.recompute_modules": ["shared_experts"],
               "model.moe_shared_expert_intermediate_size": 64})],
-    "persist_layer_norm_apex": [Case({"model.persist_layer_norm": True}, machine=NO_TE)],
+    "torch_norm": [Case({"model.persist_layer_norm": True}, machine=NO_TE),
+                   # RMSNorm is torch's on the local spec even where apex is installed
+                   Case({"model.persist_layer_norm": True, "model.transformer_impl": "local"}, machine=WITH_APEX),
+                   Case({"model.layernorm_zero_centered_gamma": True, "model.transformer_impl": "local"})],
+    "overlap_param_gather": [Case({**DP2, "ddp.overlap_param_gather": True, "ddp.use_distributed_optimizer": True})],
     "nccl_graph_register": [Case({**te("attn"), "env_vars.PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
                                   "workload.gpu": "b200"})],
     "ep_overlap": [Case({**EP_OVERLAP, **te("attn", "mlp")})],

@@ -34,7 +34,7 @@ STRICTER = {
     "ep_overlap_te_graphs": "the same on 0.19",
     "moe_preprocess_host_sync": "a host sync capture cannot hold; kept, like the scope rules above, when "
                                 "full_iteration drops the scope",
-    "persist_layer_norm_apex": "megatron-core refuses it at model build (its torch LayerNorm), which this test reaches "
+    "torch_norm": "megatron-core refuses it at model build (its torch norm), which this test reaches "
                                "only for the models one CPU process can build",
     "ep_overlap_local_graphs": "0.19 builds it, but its EP-overlap schedule runs each layer's parts past the layer's "
                                "CudaGraphManager: the local graphs would capture nothing",

@@ -50,6 +50,46 @@ def expert_bias(cfg, target):
     )
 
 
+@rule("expert_bias_tensor_parallel",
+      rejects="MoE experts with biases (`model.add_bias_linear=true`) split by expert tensor parallelism (ETP, which "
+              "follows TP when unset) above 1",
+      fix="`model.expert_tensor_parallel_size=1`, or `model.add_bias_linear=false`")
+def expert_bias_tensor_parallel(cfg, target):
+    # TransformerConfig asserts it once ModelParallelConfig has filled ETP from TP (0.16.1 and 0.19.2): GPT-OSS's
+    # biased experts at TP2 failed so at model build. Megatron-Bridge's GPT-OSS recipes set ETP=1 for this.
+    model = cfg.model
+    expert_tp = model.expert_tensor_parallel_size or model.tensor_model_parallel_size
+    if is_moe_model(model) and model.add_bias_linear and expert_tp != 1:
+        unset = "" if model.expert_tensor_parallel_size else f" (unset, it follows TP={expert_tp})"
+        return violation(
+            "expert_bias_tensor_parallel",
+            ["model.add_bias_linear", "model.expert_tensor_parallel_size", "model.tensor_model_parallel_size"],
+            f"Bias in Moe is only supported when ETP==1, and expert tensor parallelism is {expert_tp} here{unset}; "
+            "set model.expert_tensor_parallel_size=1 (the experts stay whole on each GPU while attention keeps its "
+            "TP), or model.add_bias_linear=false",
+        )
+    return None
+
+
+@rule("moe_tensor_parallel_needs_sequence_parallel", engine="megatron",
+      rejects="an MoE model with tensor parallelism (`model.tensor_model_parallel_size` > 1) and no sequence "
+              "parallelism",
+      fix="`model.sequence_parallel=true`")
+def moe_tensor_parallel_needs_sequence_parallel(cfg, target):
+    # MoELayer.forward raises it in every training step (0.16.1 and 0.19.2), after the model was built: deepseek/tiny
+    # at TP2 failed so at the first step on two GPUs.
+    model = cfg.model
+    if is_moe_model(model) and model.tensor_model_parallel_size > 1 and not model.sequence_parallel:
+        return violation(
+            "moe_tensor_parallel_needs_sequence_parallel",
+            ["model.sequence_parallel", "model.tensor_model_parallel_size"],
+            "During training, performance may degrade if MoE and tensor parallelism are enabled without also "
+            f"enabling sequence parallelism (megatron-core's MoE layer refuses to train at TP="
+            f"{model.tensor_model_parallel_size} without it); set model.sequence_parallel=true",
+        )
+    return None
+
+
 @rule("shared_expert_bias",
       rejects="a shared expert (`model.moe_shared_expert_intermediate_size`) with biases (`model.add_bias_linear=true`)",
       fix="`model.moe_shared_expert_intermediate_size=null`, or `model.add_bias_linear=false`")

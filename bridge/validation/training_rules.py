@@ -234,3 +234,27 @@ def torch_compile(cfg, target):
             f"torch_compile={cfg.torch_compile!r}: use none, default or reduce-overhead",
         )
     return None
+
+
+@rule("overlap_param_gather",
+      rejects="`ddp.overlap_param_gather=true` without the distributed optimizer (`ddp.use_distributed_optimizer`) or "
+              "without `ddp.overlap_grad_reduce`",
+      fix="`ddp.use_distributed_optimizer=true ddp.overlap_grad_reduce=true`, or `ddp.overlap_param_gather=false`")
+def overlap_param_gather(cfg, target):
+    # Only the distributed optimizer gathers parameters; megatron-core's DDP assumes the pairing, and a DP2 run
+    # without it died in its first step with "TypeError: 'NoneType' object is not iterable". Megatron-LM's
+    # argument checks refuse both halves ("--overlap-param-gather only supported with distributed optimizer",
+    # "Must use --overlap-param-gather with --overlap-grad-reduce").
+    ddp = cfg.ddp
+    if not ddp.overlap_param_gather:
+        return None
+    unmet = [key for key, on in (("ddp.use_distributed_optimizer", ddp.use_distributed_optimizer),
+                                 ("ddp.overlap_grad_reduce", ddp.overlap_grad_reduce)) if not on]
+    if not unmet:
+        return None
+    return violation(
+        "overlap_param_gather", ["ddp.overlap_param_gather", *unmet],
+        "overlapping the parameter all-gather needs the distributed optimizer (which alone gathers parameters) and "
+        f"an overlapped gradient reduce; set {' '.join(f'{key}=true' for key in unmet)}, or "
+        "ddp.overlap_param_gather=false",
+    )
