@@ -52,6 +52,7 @@ kernels sum in other orders) by far less over six steps."""
 RESOURCE_ERRORS = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "ncclUnhandledCudaError", "EADDRINUSE")
 """Failures of one run among --workers on one GPU whose cause is the others: memory taken by them, or a port
 another run took. A run that fails so is trained once more, and counts by that second attempt."""
+LOG_TAIL = 40
 COMPOSING = threading.Lock()
 ACCEPTED, BYPASS, EAGER_TWIN, WITNESS = "accepted", "bypass", "eager_twin", "witness"
 
@@ -72,6 +73,8 @@ class Run:
     peak_reserved_gb: Optional[float] = None
     retried_after: Optional[str] = None
     """The first attempt's error, when it was the GPU's resources shared with the other runs (RESOURCE_ERRORS)."""
+    log_tail: Optional[str] = None
+    """The last LOG_TAIL lines a failed run printed (its traceback), since the run's folder is temporary."""
 
 
 def plan_verdict(overrides: List[str]) -> Dict[str, object]:
@@ -161,7 +164,12 @@ class Launch:
 
             return preloaded.train(run_dir, log, env, run.unchecked_rules, self.timeout_s)
         if run.unchecked_rules:
-            command = [*UNCHECKED, str(run_dir), ",".join(run.unchecked_rules)]
+            # One process a GPU, as the CLI's launcher starts a job (perf.launch.training_command): torchrun's own
+            # rendezvous on this host, so the harness's MASTER_PORT is not asked for twice.
+            processes = config.train.num_gpus
+            launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
+            command = [*(launcher if processes > 1 else [sys.executable]), *UNCHECKED[1:], str(run_dir),
+                       ",".join(run.unchecked_rules)]
         else:
             command = [*GRAPHBRIDGE, *run.overrides, f"hydra.run.dir={run_dir}"]
         with open(log, "w") as output:
@@ -197,6 +205,8 @@ def attempt(run: Run, workdir: Path, launch: Launch, retry: bool = False) -> Non
             run.peak_reserved_gb = (result.get("memory") or {}).get("peak_reserved_gb")
         else:
             run.status, run.error = "failed", last_line(workdir / f"{name}.log")
+    if run.status != "completed" and (workdir / f"{name}.log").exists():
+        run.log_tail = "\n".join((workdir / f"{name}.log").read_text(errors="replace").splitlines()[-LOG_TAIL:])
 
 
 def last_line(log: Path) -> str:
