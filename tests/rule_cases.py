@@ -222,12 +222,20 @@ RULE_CASES = {
     "torch_norm": (Case({**TP2_SP, "model.transformer_impl": "local"}, machine=EIGHT_H100),
                    Case({**TP2_SP, "model.transformer_impl": "local", "model.normalization": "LayerNorm"},
                         machine=WITH_APEX)),
+    "context_parallel_local_attention": (
+        Case({"model.context_parallel_size": 2, "train.num_gpus": 2, "model.transformer_impl": "local"},
+             machine=EIGHT_H100),
+        Case({"model.context_parallel_size": 2, "train.num_gpus": 2}, machine=EIGHT_H100)),
+    "moe_router_without_transformer_engine": (Case(MOE, machine=NO_TE), Case(MOE)),
     "expert_bias_tensor_parallel": (Case({**MOE, **TP2_SP, "model.add_bias_linear": True}, megatron=True),
                                     Case({**MOE, **TP2_SP, "model.add_bias_linear": True,
                                           "model.expert_tensor_parallel_size": 1}, megatron=True)),
     "moe_tensor_parallel_needs_sequence_parallel": (
         Case({**MOE, "model.tensor_model_parallel_size": 2, "train.num_gpus": 2}, machine=EIGHT_H100),
         Case({**MOE, **TP2_SP}, machine=EIGHT_H100)),
+    "virtual_pipeline_microbatches": (
+        Case({**PP2, "model.virtual_pipeline_model_parallel_size": 2, "train.global_batch_size": 1}),
+        Case({**PP2, "model.virtual_pipeline_model_parallel_size": 2, "train.global_batch_size": 4})),
     "overlap_param_gather": (Case({**DP2, "ddp.overlap_param_gather": True, "ddp.overlap_grad_reduce": True}),
                              Case({**DP2, "ddp.overlap_param_gather": True, "ddp.overlap_grad_reduce": True,
                                    "ddp.use_distributed_optimizer": True})),
@@ -490,6 +498,10 @@ EXTRA_REJECTS = {
                    # RMSNorm is torch's on the local spec even where apex is installed
                    Case({"model.persist_layer_norm": True, "model.transformer_impl": "local"}, machine=WITH_APEX),
                    Case({"model.layernorm_zero_centered_gamma": True, "model.transformer_impl": "local"})],
+    "pipeline_split": [Case({"model.num_layers": 8, **PP2, "model.account_for_embedding_in_pipeline_split": True}),
+                       Case({"model.num_layers": 8, **PP2, "model.virtual_pipeline_model_parallel_size": 2,
+                             "model.account_for_embedding_in_pipeline_split": True,
+                             "model.account_for_loss_in_pipeline_split": True})],
     "overlap_param_gather": [Case({**DP2, "ddp.overlap_param_gather": True, "ddp.use_distributed_optimizer": True})],
     "nccl_graph_register": [Case({**te("attn"), "env_vars.PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
                                   "workload.gpu": "b200"})],

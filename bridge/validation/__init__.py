@@ -12,6 +12,7 @@ from bridge.validation import (  # noqa: F401  (importing registers the rules)
     engine_rules,
     environment_rules,
     legacy_rules,
+    local_spec_rules,
     measurement_rules,
     memory_rules,
     megatron_rules,

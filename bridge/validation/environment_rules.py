@@ -9,6 +9,7 @@ from bridge.config.releases import RELEASES, SUPPORTED, in_range, release, versi
 from bridge.config.schema import Device, EngineChoice
 from bridge.machine import PACKAGES
 from bridge.validation.graph_facts import IMPL, MODULES, TE, impl_of
+from bridge.validation.local_spec_rules import builds_local_spec
 from bridge.validation.model_facts import is_moe_model
 from bridge.validation.registry import rule, violation
 
@@ -187,41 +188,6 @@ def transformer_engine(cfg, target):
                       f"{need.what} need Transformer Engine >= {need.lowest} and {installed} is installed here; "
                       f"{install}")
             for need in needs if version_tuple(installed) < version_tuple(need.lowest)]
-
-
-def builds_local_spec(cfg, target) -> bool:
-    """megatron-core builds its local layer spec: asked for, or no Transformer Engine here."""
-    return cfg.model.transformer_impl != "transformer_engine" or not target.machine.has("transformer-engine")
-
-
-@rule("torch_norm", environment=True,
-      rejects="what megatron-core's torch norm (WrappedTorchNorm) refuses: `model.persist_layer_norm`, "
-              "`model.sequence_parallel` or `model.layernorm_zero_centered_gamma`, where megatron-core builds its local "
-              "layer spec (model.transformer_impl=local, or no Transformer Engine here) with RMSNorm, or without apex",
-      fix="the flag off, or Transformer Engine's norms (`model.transformer_impl=transformer_engine`, with Transformer "
-          "Engine installed), or apex for LayerNorm")
-def torch_norm(cfg, target):
-    # The local spec's norm is apex's FusedLayerNorm where apex imports, and torch's otherwise; RMSNorm is always
-    # torch's (LocalSpecProvider.layer_norm, 0.16.1 and 0.19.2). WrappedTorchNorm asserts each flag below at model
-    # build: llama/tiny with model.transformer_impl=local at TP2 with sequence parallelism failed so on two GPUs.
-    model = cfg.model
-    if target.engine != "megatron" or not builds_local_spec(cfg, target):
-        return None  # Transformer Engine's norm takes every flag
-    rms_norm = model.normalization == "RMSNorm"
-    if not rms_norm and target.machine.has("apex"):
-        return None
-    flags = [key for key, on in (("model.persist_layer_norm", model.persist_layer_norm),
-                                 ("model.sequence_parallel", model.sequence_parallel),
-                                 ("model.layernorm_zero_centered_gamma", model.layernorm_zero_centered_gamma)) if on]
-    if not flags:
-        return None
-    norm = "RMSNorm, which it always takes from torch" if rms_norm else "LayerNorm from torch, apex not being installed"
-    apex = "" if rms_norm else ", or install apex"
-    return violation("torch_norm", [*flags, "model.transformer_impl"],
-                     f"megatron-core builds its local layer spec here with {norm}, and torch's norm supports none of "
-                     f"{', '.join(flags)} (it asserts at model build, e.g. \"sequence parallel not supported by torch "
-                     f"LayerNorm\"); set {' '.join(f'{key}=false' for key in flags)}, or use Transformer Engine's norms "
-                     f"(model.transformer_impl=transformer_engine where Transformer Engine is installed){apex}")
 
 
 @rule("grouped_gemm_package", environment=True, megatron_core="<0.19",

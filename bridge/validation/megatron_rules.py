@@ -273,13 +273,14 @@ def router_fusion_fp64(cfg, target):
 
 @rule("pipeline_split",
       rejects="an uneven pipeline split (layers of the first/last stage) that megatron-core refuses: together with a "
-              "layout or the embedding/loss accounting, not divisible by VP, or middle layers that do not split evenly",
+              "layout or the embedding/loss accounting, not divisible by VP, or middle layers that do not split evenly; "
+              "layers that the embedding/loss accounting leaves uneven over the stages or their virtual stages",
       fix="as the message says")
 def pipeline_split(cfg, target):
     model = cfg.model
     first, last = model.num_layers_in_first_pipeline_stage, model.num_layers_in_last_pipeline_stage
     if first is None and last is None:
-        return None
+        return accounted_split(model)
     keys = ["model.num_layers_in_first_pipeline_stage", "model.num_layers_in_last_pipeline_stage"]
     if model.pipeline_model_parallel_layout or model.account_for_embedding_in_pipeline_split \
             or model.account_for_loss_in_pipeline_split:
@@ -299,6 +300,27 @@ def pipeline_split(cfg, target):
                          f"{max(layers, 0)} layers remain for {max(stages, 0)} middle stage(s), which must split them "
                          "evenly; change the first/last stage layers")
     return None
+
+
+def accounted_split(model):
+    """TransformerConfig's check of an even split that counts the embedding and/or the loss as a layer each."""
+    accounted = int(model.account_for_embedding_in_pipeline_split) + int(model.account_for_loss_in_pipeline_split)
+    stages, vp = model.pipeline_model_parallel_size, model.virtual_pipeline_model_parallel_size
+    if not accounted or model.pipeline_model_parallel_layout or stages <= 1:
+        return None
+    layers = model.num_layers + accounted
+    keys = ["model.num_layers", "model.pipeline_model_parallel_size", "model.account_for_embedding_in_pipeline_split",
+            "model.account_for_loss_in_pipeline_split"]
+    if layers % stages:
+        problem = f"{layers} layers (the embedding and/or loss counted as one each) over {stages} stages"
+    elif vp and (layers // stages) % vp:
+        problem = f"{layers // stages} layers a stage (the embedding and/or loss counted) over {vp} virtual stages"
+        keys.append("model.virtual_pipeline_model_parallel_size")
+    else:
+        return None
+    return violation("pipeline_split", keys, f"megatron-core splits the pipeline evenly, and {problem} do not split "
+                     "evenly; change model.num_layers, or set model.account_for_embedding_in_pipeline_split=false and "
+                     "model.account_for_loss_in_pipeline_split=false")
 
 
 @rule("gated_delta_net_layout",

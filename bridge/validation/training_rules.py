@@ -199,6 +199,33 @@ def virtual_pipeline(cfg, target):
     return None
 
 
+@rule("virtual_pipeline_microbatches",
+      rejects="virtual pipeline stages with a micro-batch count (`train.global_batch_size` / micro-batch size / "
+              "data-parallel size) that is not a multiple of `model.pipeline_model_parallel_size`",
+      fix="the `train.global_batch_size` the message names")
+def virtual_pipeline_microbatches(cfg, target):
+    # The interleaved schedule runs micro-batches in groups of PP (microbatch_group_size_per_vp_stage, which
+    # graphbridge leaves at megatron-core's default) and refuses a count below a group or one that leaves a
+    # smaller group (schedules.py, ValueError / RuntimeError at the first step); found by the CPU build at PP2 VP2.
+    model, train = cfg.model, cfg.train
+    stages, data = model.pipeline_model_parallel_size, data_parallel_size(cfg)
+    per_step = train.micro_batch_size * data
+    if model.virtual_pipeline_model_parallel_size is None or stages <= 1 or per_step < 1 \
+            or train.global_batch_size % per_step:
+        return None  # virtual_pipeline and global_batch report the rest
+    microbatches = train.global_batch_size // per_step
+    if microbatches % stages == 0:
+        return None
+    batch = per_step * stages * max(1, -(-microbatches // stages))
+    return violation(
+        "virtual_pipeline_microbatches",
+        ["train.global_batch_size", "model.virtual_pipeline_model_parallel_size", "model.pipeline_model_parallel_size"],
+        f"the interleaved pipeline schedule takes micro-batches in groups of {stages} (the pipeline stages), and this "
+        f"step has {microbatches}; set train.global_batch_size={batch} ({batch // per_step} micro-batches), or "
+        "model.virtual_pipeline_model_parallel_size=null",
+    )
+
+
 @rule("sequence_parallel",
       rejects='sequence parallelism without tensor parallelism',
       fix='`model.sequence_parallel=false`')

@@ -1,0 +1,72 @@
+"""What megatron-core's local layer spec cannot build or train, where it builds that spec: asked for
+(`model.transformer_impl=local`), or on a machine without Transformer Engine. Its modules are torch's (or apex's,
+where installed), and each refuses some settings at model build or at the first step."""
+
+from bridge.validation.model_facts import is_moe_model
+from bridge.validation.registry import rule, violation
+
+
+def builds_local_spec(cfg, target) -> bool:
+    """megatron-core builds its local layer spec: asked for, or no Transformer Engine here."""
+    return cfg.model.transformer_impl != "transformer_engine" or not target.machine.has("transformer-engine")
+
+
+@rule("torch_norm", environment=True,
+      rejects="what megatron-core's torch norm (WrappedTorchNorm) refuses: `model.persist_layer_norm`, "
+              "`model.sequence_parallel` or `model.layernorm_zero_centered_gamma`, where megatron-core builds its local "
+              "layer spec (model.transformer_impl=local, or no Transformer Engine here) with RMSNorm, or without apex",
+      fix="the flag off, or Transformer Engine's norms (`model.transformer_impl=transformer_engine`, with Transformer "
+          "Engine installed), or apex for LayerNorm")
+def torch_norm(cfg, target):
+    # The local spec's norm is apex's FusedLayerNorm where apex imports, and torch's otherwise; RMSNorm is always
+    # torch's (LocalSpecProvider.layer_norm, 0.16.1 and 0.19.2). WrappedTorchNorm asserts each flag below at model
+    # build: llama/tiny with model.transformer_impl=local at TP2 with sequence parallelism failed so on two GPUs.
+    model = cfg.model
+    if target.engine != "megatron" or not builds_local_spec(cfg, target):
+        return None  # Transformer Engine's norm takes every flag
+    rms_norm = model.normalization == "RMSNorm"
+    if not rms_norm and target.machine.has("apex"):
+        return None
+    flags = [key for key, on in (("model.persist_layer_norm", model.persist_layer_norm),
+                                 ("model.sequence_parallel", model.sequence_parallel),
+                                 ("model.layernorm_zero_centered_gamma", model.layernorm_zero_centered_gamma)) if on]
+    if not flags:
+        return None
+    norm = "RMSNorm, which it always takes from torch" if rms_norm else "LayerNorm from torch, apex not being installed"
+    apex = "" if rms_norm else ", or install apex"
+    return violation("torch_norm", [*flags, "model.transformer_impl"],
+                     f"megatron-core builds its local layer spec here with {norm}, and torch's norm supports none of "
+                     f"{', '.join(flags)} (it asserts at model build, e.g. \"sequence parallel not supported by torch "
+                     f"LayerNorm\"); set {' '.join(f'{key}=false' for key in flags)}, or use Transformer Engine's norms "
+                     f"(model.transformer_impl=transformer_engine where Transformer Engine is installed){apex}")
+
+
+@rule("context_parallel_local_attention", environment=True,
+      rejects="context parallelism (`model.context_parallel_size` > 1) where megatron-core builds its local layer "
+              "spec, whose attention does not split the sequence",
+      fix="`model.context_parallel_size=1`, or Transformer Engine's attention (`model.transformer_impl="
+          "transformer_engine`, with Transformer Engine installed)")
+def context_parallel_local_attention(cfg, target):
+    # DotProductAttention asserts it at model build (0.16.1 and 0.19.2): llama/tiny at CP2 on the local spec failed
+    # so in the CPU build at two ranks (tests/differential.py).
+    if target.engine != "megatron" or cfg.model.context_parallel_size == 1 or not builds_local_spec(cfg, target):
+        return None
+    return violation("context_parallel_local_attention", ["model.context_parallel_size", "model.transformer_impl"],
+                     "Context parallelism is only supported by TEDotProductAttention, and megatron-core builds its "
+                     "local layer spec here; set model.context_parallel_size=1, or use Transformer Engine's attention "
+                     "(model.transformer_impl=transformer_engine where Transformer Engine is installed)")
+
+
+@rule("moe_router_without_transformer_engine", environment=True, megatron_core="<0.19",
+      rejects="an MoE model on megatron-core 0.16.1 where Transformer Engine is not installed",
+      fix="install Transformer Engine (`pip install 'graphbridge[te016]'`), or megatron-core 0.19.2")
+def moe_router_without_transformer_engine(cfg, target):
+    # 0.16.1's router computes its logits with router_gating_linear, which names Transformer Engine's te_general_gemm
+    # outside the import guard (transformer/moe/moe_utils.py): without TE the first forward raises NameError
+    # (qwen/tiny on the local spec, CPU build, tests/differential.py). 0.19 binds the name to None there.
+    if target.engine != "megatron" or not is_moe_model(cfg.model) or target.machine.has("transformer-engine"):
+        return None
+    return violation("moe_router_without_transformer_engine", ["model.num_moe_experts", "engine"],
+                     f"megatron-core {target.megatron_core}'s MoE router calls Transformer Engine's GEMM, which is not "
+                     "installed here (its first step fails with NameError: te_general_gemm); install Transformer "
+                     "Engine (pip install 'graphbridge[te016]') or use megatron-core 0.19.2")
