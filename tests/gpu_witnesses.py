@@ -4,7 +4,7 @@
 from dataclasses import dataclass
 from pathlib import Path
 
-from bridge.machine import Machine
+from bridge.machine import GPU, Machine
 from tests.rule_cases import H100
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -26,6 +26,11 @@ ON_0161 = "h100/mcore-0.16.1/gpu_differential.json"
 ON_0192 = "h100/mcore-0.19.2/gpu_differential.json"
 LAZY_NCCL_0161 = "h100/mcore-0.16.1/gpu_differential_91c0f81.json"
 TWO_GPUS_0161 = "h100/mcore-0.16.1/gpu_differential_e15f81f.json"
+"""(Two one-GPU differentials side by side on a two-GPU machine; each run had one GPU.)"""
+TWO_GPU_RUNS_0161 = "h200/mcore-0.16.1/gpu_differential_2gpu_b15bb2a.json"
+WITNESSES_2GPU_0161 = "h200/mcore-0.16.1/gpu_witnesses_2gpu_cfa782d.json"
+WITNESSES_2GPU_0192 = "h200/mcore-0.19.2/gpu_witnesses_2gpu_cfa782d.json"
+"""Runs of two GPUs each (num_gpus 2 in their summaries), on two H200s."""
 GPU_WITNESSES = {
     "allgather_dispatch_capture": GpuWitness(ON_0161, 706, "Cannot copy between CPU and CUDA tensors during CUDA graph"),
     "dropless_permute_capture": GpuWitness(ON_0161, 709, "cudaErrorStreamCaptureUnsupported"),
@@ -44,11 +49,23 @@ GPU_WITNESSES = {
     "shared_expert_bias": GpuWitness(FIRST_DIFFERENTIAL, 615, "bias is not supported in the shared experts"),
     "mla_needs_te_spec": GpuWitness(FIRST_DIFFERENTIAL, 354, "unexpected keyword argument 'k_channels'"),
     "compiled_kernels": GpuWitness(FIRST_DIFFERENTIAL, 35, "fused_weight_gradient_mlp_cuda module is not found"),
+    "moe_tensor_parallel_needs_sequence_parallel": GpuWitness(WITNESSES_2GPU_0161, 0, "MoE and tensor parallelism"),
+    "torch_norm": GpuWitness(WITNESSES_2GPU_0192, 2, "sequence parallel not supported by torch LayerNorm"),
+    "expert_bias_tensor_parallel": GpuWitness(WITNESSES_2GPU_0161, 3, "Bias in Moe is only supported when ETP==1"),
+    "overlap_param_gather": GpuWitness(WITNESSES_2GPU_0192, 5, "'NoneType' object is not iterable"),
+    "local_graphs_pipeline_microbatches": GpuWitness(WITNESSES_2GPU_0192, 11, "CudaGraphManager"),
+    "context_parallel_attention_variants": GpuWitness(WITNESSES_2GPU_0161, 13,
+                                                      "does not support sliding window attention"),
+    "context_parallel_local_attention": GpuWitness(TWO_GPU_RUNS_0161, 367, "only supported by TEDotProductAttention"),
+    "virtual_pipeline_microbatches": GpuWitness(TWO_GPU_RUNS_0161, 102, "contiguous micro-batches"),
 }
 
 
 def record_machine(summary: dict) -> Machine:
-    """The machine a GPU differential record ran on, as the catalogue judges it: one H100 with the record's
-    megatron-core and Transformer Engine."""
-    return Machine(gpus=(H100,), packages={"torch": "2.11.0", "megatron-core": summary["megatron_core"],
-                                           "transformer-engine": summary["transformer_engine"]})
+    """The machine a GPU differential record ran on, as the catalogue judges it: its GPUs (one H100 for the records
+    before the GPU's name was kept), as many as each run had, with the record's megatron-core and Transformer
+    Engine."""
+    gpu = GPU(summary["gpu"], H100.capability) if summary.get("gpu") else H100
+    return Machine(gpus=(gpu,) * summary.get("num_gpus", 1),
+                   packages={"torch": "2.11.0", "megatron-core": summary["megatron_core"],
+                             "transformer-engine": summary["transformer_engine"]})

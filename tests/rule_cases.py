@@ -236,9 +236,15 @@ RULE_CASES = {
     "virtual_pipeline_microbatches": (
         Case({**PP2, "model.virtual_pipeline_model_parallel_size": 2, "train.global_batch_size": 1}),
         Case({**PP2, "model.virtual_pipeline_model_parallel_size": 2, "train.global_batch_size": 4})),
-    "overlap_param_gather": (Case({**DP2, "ddp.overlap_param_gather": True, "ddp.overlap_grad_reduce": True}),
-                             Case({**DP2, "ddp.overlap_param_gather": True, "ddp.overlap_grad_reduce": True,
-                                   "ddp.use_distributed_optimizer": True})),
+    "local_graphs_pipeline_microbatches": (
+        Case({**local(), **PP2, "train.micro_batch_size": 1, "train.global_batch_size": 4}, machine=ONE_H100_019),
+        Case({**local(), **PP2, "train.micro_batch_size": 1, "train.global_batch_size": 1}, machine=ONE_H100_019)),
+    "context_parallel_attention_variants": (
+        Case({"model.context_parallel_size": 2, "train.num_gpus": 2, "model.softmax_type": "learnable"}),
+        Case({"model.context_parallel_size": 2, "train.num_gpus": 2})),
+    "overlap_param_gather": (Case({**DP2, "ddp.overlap_param_gather": True}, machine=ONE_H100_019),
+                             Case({**DP2, "ddp.overlap_param_gather": True, "ddp.use_distributed_optimizer": True},
+                                  machine=ONE_H100_019)),
     "nsys_available": (Case({"perf.nsys": True, "train.train_iters": 20}),
                        Case({"perf.nsys": True, "train.train_iters": 20}, machine=WITH_NSYS)),
     # An 8B model on one GPU: its weights, gradients and Adam state alone are beyond 80 GB.
@@ -502,7 +508,8 @@ EXTRA_REJECTS = {
                        Case({"model.num_layers": 8, **PP2, "model.virtual_pipeline_model_parallel_size": 2,
                              "model.account_for_embedding_in_pipeline_split": True,
                              "model.account_for_loss_in_pipeline_split": True})],
-    "overlap_param_gather": [Case({**DP2, "ddp.overlap_param_gather": True, "ddp.use_distributed_optimizer": True})],
+    "context_parallel_attention_variants": [Case({"model.context_parallel_size": 2, "train.num_gpus": 2,
+                                                  "model.window_size": [128, 0]})],
     "nccl_graph_register": [Case({**te("attn"), "env_vars.PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
                                   "workload.gpu": "b200"})],
     "ep_overlap": [Case({**EP_OVERLAP, **te("attn", "mlp")})],

@@ -1,7 +1,8 @@
 """Every GPU differential record replayed against today's catalogue (plan equals run, on the GPU, kept): each run
-the plan accepted there is planned again for the machine it ran on (one H100 with the record's megatron-core and
-Transformer Engine). A run that completed must still be accepted, or a rule has become stricter than the GPU;
-a run that crashed after its plan accepted it must now be refused, or have been made to train (TRAINS_NOW).
+the plan accepted there is planned again for the machine it ran on (its GPUs, as many as each run had, with the
+record's megatron-core and Transformer Engine). A run that completed must still be accepted, or a rule has become
+stricter than the GPU; a run that crashed after its plan accepted it must now be refused, or have been made to train
+(TRAINS_NOW), or wait with the run that will decide it (UNDECIDED).
 
 Slow (about two minutes of plans on one core): `pytest -m slow tests/test_gpu_records.py`."""
 
@@ -17,8 +18,7 @@ from tests.gpu_witnesses import RESULTS, record_machine
 sys.path.insert(0, str(RESULTS.parents[0]))
 from gpu_differential import RESOURCE_ERRORS  # noqa: E402  (benchmarks/ is a directory of scripts)
 
-RECORDS = sorted(path.relative_to(RESULTS).as_posix() for path in RESULTS.glob("*/mcore-*/gpu_differential*.json")
-                 if "_2gpu" not in path.name)
+RECORDS = sorted(path.relative_to(RESULTS).as_posix() for path in RESULTS.glob("*/mcore-*/gpu_differential*.json"))
 TRAINS_NOW: Dict[Tuple[str, int], str] = {
     (record, index): "graphbridge handed megatron-core a copy of quick_gelu, and its checks compare by identity; "
                      "translation hands its own now (witness gpt_oss_bias_activation_fusion, completed since)"
@@ -26,6 +26,13 @@ TRAINS_NOW: Dict[Tuple[str, int], str] = {
                           ("h100/mcore-0.16.1/gpu_differential_610e521.json", 219))
 }
 """Crashes after an accepting plan that no rule refuses, because graphbridge now makes the configuration train."""
+UNDECIDED: Dict[Tuple[str, int], str] = {
+    ("h200/mcore-0.16.1/gpu_differential_2gpu_b15bb2a.json", 320):
+        "no result within 300 s, no error: fp8 with grouped GEMM, the fused router and TE's MLP graphs at PP2 while "
+        "thirteen other two-GPU runs shared the machine; to be trained alone by the next two-GPU block (issue 38)",
+}
+"""Crashes after an accepting plan whose cause no record shows yet (a timeout without an error), each with what will
+decide it."""
 REFUSES_WHAT_TRAINS = {
     "optimizer_graph_distributed": "at one GPU graphbridge's capturable AdamW steps the single shard whole, so it "
                                    "trains, but with whole, unsharded optimizer state, and it shards nothing at two "
@@ -48,7 +55,8 @@ def test_what_a_gpu_trained_is_accepted_and_what_crashed_is_refused_or_trains_no
         if run["status"] == "completed" and rules:
             refused_completed[run["index"]] = rules
         shared_gpu = any(text in (run["error"] or "") for text in RESOURCE_ERRORS)  # the other runs' fault
-        if run["status"] != "completed" and not rules and not shared_gpu and (record, run["index"]) not in TRAINS_NOW:
+        explained = (record, run["index"]) in TRAINS_NOW or (record, run["index"]) in UNDECIDED
+        if run["status"] != "completed" and not rules and not shared_gpu and not explained:
             accepted_crashed[run["index"]] = run["error"]
     assert not refused_completed, f"refused now, yet trained on the GPU: {refused_completed}"
     assert not accepted_crashed, f"crashed on the GPU, yet accepted now: {accepted_crashed}"
@@ -68,6 +76,6 @@ def test_a_rule_whose_refused_configuration_trained_with_it_unasked_no_longer_re
 
 
 def test_every_exception_names_a_recorded_crash():
-    for (record, index), why in TRAINS_NOW.items():
+    for (record, index), why in {**TRAINS_NOW, **UNDECIDED}.items():
         run = next(run for run in json.loads((RESULTS / record).read_text())["runs"] if run["index"] == index)
-        assert run["status"] == "failed" and why
+        assert run["status"] not in (None, "completed") and why

@@ -320,3 +320,28 @@ def retained_backward_compiled_fusion(cfg, target):
             "set model.cuda_graph_retain_backward_graph=false, or model.bias_dropout_fusion=false",
         )
     return None
+
+
+@rule("local_graphs_pipeline_microbatches", engine="megatron", megatron_core=">=0.19",
+      rejects="local per-layer graphs (`cuda_graph=local_layer`) under pipeline parallelism with more than one "
+              "micro-batch a step, on megatron-core 0.19",
+      fix="one micro-batch a step (`train.global_batch_size` = micro-batch size x data-parallel size), "
+          "`cuda_graph=full_iteration`, or megatron-core 0.16.1")
+def local_graphs_pipeline_microbatches(cfg, target):
+    # llama/tiny at PP2 on two H200s (TE 2.10.0): 0.19.2's CudaGraphManager failed capture with a bare AssertionError
+    # at four micro-batches and its process exited at two, where one trained; 0.16.1 trained all three.
+    model, train = cfg.model, cfg.train
+    if impl_of(cfg) != LOCAL or model.pipeline_model_parallel_size <= 1:
+        return None
+    data = cfg.train.num_gpus // (model.tensor_model_parallel_size * model.pipeline_model_parallel_size
+                                  * model.context_parallel_size)
+    per_step = train.micro_batch_size * max(data, 1)
+    if train.global_batch_size <= per_step:
+        return None
+    return violation(
+        "local_graphs_pipeline_microbatches",
+        [IMPL, "model.pipeline_model_parallel_size", "train.global_batch_size"],
+        f"megatron-core {target.megatron_core}'s local per-layer graphs fail capture under pipeline parallelism with "
+        f"{train.global_batch_size // per_step} micro-batches a step; set train.global_batch_size={per_step} (one "
+        "micro-batch), or use cuda_graph=full_iteration, or megatron-core 0.16.1",
+    )

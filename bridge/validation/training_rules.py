@@ -263,25 +263,40 @@ def torch_compile(cfg, target):
     return None
 
 
-@rule("overlap_param_gather",
-      rejects="`ddp.overlap_param_gather=true` without the distributed optimizer (`ddp.use_distributed_optimizer`) or "
-              "without `ddp.overlap_grad_reduce`",
-      fix="`ddp.use_distributed_optimizer=true ddp.overlap_grad_reduce=true`, or `ddp.overlap_param_gather=false`")
+@rule("overlap_param_gather", megatron_core=">=0.19",
+      rejects="`ddp.overlap_param_gather=true` without the distributed optimizer (`ddp.use_distributed_optimizer`) on "
+              "megatron-core 0.19",
+      fix="`ddp.use_distributed_optimizer=true`, or `ddp.overlap_param_gather=false`")
 def overlap_param_gather(cfg, target):
-    # Only the distributed optimizer gathers parameters; megatron-core's DDP assumes the pairing, and a DP2 run
-    # without it died in its first step with "TypeError: 'NoneType' object is not iterable". Megatron-LM's
-    # argument checks refuse both halves ("--overlap-param-gather only supported with distributed optimizer",
-    # "Must use --overlap-param-gather with --overlap-grad-reduce").
+    # Only the distributed optimizer gathers parameters. llama/tiny at DP2 on two H200s with the overlap and without
+    # it: 0.19.2's DDP died in the first step with "TypeError: 'NoneType' object is not iterable", while 0.16.1
+    # ignored the flag and trained. (Megatron-LM's argument checks refuse it on every release.)
     ddp = cfg.ddp
-    if not ddp.overlap_param_gather:
-        return None
-    unmet = [key for key, on in (("ddp.use_distributed_optimizer", ddp.use_distributed_optimizer),
-                                 ("ddp.overlap_grad_reduce", ddp.overlap_grad_reduce)) if not on]
-    if not unmet:
+    if not ddp.overlap_param_gather or ddp.use_distributed_optimizer:
         return None
     return violation(
-        "overlap_param_gather", ["ddp.overlap_param_gather", *unmet],
-        "overlapping the parameter all-gather needs the distributed optimizer (which alone gathers parameters) and "
-        f"an overlapped gradient reduce; set {' '.join(f'{key}=true' for key in unmet)}, or "
-        "ddp.overlap_param_gather=false",
+        "overlap_param_gather", ["ddp.overlap_param_gather", "ddp.use_distributed_optimizer"],
+        f"overlapping the parameter all-gather needs the distributed optimizer, which alone gathers parameters "
+        f"(megatron-core {target.megatron_core}'s DDP fails the first step without it); set "
+        "ddp.use_distributed_optimizer=true, or ddp.overlap_param_gather=false",
+    )
+
+
+@rule("context_parallel_attention_variants", engine="megatron",
+      rejects="context parallelism with attention sinks (`model.softmax_type` other than vanilla) or sliding-window "
+              "attention (`model.window_size`)",
+      fix="`model.context_parallel_size=1`")
+def context_parallel_attention_variants(cfg, target):
+    # Transformer Engine 2.10's attention has no context-parallel backend for either: GPT-OSS at CP2 on two H200s
+    # (0.16.1 and 0.19.2) failed its first step with "Context parallelism does not support sliding window attention"
+    # with the window alone, and "No dot product attention backend is available" with the sinks.
+    model = cfg.model
+    variants = [key for key, used in (("model.softmax_type", model.softmax_type != "vanilla"),
+                                      ("model.window_size", model.window_size is not None)) if used]
+    if model.context_parallel_size == 1 or not variants:
+        return None
+    return violation(
+        "context_parallel_attention_variants", ["model.context_parallel_size", *variants],
+        "Transformer Engine's attention splits neither attention sinks nor a sliding window over context-parallel "
+        f"ranks ({', '.join(variants)} set here); set model.context_parallel_size=1",
     )
