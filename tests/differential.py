@@ -72,7 +72,8 @@ def buildable_here(cfg) -> Optional[str]:
 
 
 def megatron_verdict(cfg, role_ranks: List[int]) -> Tuple[Optional[str], bool, Optional[str]]:
-    """(megatron-core's refusal or None, whether every role was built, why the CPU could not build it)."""
+    """(megatron-core's refusal or None, whether every role's model, wrapper and optimizer were built, what the CPU
+    could not do: a build or a step that needs a GPU machine's CUDA or packages)."""
     from bridge.translate import build_megatron_configs
 
     try:
@@ -86,13 +87,13 @@ def megatron_verdict(cfg, role_ranks: List[int]) -> Tuple[Optional[str], bool, O
     unbuildable = buildable_here(cfg)
     if unbuildable:
         return None, False, unbuildable
+    built, not_here = True, None
     for rank in role_ranks:
         result = build_rank(cfg, rank)
         if result.error:
             return result.error, False, None
-        if result.needs_cuda:
-            return None, False, result.needs_cuda
-    return None, True, None
+        built, not_here = built and result.built, not_here or result.not_here
+    return None, built, not_here
 
 
 def classify(ours: List[str], theirs: Optional[str]) -> str:

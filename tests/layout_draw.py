@@ -64,13 +64,13 @@ def draw(rng: random.Random, world_size: int) -> Draw:
     base = rng.choice(every[:len(TINY)]) if rng.random() < 0.4 else rng.choice(every[len(TINY):])
     node = composed(base)
     moe = bool(node.model.num_moe_experts)
-    changes = shrunk(node)
+    changes = shrunk(rng, node)
     changes.update(layout(rng, world_size, moe, changes))
     changes.update(mutations(rng, moe, node))
     return Draw(base, changes)
 
 
-def shrunk(node) -> Dict[str, object]:
+def shrunk(rng: random.Random, node) -> Dict[str, object]:
     """Widths a CPU builds in a second, keeping what the layouts below divide: 8 heads, 8 or no query groups,
     16 experts at most, layers set by the layout."""
     model = node.model
@@ -79,6 +79,9 @@ def shrunk(node) -> Dict[str, object]:
         "model.vocab_size": 256, "dataset.seq_length": 64, "train.micro_batch_size": 1, "train.train_iters": 10,
         "model.pipeline_model_parallel_layout": None, "model.num_layers_in_first_pipeline_stage": None,
         "model.num_layers_in_last_pipeline_stage": None, "model.cpu_offloading_num_layers": 1,
+        # a preset's embedding/loss accounting fits its own layer count; kept one draw in four
+        **({} if rng.random() < 0.25 else {"model.account_for_embedding_in_pipeline_split": False,
+                                               "model.account_for_loss_in_pipeline_split": False}),
     }
     if model.num_query_groups is not None:
         changes["model.num_query_groups"] = 8
@@ -109,7 +112,7 @@ def layout(rng: random.Random, world_size: int, moe: bool, changes: Dict[str, ob
     # Tensor parallelism one draw in two: the local spec trains it only without sequence parallelism (torch's norms),
     # so not with experts (their layer refuses TP without SP), and each layout the others leave is drawn as often.
     tensor = 1 if rng.random() < (0.8 if moe else 0.5) else rng.choice(sizes)
-    context = 2 if world_size % (2 * tensor) == 0 and rng.random() < 0.1 else 1
+    context = 2 if world_size % (2 * tensor) == 0 and rng.random() < 0.05 else 1
     pipeline = rng.choice(divisors(world_size // (tensor * context)))
     virtual = 2 if pipeline > 1 and rng.random() < 0.5 else None
     data = world_size // (tensor * context * pipeline)
@@ -118,7 +121,8 @@ def layout(rng: random.Random, world_size: int, moe: bool, changes: Dict[str, ob
         "model.context_parallel_size": context, "model.pipeline_model_parallel_size": pipeline,
         "model.virtual_pipeline_model_parallel_size": virtual, "model.sequence_parallel": tensor > 1 and rng.random() < 0.8,
         "model.num_layers": pipeline * (virtual or 1) * rng.choice([1, 2]),
-        "train.global_batch_size": data * rng.choice([1, 2, pipeline]),
+        # mostly a whole number of the interleaved schedule's micro-batch groups (PP) where stages are virtual
+        "train.global_batch_size": data * (pipeline if virtual and rng.random() < 0.9 else 1) * rng.choice([1, 2]),
         "model.expert_model_parallel_size": 1, "model.expert_tensor_parallel_size": None,
     }
     if moe:
@@ -127,7 +131,7 @@ def layout(rng: random.Random, world_size: int, moe: bool, changes: Dict[str, ob
         expert = rng.choice([size for size in divisors(per_stage) if experts % size == 0])
         expert_tensor = rng.choice([1, tensor]) if per_stage % (expert * tensor) == 0 else 1
         picked.update({"model.expert_model_parallel_size": expert, "model.expert_tensor_parallel_size": expert_tensor,
-                       "model.moe_token_dispatcher_type": rng.choice(DISPATCHERS)})
+                       "model.moe_token_dispatcher_type": rng.choices(DISPATCHERS, [4.5, 4.5, 1])[0]})
     distributed = rng.random() < 0.5
     overlap = rng.random() < 0.5
     picked.update({"ddp.use_distributed_optimizer": distributed, "ddp.overlap_grad_reduce": overlap,
@@ -139,21 +143,24 @@ def layout(rng: random.Random, world_size: int, moe: bool, changes: Dict[str, ob
 def mutations(rng: random.Random, moe: bool, node) -> Dict[str, object]:
     """A few fields changed, each with its own chance: mostly what the CPU builds (local spec, bf16)."""
     changes: Dict[str, object] = {}
-    if rng.random() < 0.85:
+    if rng.random() < 0.92:
         changes["model.transformer_impl"] = "local"
         # what the local spec needs apex or compiled kernels for, which the CPU machine lacks: mostly off
         if rng.random() < 0.9:
             changes.update({"model.gradient_accumulation_fusion": False, "model.masked_softmax_fusion": False})
-        if rng.random() < 0.8:
-            changes.update({"model.sequence_parallel": False, "model.moe_grouped_gemm": False})
+        if rng.random() < 0.95:
+            changes.update({"model.sequence_parallel": False, "model.moe_grouped_gemm": False,
+                            "model.moe_permute_fusion": False, "model.moe_router_fusion": False})
+        if moe and node.model.add_bias_linear and rng.random() < 0.6:
+            changes["model.add_bias_linear"] = False  # biased experts are Transformer Engine's grouped ones only
     if rng.random() < 0.85:
         changes.update({"model.fp8": None, "model.fp4": None})
     if node.model.multi_latent_attention and changes.get("model.transformer_impl") == "local" and rng.random() < 0.7:
         changes["model.multi_latent_attention"] = False  # the local spec builds standard attention only
-    changes.update(graphs(rng))
+    changes.update(graphs(rng, local=changes.get("model.transformer_impl") == "local", moe=moe))
     for key, chance in (("model.add_bias_linear", 0.1), ("model.qk_layernorm", 0.15),
                         ("model.layernorm_zero_centered_gamma", 0.05), ("model.persist_layer_norm", 0.05),
-                        ("optimizer.optimizer_in_graph", 0.08)):
+                        ("optimizer.optimizer_in_graph", 0.04)):
         if rng.random() < chance:
             changes[key] = not _current(node, key)
     if rng.random() < 0.2:
@@ -172,8 +179,11 @@ def _current(node, dotted: str):
     return getattr(node[section], name)
 
 
-def graphs(rng: random.Random) -> Dict[str, object]:
-    impl = rng.choices(["none", "full_iteration", "local", "transformer_engine"], [4, 2.5, 2, 1.5])[0]
+def graphs(rng: random.Random, local: bool, moe: bool) -> Dict[str, object]:
+    """A graph choice; Transformer Engine's graphs seldom on the local spec, which they need, and MoE layers eager
+    more often (most graphs of them need drop-and-pad routing)."""
+    weights = [8 if moe else 4, 2.5, 2, 0.3 if local else 1.5]
+    impl = rng.choices(["none", "full_iteration", "local", "transformer_engine"], weights)[0]
     modules: List[str] = []
     if impl == "transformer_engine":
         modules = rng.sample(["attn", "mlp", "moe_router", "moe_preprocess"], rng.randint(0, 2))
@@ -182,10 +192,11 @@ def graphs(rng: random.Random) -> Dict[str, object]:
 
 def recompute(rng: random.Random) -> Dict[str, object]:
     roll = rng.random()
-    if roll < 0.2:
-        return {"model.recompute_granularity": "selective",
+    if roll < 0.12:
+        return {"model.recompute_granularity": "selective", "model.recompute_method": None,
+                "model.recompute_num_layers": None,
                 "model.recompute_modules": rng.sample(RECOMPUTE_MODULES, rng.randint(1, 2))}
-    if roll < 0.27:
+    if roll < 0.17:
         return {"model.recompute_granularity": "full", "model.recompute_method": rng.choice(["uniform", "block"]),
                 "model.recompute_num_layers": 1}
     return {}
@@ -193,14 +204,14 @@ def recompute(rng: random.Random) -> Dict[str, object]:
 
 def moe_mutations(rng: random.Random) -> Dict[str, object]:
     changes: Dict[str, object] = {}
-    for key, chance in (("model.moe_grouped_gemm", 0.3), ("model.moe_permute_fusion", 0.08),
+    for key, chance in (("model.moe_grouped_gemm", 0.15), ("model.moe_permute_fusion", 0.08),
                         ("model.moe_router_fusion", 0.05), ("model.moe_shared_expert_overlap", 0.1)):
         if rng.random() < chance:
             changes[key] = rng.random() < 0.6
     roll = rng.random()
-    if roll < 0.25:
+    if roll < 0.4:  # drop-and-pad: what graphs of MoE layers need (dropless dispatch syncs with the host)
         changes.update({"model.moe_expert_capacity_factor": 1.0, "model.moe_pad_expert_input_to_capacity": True})
-    elif roll < 0.3:
+    elif roll < 0.45:
         changes["model.moe_expert_capacity_factor"] = 1.0
     if rng.random() < 0.15:
         changes["model.moe_router_dtype"] = rng.choice(["fp32", "fp64"])

@@ -28,19 +28,20 @@ ranks send (an all-to-all and all-gather of counts), which a fake process group 
 
 HOPPER = (9, 0)
 """The compute capability the stand-in GPU reports: the differential's machine is H100s."""
-NO_CUDA = ("not compiled with CUDA", "Found no NVIDIA driver", "CUDA driver", "dummy base class")
-"""What an error says when it asked for CUDA itself, which the CPU cannot give: not megatron-core's refusal."""
+NOT_HERE = ("not compiled with CUDA", "Found no NVIDIA driver", "CUDA driver", "dummy base class", "NameError")
+"""What an error says when it asked for CUDA itself, or for a name megatron-core imports from Transformer Engine
+only where it is installed (a NameError), which the CPU cannot give: not megatron-core's refusal."""
 
 
 @dataclass
 class RankBuild:
     """What building one rank reached: ``stage`` is the last step taken (parallel state, model, optimizer, step),
-    ``error`` megatron-core's refusal, ``needs_cuda`` what stopped it that only CUDA has, ``stepped`` whether a
-    training step ran."""
+    ``error`` megatron-core's refusal, ``not_here`` what stopped it that only a GPU machine has (CUDA, Transformer
+    Engine), ``stepped`` whether a training step ran."""
     rank: int
     stage: str
     error: Optional[str] = None
-    needs_cuda: Optional[str] = None
+    not_here: Optional[str] = None
     stepped: bool = False
 
     @property
@@ -65,7 +66,26 @@ class _Stream:
         pass
 
     def record_event(self, *args):
-        return None
+        return _Event()
+
+
+class _Event:
+    """A CUDA event that has always happened."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def record(self, *args):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def wait(self, *args):
+        pass
+
+    def query(self) -> bool:
+        return True
 
 
 _MISSING = object()
@@ -111,7 +131,9 @@ def cuda_on_cpu(capability=HOPPER) -> Iterator[None]:
 
     stream = _Stream()
     stand_ins = [
-        (torch.cuda, "current_device", lambda: "cpu"), (torch.cuda, "Stream", _Stream),
+        (torch.cuda, "current_device", lambda: "cpu"), (torch.cuda, "Stream", _Stream), (torch.cuda, "Event", _Event),
+        # torch.compile'd fusions (megatron-core's jit_fuser) would trace the function mode below: run them eagerly
+        (torch._dynamo.config, "disable", True),
         (torch.cuda, "stream", lambda s: contextlib.nullcontext()), (torch.cuda, "default_stream", lambda *a: stream),
         (torch.cuda, "current_stream", lambda *a: stream), (torch.cuda, "synchronize", lambda *a: None),
         (torch.cuda, "set_stream", lambda *a: None), (torch.cuda, "get_rng_state", lambda *a: torch.get_rng_state()),
@@ -184,20 +206,33 @@ def build_rank(cfg, rank: int, step: bool = True) -> RankBuild:
             _build_and_step(cfg, result, step)
         except REFUSALS as error:
             message = f"{type(error).__name__}: {first_line(error)}"[:300]
-            if any(text in message for text in NO_CUDA):
-                result.needs_cuda = message
+            if any(text in message for text in NOT_HERE):
+                result.not_here = message
             else:
                 result.error = message
         finally:
             reset_local_graph_state()
+            _forget_moe_metrics()
             parallel_state.destroy_model_parallel()
             destroy_num_microbatches_calculator()
             dist.destroy_process_group()
     return result
 
 
+def _forget_moe_metrics() -> None:
+    """megatron-core's MoE metrics are process-global, sized by the layer count of the first model that records."""
+    try:
+        from megatron.core.transformer.moe.moe_logging import destroy_moe_metrics_tracker  # 0.19
+    except ImportError:  # 0.16.1 keeps them in a module dict
+        from megatron.core.transformer.moe import moe_utils
+
+        moe_utils._MOE_LAYER_WISE_LOGGING_TRACKER.clear()
+    else:
+        destroy_moe_metrics_tracker()
+
+
 REFUSALS = (AssertionError, ValueError, KeyError, NotImplementedError, TypeError, RuntimeError, ImportError,
-            AttributeError)
+            AttributeError, NameError)
 """What megatron-core raises on a configuration it will not build or train (TypeError and AttributeError are its
 crashes on inputs it never expected, which a user meets all the same)."""
 

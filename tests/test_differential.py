@@ -1,7 +1,8 @@
-"""Nothing megatron-core refuses is accepted: the differential of tests/differential.py, in its own
-process (megatron-core keeps global state). 100 seeded configs by default, 2000 under -m slow; against
-the installed megatron-core, and against the release GRAPHBRIDGE_MEGATRON_CORE_PATH makes importable
-(e.g. 0.19.2 on this Python: see scripts/gpu/README.md)."""
+"""Nothing megatron-core refuses is accepted, at any parallel layout: the differential of tests/differential.py, in
+its own process (megatron-core keeps global state). By default 50 seeded configs at each of 1, 2, 4 and 8 ranks, one
+rank built a config; under -m slow 350 at each of 2, 4 and 8 ranks (1050 a release), every role built, with at
+least a third accepted and four in five of those built. Against the installed megatron-core, and against the release
+GRAPHBRIDGE_MEGATRON_CORE_PATH makes importable (0.19.2 on this Python: its wheel unpacked, triton beside it)."""
 
 import json
 import os
@@ -16,7 +17,7 @@ from tests.gpu_witnesses import GPU_WITNESSES
 pytest.importorskip("megatron.core")
 
 ROOT = Path(__file__).resolve().parents[1]
-# Where graphbridge refuses what megatron-core 0.16.1 builds on the CPU, and why: each is a rule of
+# Where graphbridge refuses what megatron-core builds on the CPU, and why: each is a rule of
 # ours on purpose, not an accident.
 STRICTER = {
     "full_iteration_modules": "modules mean nothing under full_iteration (megatron-core drops them); 0.19 refuses too",
@@ -34,8 +35,22 @@ STRICTER = {
     "ep_overlap_te_graphs": "the same on 0.19",
     "moe_preprocess_host_sync": "a host sync capture cannot hold; kept, like the scope rules above, when "
                                 "full_iteration drops the scope",
-    "torch_norm": "megatron-core refuses it at model build (its torch norm), which this test reaches "
-                               "only for the models one CPU process can build",
+    "torch_norm": "megatron-core refuses it at model build (its torch norm), which this test reaches only for the "
+                  "configurations the CPU builds",
+    "context_parallel_local_attention": "the same: the local spec's attention asserts at model build",
+    "moe_tensor_parallel_needs_sequence_parallel": "megatron-core's MoE layer refuses at the first step, which this "
+                                                   "test reaches only where the CPU steps",
+    "virtual_pipeline_microbatches": "the interleaved schedule refuses at the first step, likewise",
+    "moe_router_without_transformer_engine": "0.16.1's router fails without Transformer Engine; the target here has it",
+    "packed_sequence_scope": "packed sequences vary their shapes, which graphs of attention or whole layers cannot "
+                             "replay (Bridge's rule)",
+    "optimizer_in_graph": "graphbridge's option (the optimizer inside the full-iteration graph) and what it needs",
+    "optimizer_graph_distributed": "graphbridge's capturable AdamW keeps unsharded state where 0.16.1 has no optimizer "
+                                   "graph (tests/test_gpu_records.py: REFUSES_WHAT_TRAINS)",
+    "te_graphs_need_te_spec": "Transformer Engine's graphs capture TE modules, which the local spec has none of",
+    "attention_variant_needs_te_spec": "linear-attention variants have a TE-only block spec (Megatron-LM's gpt_builders)",
+    "nccl_graph_register": "Bridge's rule for NCCL's buffer registration under graph capture with expandable segments",
+    "legacy_scope": "the older CUDA-graph spellings, judged before translation",
     "ep_overlap_local_graphs": "0.19 builds it, but its EP-overlap schedule runs each layer's parts past the layer's "
                                "CudaGraphManager: the local graphs would capture nothing",
     "version_fields": "a value for a field the target release lacks (0.19 has no moe_use_legacy_grouped_gemm): "
@@ -55,12 +70,13 @@ RELEASES = [pytest.param(None, id="installed"),
                 not OTHER_RELEASE_PATH, reason="GRAPHBRIDGE_MEGATRON_CORE_PATH names no other release"))]
 
 
-def differential(seed: int, count: int, release_path) -> list:
+def differential(seed: int, count: int, release_path, world_size: int, first_role_only: bool) -> list:
     env = {key: value for key, value in os.environ.items() if key != "GRAPHBRIDGE_MEGATRON_CORE_PATH"}
     if release_path:
         env["GRAPHBRIDGE_MEGATRON_CORE_PATH"] = release_path
-    done = subprocess.run([sys.executable, "-m", "tests.differential", "--seed", str(seed), "--count", str(count),
-                           "--json"], cwd=ROOT, capture_output=True, text=True, timeout=3600,
+    command = [sys.executable, "-m", "tests.differential", "--seed", str(seed), "--count", str(count),
+               "--world-size", str(world_size), "--json", *(["--first-role-only"] if first_role_only else [])]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=7200,
                           env={**env, "PYTHONWARNINGS": "ignore"})
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])
@@ -69,20 +85,29 @@ def differential(seed: int, count: int, release_path) -> list:
 def check(records: list) -> None:
     missing = [record for record in records if record["class"] == "megatron-core refuses"]
     assert not missing, f"accepted by graphbridge, refused by megatron-core: {missing[:3]}"
-    for record in records:
-        if record["class"] == "graphbridge refuses":
+    for record in records:  # where megatron-core judged all of it: its checks, and the build where the CPU can
+        if record["class"] == "graphbridge refuses" and not record["not_built"]:
             assert set(record["ours"]) <= set(STRICTER), record
     classes = {record["class"] for record in records}
-    assert {"both accept", "both refuse"} <= classes  # the generator reaches both sides
+    assert {"both accept", "both refuse"} <= classes  # the draws reach both sides
 
 
 @pytest.mark.parametrize("release_path", RELEASES)
-def test_the_catalogue_accepts_nothing_megatron_core_refuses(release_path):
-    check(differential(seed=0, count=100, release_path=release_path))
+@pytest.mark.parametrize("world_size", [1, 2, 4, 8])
+def test_the_catalogue_accepts_nothing_megatron_core_refuses(world_size, release_path):
+    records = differential(seed=world_size, count=50, release_path=release_path, world_size=world_size,
+                           first_role_only=True)
+    check(records)
+    assert any(record["built"] for record in records)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("release_path", RELEASES)
-@pytest.mark.parametrize("seed", [1, 2])
-def test_the_catalogue_accepts_nothing_megatron_core_refuses_many(seed, release_path):
-    check(differential(seed=seed, count=1000, release_path=release_path))
+def test_the_catalogue_accepts_nothing_megatron_core_refuses_at_scale(release_path):
+    records = [record for world_size in (2, 4, 8)
+               for record in differential(seed=100 + world_size, count=350, release_path=release_path,
+                                          world_size=world_size, first_role_only=False)]
+    check(records)
+    accepted = [record for record in records if record["class"] == "both accept"]
+    assert len(accepted) >= len(records) / 3, f"{len(accepted)} of {len(records)} accepted"
+    assert sum(record["built"] for record in accepted) >= 0.8 * len(accepted)
