@@ -30,9 +30,8 @@ where the layers' terms account for the rest of both peaks within 2 %).
 
 from typing import Dict
 
+from bridge.config.model_facts import moe_layer_pattern, padded_vocab_size, recompute_modules
 from bridge.memory_params import data_parallel_sizes, layers_per_stage, low_precision_bytes
-from bridge.translate import padded_vocab_size
-from bridge.validation.model_facts import moe_layer_pattern, recompute_modules
 
 LOGIT_BYTES, FUSED_LOSS_LOGIT_BYTES = 5.5, 2
 ACTIVATION_BYTES = 2

@@ -32,9 +32,8 @@ import math
 from dataclasses import dataclass
 from typing import Dict
 
+from bridge.config.model_facts import moe_layer_pattern, padded_vocab_size
 from bridge.machine import PRESET_GPUS
-from bridge.translate import padded_vocab_size
-from bridge.validation.model_facts import moe_layer_pattern
 
 ADAM_STATE_BYTES, MASTER_BYTES, FP32_BYTES = 8, 4, 4
 LORA_RANK = 16

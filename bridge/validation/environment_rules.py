@@ -9,7 +9,7 @@ from bridge.config.releases import RELEASES, SUPPORTED, in_range, release, versi
 from bridge.config.schema import Device, EngineChoice
 from bridge.machine import PACKAGES
 from bridge.validation.graph_facts import IMPL, MODULES, TE, impl_of
-from bridge.validation.model_facts import is_moe_model
+from bridge.config.model_facts import is_moe_model
 from bridge.validation.registry import rule, violation
 
 
