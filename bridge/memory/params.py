@@ -1,4 +1,4 @@
-"""The memory estimate's weight, gradient and optimizer-state terms (bridge.memory puts them together).
+"""The memory estimate's weight, gradient and optimizer-state terms (bridge.memory.estimate puts them together).
 
 Per GPU of the pipeline stage with the most layers, in bytes per parameter:
 
