@@ -9,14 +9,32 @@ import rule_table
 from sections import with_section
 
 import bridge
-from bridge.validation import RULES, resolve_target, validate
+from bridge.config.load import compose_config
+from bridge.validation import RULES, judge_composed, resolve_target, validate
 from tests.gpu_witnesses import GPU_WITNESSES, RESULTS, record_machine
 from tests.rule_cases import EXTRA_REJECTS, RULE_CASES, build, fired
 
 
+JUDGED_COMPOSED = {name for name, entry in RULES.items() if entry.before_resolution}
+"""Rules that read a composed config, which rule_cases' finished configs cannot carry: tested below."""
+
 
 def test_every_rule_has_cases():
-    assert set(RULE_CASES) == set(RULES)
+    assert set(RULE_CASES) == set(RULES) - JUDGED_COMPOSED
+
+
+def test_resolvable_rejects_an_interpolation_to_nothing():
+    [refused] = judge_composed(compose_config(["recipe=llama/tiny", "train.train_iters=${oops}"]))
+    assert refused.rule == "resolvable" and refused.keys == ["train.train_iters"] and refused.in_config
+    assert "Interpolation key 'oops' not found; give it a value of its type" in refused.message
+
+
+def test_resolvable_accepts_an_interpolation_to_a_value_of_its_type():
+    assert judge_composed(compose_config(["recipe=llama/tiny", "train.train_iters=${train.micro_batch_size}"])) == []
+
+
+def test_the_catalogue_of_finished_configs_leaves_the_composed_rules_out():
+    assert not any(violation.rule in JUDGED_COMPOSED for violation in bridge.validate(bridge.load(["recipe=llama/tiny"])))
 
 
 @pytest.mark.parametrize("rule", sorted(RULE_CASES))
