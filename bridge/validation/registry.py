@@ -2,7 +2,7 @@
 
 A rule is a small pure function ``check(cfg, target)`` (target: bridge.validation.target.Target)
 returning None, a Violation or several. Each is registered with what it rejects and its fix, the
-lines of the README's rule table, and with what it judges:
+lines of the rule table in docs/rules.md, and with what it judges:
 
 - a config rule (the default) judges the configuration itself: a violation means it can run nowhere;
 - an engine rule (``engine="megatron"`` or ``"torch"``) judges what that engine implements. Megatron
@@ -14,7 +14,7 @@ lines of the README's rule table, and with what it judges:
 
 A rule that holds for some megatron-core releases only declares them (``megatron_core=">=0.19"``,
 bridge.config.releases.in_range): it applies when the target release is in that range. Where a
-release changed a rule, the catalogue holds one rule per range, and the README's table says which.
+release changed a rule, the catalogue holds one rule per range, and the rule table says which.
 
 ``mode=plan`` runs every rule, and a run refuses exactly what the plan reports, before a model is
 built or a rank is started. Engines define no rules of their own.
@@ -70,7 +70,7 @@ RULES: Dict[str, Rule] = {}
 
 def rule(name: str, *, rejects: str, fix: str, engine: Optional[str] = None, environment: bool = False,
          gate: bool = False, megatron_core: Optional[str] = None, before_resolution: bool = False):
-    """Register ``fn(cfg, target)`` under ``name``, with the README table's two cells."""
+    """Register ``fn(cfg, target)`` under ``name``, with the rule table's two cells."""
     if engine not in (None, *ENGINES):
         raise ValueError(f"rule {name!r}: engine must be one of {ENGINES}")
 
