@@ -71,7 +71,7 @@ def app(composed: DictConfig) -> None:
         code = 0 if plan.valid else INVALID
     elif not plan.runnable_here:
         if multirun:  # the sweep's summary lists every job; a single run leaves nothing (perf/outputs.py)
-            write_invalid_result(job_dir, plan.violations, job)
+            write_invalid_result(job_dir, plan.refused_here, job)
         code = INVALID
     else:
         for note in plan.notes + plan.machine_notes:
@@ -128,9 +128,9 @@ def report_violations(plan, label: str = "") -> None:
     if plan.config_violations:
         echo(f"{label}invalid configuration:\n" + "\n".join(f"  {v}" for v in plan.config_violations), sys.stderr,
              logged=train)
-    if plan.machine_violations and train:
-        echo(f"{label}cannot run on this machine:\n" + "\n".join(f"  {v}" for v in plan.machine_violations),
-             sys.stderr)
+    lacking = plan.machine_violations + plan.here_violations
+    if lacking and train:
+        echo(f"{label}cannot run on this machine:\n" + "\n".join(f"  {v}" for v in lacking), sys.stderr)
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ import bridge
 from bridge.config.load import compose_config
 from bridge.validation import RULES, judge_composed, resolve_target, validate
 from tests.gpu_witnesses import GPU_WITNESSES, RESULTS, record_machine
-from tests.rule_cases import EXTRA_REJECTS, RULE_CASES, build, fired
+from tests.rule_cases import EXTRA_REJECTS, LAPTOP, ONE_H100, RULE_CASES, build, fired
 
 
 JUDGED_COMPOSED = {name for name, entry in RULES.items() if entry.before_resolution}
@@ -66,6 +66,17 @@ def test_messages_name_keys_and_fix(rule):
             fixes = ("set ", "use ", "add ", "drop ", "raise ", "remove ", "change", "keep ", "pip install", "lower ",
                      "run it ", "start ")
             assert any(word in violation.message for word in fixes)
+
+
+def test_the_megatron_engine_is_offered_only_where_it_can_train():
+    cfg = build(RULE_CASES["torch_engine_parallelism"][0])  # engine=torch, chosen by the user
+
+    def fix_on(machine) -> str:
+        [message] = [v.message for v in validate(cfg, resolve_target(cfg, machine)) if v.rule == "torch_engine_parallelism"]
+        return message
+
+    assert fix_on(ONE_H100).endswith("or use engine=megatron")
+    assert "engine=megatron" not in fix_on(LAPTOP) and "run it where a CUDA GPU and megatron-core are" in fix_on(LAPTOP)
 
 
 def test_all_violations_reported_at_once():
