@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional
 from bridge.config.graphs import graph_impl
 from bridge.config.migration import scope_names
 from bridge.config.releases import default_release, release
-from bridge.config.schema import GraphBridgeConfig
+from bridge.config.schema import Device, GraphBridgeConfig
 from bridge.machine import PRESET_GPUS, Machine, preset_machine, probe
 from bridge.memory import MemoryEstimate, estimate_memory
 from bridge.prepare import Prepared
@@ -223,9 +223,8 @@ def here_line(cfg: GraphBridgeConfig, here: Target, violations: List[Violation])
 def machine_notes(cfg: GraphBridgeConfig, target: Target) -> List[str]:
     """What this machine changes about how the job runs, short of refusing it."""
     notes = []
-    if target.device == "cpu" and graph_impl(cfg.model.cuda_graph_impl).graphed:
-        notes.append(f"no CUDA device here: cuda_graph_impl={cfg.model.cuda_graph_impl.value} is not captured, "
-                     "the job trains eagerly (result.json records effective_impl: none)")
+    if target.device == "cpu":
+        notes += eager_on_cpu(cfg)
     if target.device == "cpu" and cfg.model.bf16:
         notes.append("no CUDA device here: model.bf16 trains in fp32 on the CPU")
     installed = target.machine.version("megatron-core")
@@ -237,6 +236,19 @@ def machine_notes(cfg: GraphBridgeConfig, target: Target) -> List[str]:
         notes.append("Transformer Engine is not installed here: the megatron engine builds megatron-core's local "
                      "layer spec (model.transformer_impl=local)")
     return notes
+
+
+def eager_on_cpu(cfg: GraphBridgeConfig) -> List[str]:
+    """What a CPU run drops, in one note: the torch engine trains eagerly there and says nothing itself."""
+    impl = cfg.model.cuda_graph_impl
+    dropped = [f"cuda_graph_impl={impl.value}"] if graph_impl(impl).graphed else []
+    if cfg.torch_compile != "none":
+        dropped.append(f"torch_compile={cfg.torch_compile}")
+    if not dropped:
+        return []
+    why = "device=cpu" if cfg.device == Device.cpu else "no CUDA device here"
+    return [f"{why}: {' and '.join(dropped)} not applied, the job trains eagerly (result.json records "
+            "effective_impl: none)"]
 
 
 def describe_graphs(cfg: GraphBridgeConfig, engine: str = "megatron") -> Dict[str, Any]:

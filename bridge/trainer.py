@@ -264,6 +264,21 @@ class Trainer:
         return result
 
 
+NOISY_SPREAD = 2.0
+"""p90 over p10 of the timed steps beyond which the run's table calls its step times noisy. The 22 runs
+in benchmarks/results (H100s, quiet) spread by 1.49 at most (1.19 in the middle), and graph choices
+differ by 1.01x to 1.5x: steps spread wider than 2x come from something else on the machine, and their
+median cannot rank graph choices."""
+
+
+def noise(times: dict) -> Optional[str]:
+    """A warning when the timed steps spread beyond NOISY_SPREAD, else None."""
+    if times["count"] < 2 or not times["p10"] or times["p90"] / times["p10"] <= NOISY_SPREAD:
+        return None
+    return (f"NOISY: p90 is {times['p90'] / times['p10']:.1f}x p10 (more than {NOISY_SPREAD:g}x): is something "
+            "else running here? Medians this noisy cannot rank graph choices")
+
+
 def print_summary(result: dict, result_path: Optional[Path]) -> None:
     """One screen: what ran, how fast, how much memory, what was captured."""
 
@@ -280,6 +295,7 @@ def print_summary(result: dict, result_path: Optional[Path]) -> None:
         ("step time median (p10-p90)",
          f"{number(times['median'], ' ms', 2)} ({number(times['p10'], '', 2)}-{number(times['p90'], ' ms', 2)}), "
          f"{times['count']} steps timed"),
+        *([("step time noise", noise(times))] if noise(times) else []),
         ("tokens/s", number(result["tokens_per_s"], "", 0)),
         ("TFLOP/s per GPU", number(result["tflops_per_gpu"], "", 2)),
         ("peak memory allocated / reserved",
