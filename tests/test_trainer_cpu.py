@@ -21,7 +21,8 @@ from bridge import run
 from bridge.engines.megatron.engine import free_port
 from bridge.step_clock import StepClock
 from bridge.result import build_result, percentile, write_result, RunRecord
-from bridge.trainer import Trainer, noise
+from bridge.run_report import noise, take_slowest_rank
+from bridge.trainer import Trainer
 
 RESULT_KEYS = {"status", "reason", "config_digest", "job", "engine", "device", "impl", "effective_impl", "modules",
                "train_iters", "steps_completed", "step_time_ms", "profiled_steps", "capture_step", "capture_time_s",
@@ -121,7 +122,7 @@ def test_a_failure_the_queued_step_cannot_outlive_is_put_on_that_step(read_resul
     with pytest.raises(RuntimeError):
         trainer.run()
     result = read_result(tmp_path)
-    assert trainer.failing_step == 2 and result["steps_completed"] == 2 and result["loss"] == [3.0, 2.0]
+    assert trainer.steps.failing_step == 2 and result["steps_completed"] == 2 and result["loss"] == [3.0, 2.0]
 
 
 def test_result_write_is_atomic(read_result, tmp_path, monkeypatch):
@@ -211,7 +212,7 @@ def _slowest_rank_worker(rank: int, world_size: int, port: int, records: dict) -
                                          world_size=world_size)
     try:
         holder = SimpleNamespace(record=records[rank], engine=SimpleNamespace(device=torch.device("cpu")))
-        Trainer._take_slowest_rank(holder)
+        take_slowest_rank(holder)
         assert holder.record.step_times_s == [0.3, 0.2, 0.5]
         assert (holder.record.peak_allocated_gb, holder.record.peak_reserved_gb) == (4.0, 6.0)
     finally:
