@@ -104,7 +104,7 @@ def refusal(overrides: Tuple[str, ...]) -> Optional[dict]:
     plan = bridge.plan(list(overrides))
     if plan.runnable_here:
         return None
-    return {"status": "refused", "reason": "; ".join(str(v) for v in plan.violations), "losses": []}
+    return {"status": "refused", "reason": "; ".join(str(v) for v in plan.refused_here), "losses": []}
 
 
 def train(overrides: Tuple[str, ...], workdir: Path, index: int) -> dict:

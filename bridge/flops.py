@@ -17,8 +17,7 @@ conventions, so our TFLOP/s/GPU compares with Megatron-LM and Megatron-Bridge lo
 Plain arithmetic on the config (a GraphBridgeConfig or its DictConfig): no torch import.
 """
 
-from bridge.translate import padded_vocab_size
-from bridge.validation.model_facts import moe_layer_pattern
+from bridge.config.model_facts import moe_layer_pattern, padded_vocab_size
 
 
 def model_flops_per_step(cfg) -> float:

@@ -4,7 +4,8 @@ It holds the catalogue's verdict in two parts: violations in the configuration (
 nowhere) and violations on this machine (it can run elsewhere: planning for a cluster from a
 laptop still says VALID). When ``gpu=`` names a preset GPU this machine does not have, the
 configuration is judged for one node of that GPU's cluster (bridge.machine.preset_machine: its
-GPUs, megatron-core and Transformer Engine), and what this machine lacks is one line. Then the
+GPUs, megatron-core and Transformer Engine): the verdict is that node's, and what this machine
+lacks is kept apart (one line; the JSON adds the rules a run here would refuse it by). Then the
 migration notes, the derived values, what is graphed and when, the
 engine and device it would train on here, and the arguments megatron-core would be given. A run
 refuses exactly what the plan reports. The arguments are those of the target megatron-core release
@@ -19,7 +20,7 @@ from typing import Any, Dict, List, Optional
 from bridge.config.graphs import graph_impl
 from bridge.config.migration import scope_names
 from bridge.config.releases import default_release, release
-from bridge.config.schema import GraphBridgeConfig
+from bridge.config.schema import Device, GraphBridgeConfig
 from bridge.machine import PRESET_GPUS, Machine, preset_machine, probe
 from bridge.memory import MemoryEstimate, estimate_memory
 from bridge.prepare import Prepared
@@ -42,6 +43,9 @@ class Plan:
     """When the target is a preset GPU's machine: whether this one can run the job too, in one line."""
     auto: Optional[Any] = None
     """cuda_graph=auto's section (bridge.auto_candidates.AutoPlan): its candidates, probe and cache."""
+    here_violations: List[Violation] = field(default_factory=list)
+    """When the target is a preset GPU's machine: what a run on this machine would refuse on top of the
+    target's verdict. Facts about here, never part of it."""
 
     @property
     def config_violations(self) -> List[Violation]:
@@ -49,8 +53,13 @@ class Plan:
 
     @property
     def machine_violations(self) -> List[Violation]:
-        """Why this machine cannot run it (what a run here refuses)."""
+        """Why the target machine cannot run it: this one, unless the plan judges a preset GPU's node."""
         return [v for v in self.violations if not v.in_config]
+
+    @property
+    def refused_here(self) -> List[Violation]:
+        """Everything a run on this machine refuses."""
+        return self.violations + self.here_violations
 
     @property
     def valid(self) -> bool:
@@ -59,7 +68,7 @@ class Plan:
 
     @property
     def runnable_here(self) -> bool:
-        return not self.violations
+        return not self.refused_here
 
     def graphs(self) -> Dict[str, Any]:
         return describe_graphs(self.config, "megatron" if self.target.written_for_megatron else "torch")
@@ -100,6 +109,7 @@ class Plan:
             "runnable_here": self.runnable_here,
             "machine_violations": [v.as_dict() for v in self.machine_violations],
             "here": self.here,
+            "here_refused_by": sorted({v.rule for v in self.here_violations}),
             "target": {"engine": self.target.engine, "device": self.target.device,
                        "megatron_core": self.target.megatron_core, "megatron_core_source": self.megatron_core_source(),
                        "machine": self.target.machine.describe()},
@@ -154,7 +164,7 @@ class Plan:
         else:
             lines.append(f"  here:      {self.target.engine} engine on {self.target.device} "
                          f"({self.target.machine.describe()})")
-        if self.machine_violations and self.here is None:
+        if self.machine_violations:
             lines.append("  cannot run on this machine (it can elsewhere):")
             lines += [f"    {v}" for v in self.machine_violations]
         if self.auto is not None:
@@ -186,11 +196,11 @@ def build_plan(prepared: Prepared, machine: Optional[Machine] = None) -> Plan:
     target = resolve_target(cfg, cluster)
     # On the GPU the config names, what its node lacks is the config's fault, not this machine's.
     violations = [dataclasses.replace(v, where=CONFIG) for v in validate(cfg, target)]
-    # What a run here refuses on top: this machine's share of its verdict.
+    # What a run here refuses on top: facts about this machine, kept apart from the node's verdict.
     here_target = resolve_target(cfg, here)
     here_violations = [v for v in validate(cfg, here_target) if not v.in_config]
-    return Plan(cfg, target, violations + here_violations, prepared.notes, prepared.derived, [],
-                here_line(cfg, here_target, here_violations))
+    return Plan(cfg, target, violations, prepared.notes, prepared.derived, [],
+                here_line(cfg, here_target, here_violations), here_violations=here_violations)
 
 
 def cluster_machine(cfg: GraphBridgeConfig, here: Machine) -> Optional[Machine]:
@@ -213,9 +223,8 @@ def here_line(cfg: GraphBridgeConfig, here: Target, violations: List[Violation])
 def machine_notes(cfg: GraphBridgeConfig, target: Target) -> List[str]:
     """What this machine changes about how the job runs, short of refusing it."""
     notes = []
-    if target.device == "cpu" and graph_impl(cfg.model.cuda_graph_impl).graphed:
-        notes.append(f"no CUDA device here: cuda_graph_impl={cfg.model.cuda_graph_impl.value} is not captured, "
-                     "the job trains eagerly (result.json records effective_impl: none)")
+    if target.device == "cpu":
+        notes += eager_on_cpu(cfg)
     if target.device == "cpu" and cfg.model.bf16:
         notes.append("no CUDA device here: model.bf16 trains in fp32 on the CPU")
     installed = target.machine.version("megatron-core")
@@ -227,6 +236,19 @@ def machine_notes(cfg: GraphBridgeConfig, target: Target) -> List[str]:
         notes.append("Transformer Engine is not installed here: the megatron engine builds megatron-core's local "
                      "layer spec (model.transformer_impl=local)")
     return notes
+
+
+def eager_on_cpu(cfg: GraphBridgeConfig) -> List[str]:
+    """What a CPU run drops, in one note: the torch engine trains eagerly there and says nothing itself."""
+    impl = cfg.model.cuda_graph_impl
+    dropped = [f"cuda_graph_impl={impl.value}"] if graph_impl(impl).graphed else []
+    if cfg.torch_compile != "none":
+        dropped.append(f"torch_compile={cfg.torch_compile}")
+    if not dropped:
+        return []
+    why = "device=cpu" if cfg.device == Device.cpu else "no CUDA device here"
+    return [f"{why}: {' and '.join(dropped)} not applied, the job trains eagerly (result.json records "
+            "effective_impl: none)"]
 
 
 def describe_graphs(cfg: GraphBridgeConfig, engine: str = "megatron") -> Dict[str, Any]:

@@ -40,8 +40,7 @@ from bridge.atomic import write_json_atomic
 from bridge.config.schema import GraphBridgeConfig
 from bridge.diagnosis import failure_reason
 from bridge.machine import probe
-from bridge.memory import estimate_memory
-from bridge.memory_params import ENGINE
+from bridge.memory import ENGINE, estimate_memory
 
 RESULT_FILE = "result.json"
 AUTO_RECORD = "auto.json"

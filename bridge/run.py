@@ -92,7 +92,7 @@ def _report(error: BaseException, cfg, job_dir: Path, trainer) -> int:
         write_invalid_result(job_dir, error.violations, _read_job(job_dir))
         log.error("refused:\n%s", "\n".join(f"  {v}" for v in error.violations))  # every problem, no traceback
         return CANNOT_RUN
-    status, reason = failure(error, trainer.failing_step if trainer is not None else None)
+    status, reason = failure(error, trainer.steps.failing_step if trainer is not None else None)
     if trainer is None:
         write_result(job_dir, build_result(cfg, job_dir, status, reason, RunRecord()))
     if status == "interrupted":

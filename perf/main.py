@@ -29,7 +29,7 @@ from bridge.config.store import register
 from bridge.planning import build_plan
 from bridge.prepare import prepare
 from bridge.result import write_invalid_result
-from bridge.validation.registry import violation
+from bridge.validation import Violation, judge_composed
 from perf import bridge_config, callbacks
 from perf.bridge_config_export import to_yaml
 from perf.errors import one_line_errors
@@ -56,13 +56,13 @@ def app(composed: DictConfig) -> None:
     job = job_record(OmegaConf.to_container(hydra_cfg.runtime.choices, resolve=False),
                      OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False))
     label = job_label(hydra_cfg) if multirun else ""
-    try:
-        plan = build_plan(prepare(composed))
-        if chosen_graph_choice(job["choices"]) == MEASURED_CHOICE:
-            plan.auto = plan_auto(plan, job["overrides"])
-    except OmegaConfBaseException as error:  # an interpolation that resolves to nothing or to the wrong type
-        refuse_unresolvable(error, composed, job_dir, job, label)
+    unresolvable = judge_composed(composed)
+    if unresolvable:
+        refuse_unresolvable(unresolvable[0], composed, job_dir, job, label)
         return
+    plan = build_plan(prepare(composed))
+    if chosen_graph_choice(job["choices"]) == MEASURED_CHOICE:
+        plan.auto = plan_auto(plan, job["overrides"])
     report_violations(plan, label)
     if plan.config.mode == Mode.plan:  # the plan itself carries its notes
         shown = rendered(plan)
@@ -71,7 +71,7 @@ def app(composed: DictConfig) -> None:
         code = 0 if plan.valid else INVALID
     elif not plan.runnable_here:
         if multirun:  # the sweep's summary lists every job; a single run leaves nothing (perf/outputs.py)
-            write_invalid_result(job_dir, plan.violations, job)
+            write_invalid_result(job_dir, plan.refused_here, job)
         code = INVALID
     else:
         for note in plan.notes + plan.machine_notes:
@@ -84,15 +84,11 @@ def app(composed: DictConfig) -> None:
         callbacks.refused_job()
 
 
-def refuse_unresolvable(error: OmegaConfBaseException, composed: DictConfig, job_dir: Path, job: dict,
-                        label: str) -> None:
+def refuse_unresolvable(refused: Violation, composed: DictConfig, job_dir: Path, job: dict, label: str) -> None:
     """One line and exit 2; in a sweep (``label`` names the job) the job is refused like one that breaks
     a rule (a training sweep's summary lists it) and the sweep goes on with its other jobs."""
-    key = getattr(error, "full_key", None)
-    fix = "give it a value of its type, or an interpolation that resolves to one"
-    # Built as the catalogue builds its violations; no rule can judge it, since the rules read a resolved config.
-    refused = violation("resolvable", [key] if key else [], f"{str(error).splitlines()[0]}; {fix}")
-    print(f"graphbridge: {label}{key + ': ' if key else ''}{refused.message}", file=sys.stderr)
+    keys = "".join(f"{key}: " for key in refused.keys)
+    print(f"graphbridge: {label}{keys}{refused.message}", file=sys.stderr)
     if not label:
         sys.exit(INVALID)
     if OmegaConf.select(composed, "mode", throw_on_resolution_failure=False) != Mode.plan.value:
@@ -132,9 +128,9 @@ def report_violations(plan, label: str = "") -> None:
     if plan.config_violations:
         echo(f"{label}invalid configuration:\n" + "\n".join(f"  {v}" for v in plan.config_violations), sys.stderr,
              logged=train)
-    if plan.machine_violations and train:
-        echo(f"{label}cannot run on this machine:\n" + "\n".join(f"  {v}" for v in plan.machine_violations),
-             sys.stderr)
+    lacking = plan.machine_violations + plan.here_violations
+    if lacking and train:
+        echo(f"{label}cannot run on this machine:\n" + "\n".join(f"  {v}" for v in lacking), sys.stderr)
 
 
 def main() -> None:

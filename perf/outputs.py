@@ -9,12 +9,12 @@ single run, or the sweep directory of a multirun, before Hydra writes anything i
 - a run refuses a directory that holds an earlier run's job files (resolved.yaml, job.json,
   result.json, .hydra/) or a file named as its job log (main.log: Hydra would append to it), and a
   sweep one that holds an earlier sweep's jobs: results are never overwritten;
-- it records what existed before, and when the process ends (any way but SIGKILL), a run that
-  left no job files (a plan, a refused config) removes what it created: Hydra's bookkeeping
-  (.hydra/, main.log, multirun.yaml) among the entries that were not there before, the lock file,
-  the directories it made while they are empty; never anything that was there before, nothing
-  else that appeared meanwhile, and never a job's files. A sweep whose jobs left none (a plan
-  sweep) likewise.
+- it records what existed before, and when the process ends (any way but SIGKILL), it removes the
+  lock file it made; a run that left no job files (a plan, a refused config) also removes what
+  else it created: Hydra's bookkeeping (.hydra/, main.log, multirun.yaml) among the entries that
+  were not there before, the directories it made while they are empty; never anything that was
+  there before, nothing else that appeared meanwhile, and never a job's files. A sweep whose jobs
+  left none (a plan sweep) likewise.
 
 Any error while taking the directory (an interpolation in hydra.run.dir, a path that cannot be
 made) ends the command in one line: Hydra would only warn about a failing callback and go on.
@@ -105,8 +105,10 @@ class Ownership:
         if not left_results:  # Hydra's bookkeeping of a run that left no job; a file of anyone else stays
             for entry in created:
                 self.remove_bookkeeping(entry)
-            if self.created_lock_file:
-                (self.directory / LOCK_FILE).unlink(missing_ok=True)
+        # The lock file is this run's own, results or not. A run that waits on it meanwhile then holds a
+        # removed file, which is harmless: it finds this run's results and is refused, or none and plans.
+        if self.created_lock_file:
+            (self.directory / LOCK_FILE).unlink(missing_ok=True)
         for directory in reversed(self.created_dirs):  # innermost first, and only while empty
             try:
                 directory.rmdir()

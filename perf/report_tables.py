@@ -24,8 +24,9 @@ MARKDOWN = re.compile(r"[\\`*\[\]|~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
 """Markdown's inline syntax: backslash, code, emphasis, link and image brackets, cell bar, strikethrough."""
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 """How a CSV cell starts a formula in a spreadsheet (OWASP's CSV injection list)."""
-TERMINAL_COLUMNS = ("job", "cuda_graph", "status", "step ms (median)", "speedup", "peak alloc GB", "note")
-"""What the terminal keeps when it is narrow, in this order of importance."""
+TERMINAL_COLUMNS = ("job", "cuda_graph", "speedup", "step ms (median)", "status", "peak alloc GB", "note")
+"""What the terminal keeps when it is narrow, in this order of importance: the speedup is what a
+sweep of graph choices is for, so it goes before every other measurement."""
 
 
 def plain(value) -> str:
@@ -126,6 +127,13 @@ def write_markdown(summary, path: Path) -> None:
 
 
 def write_plot(summary, path: Path) -> None:
+    png = io.BytesIO()
+    summary_figure(summary).savefig(png, dpi=150, format="png")
+    write_bytes_atomic(path, png.getvalue())  # a reader never sees half a PNG
+
+
+def summary_figure(summary):
+    """summary.png's figure: step time with its spread and speedup labels, and peak memory where measured."""
     # A Figure without pyplot renders with Agg and touches no global state or display.
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
@@ -147,8 +155,12 @@ def write_plot(summary, path: Path) -> None:
     time_axis.set_title("Step time: median with p10–p90 bars (lower is better)")
     time_axis.set_ylabel("ms per step")
     for x, row, top in zip(positions, rows, (median + gap for median, gap in zip(medians, above))):
+        # A job without a bar gets its status; written upright, cannot_run_here is wider than a bar's
+        # slot and runs into its neighbour's, so such labels stand vertically on the axis.
+        barless = row["step_ms_median"] is None
         time_axis.annotate(_bar_label(row), (x, top), xytext=(0, 4), textcoords="offset points", ha="center",
-                           fontsize=11, fontweight="bold", color="black" if row["status"] == "completed" else "red")
+                           va="bottom", rotation=90 if barless else 0, fontsize=11, fontweight="bold",
+                           color="black" if row["status"] == "completed" else "red")
 
     if has_memory:
         memory_axis = axes[1]
@@ -172,9 +184,7 @@ def write_plot(summary, path: Path) -> None:
         axis.grid(axis="y", alpha=0.3)
     figure.legend(handles=[Patch(color=EAGER_COLOR, label="eager"), Patch(color=GRAPHED_COLOR, label="graphed")],
                   loc="outside lower center", ncols=2, frameon=False)
-    png = io.BytesIO()
-    figure.savefig(png, dpi=150, format="png")
-    write_bytes_atomic(path, png.getvalue())  # a reader never sees half a PNG
+    return figure
 
 
 def _bar_label(row: dict) -> str:

@@ -27,28 +27,39 @@ ENTRY_POINTS = {
 }
 
 
-def run_tool(tool: str, *args: str, cwd: Path, env: Optional[dict] = None, timeout: float = 300,
-             input: Optional[str] = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", ENTRY_POINTS[tool], *args], cwd=cwd, capture_output=True,
-                          text=True, env=env, timeout=timeout, input=input)
+class Tool:
+    """A console script as a user types it: ``tool(*args, cwd=...)`` runs it to the end and captures its
+    output; ``tool.start(*args, cwd=..., **popen)`` starts it in the background (to signal it, or run a
+    second one beside it); ``tool.argv`` is the command itself, for a test that runs it inside another."""
+
+    def __init__(self, name: str):
+        self.argv = [sys.executable, "-c", ENTRY_POINTS[name]]
+
+    def __call__(self, *args: str, cwd: Path, env: Optional[dict] = None, timeout: float = 300,
+                 input: Optional[str] = None) -> subprocess.CompletedProcess:
+        return subprocess.run([*self.argv, *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=timeout,
+                              input=input)
+
+    def start(self, *args: str, cwd: Path, **popen) -> subprocess.Popen:
+        return subprocess.Popen([*self.argv, *args], cwd=cwd, **popen)
 
 
 @pytest.fixture(scope="session")  # stateless: a module-scoped fixture may run a command once for its tests
-def cli() -> Callable[..., subprocess.CompletedProcess]:
+def cli() -> Tool:
     """``cli(*args, cwd=..., env=None, timeout=300)``: the `graphbridge` command as a user types it."""
-    return lambda *args, **kwargs: run_tool("graphbridge", *args, **kwargs)
+    return Tool("graphbridge")
 
 
 @pytest.fixture
-def workload_cli() -> Callable[..., subprocess.CompletedProcess]:
+def workload_cli() -> Tool:
     """``workload_cli(*args, cwd=...)``: the Bridge-style `graphbridge-workload` command."""
-    return lambda *args, **kwargs: run_tool("graphbridge-workload", *args, **kwargs)
+    return Tool("graphbridge-workload")
 
 
 @pytest.fixture
-def report_cli() -> Callable[..., subprocess.CompletedProcess]:
+def report_cli() -> Tool:
     """``report_cli(sweep_dir, cwd=...)``: the `graphbridge-report` command."""
-    return lambda *args, **kwargs: run_tool("graphbridge-report", *args, **kwargs)
+    return Tool("graphbridge-report")
 
 
 def load_small_config(recipe: str = "llama/tiny", *overrides: str):

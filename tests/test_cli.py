@@ -41,6 +41,16 @@ def test_a_plan_read_by_a_reader_that_stops_early_ends_quietly(tmp_path):
     assert process.wait(timeout=120) == 0 and stderr == ""
 
 
+def test_every_key_of_the_plan_json_is_documented(cli, tmp_path):
+    result = cli("mode=plan", "plan.format=json", "recipe=llama/tiny", "gpu=h100", "cuda_graph=auto", cwd=tmp_path)
+    plan = json.loads(result.stdout)
+    auto = plan["auto"]
+    keys = {*plan, *plan["target"], *plan["graphs"], *plan["memory"], *auto, *auto["probe"], *auto["cache"],
+            *auto["candidates"][0]}
+    documented = (ROOT / "docs" / "schema.md").read_text().split("## The plan as JSON")[1]
+    assert not [key for key in sorted(keys) if f"`{key}`" not in documented]
+
+
 def test_plan_json_carries_verdict_config_and_megatron_arguments(cli, tmp_path):
     result = cli("mode=plan", "plan.format=json", "cuda_graph=full_iteration", cwd=tmp_path)
     assert result.returncode == 0, result.stderr

@@ -6,6 +6,7 @@ import os
 import re
 
 import pytest
+import torch
 
 
 def plan_json(cli, tmp_path, *overrides):
@@ -38,6 +39,36 @@ def test_an_explicit_node_count_too_small_for_the_gpus_machine_is_refused_with_t
     result = cli("mode=plan", "recipe=llama/llama3_70b", "gpu=h100", "train.num_nodes=1", cwd=tmp_path)
     assert result.returncode == 2
     assert "[node_size]" in result.stderr and "set train.num_nodes=8" in result.stderr
+
+
+TORCH_ENGINE_RULES = {"engine_impl", "torch_engine_parallelism"}
+LAPTOP_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="what a machine without a GPU says")
+
+
+@LAPTOP_ONLY
+def test_a_cluster_plan_judges_the_cluster_and_keeps_this_machines_facts_apart(cli, tmp_path):
+    result, plan = plan_json(cli, tmp_path, "recipe=qwen/qwen3_30b_a3b", "gpu=h100")
+    assert result.returncode == 0 and plan["valid"] and not plan["runnable_here"]
+    judged = {v["rule"] for v in plan["violations"] + plan["machine_violations"]}
+    assert not judged & TORCH_ENGINE_RULES and plan["target"]["engine"] == "megatron"
+    assert TORCH_ENGINE_RULES <= set(plan["here_refused_by"]) and "run it on h100 nodes" in plan["here"]
+    text = cli("mode=plan", "recipe=qwen/qwen3_30b_a3b", "gpu=h100", cwd=tmp_path).stdout
+    assert "[engine_impl]" not in text and "cannot run on this machine (it can elsewhere)" not in text
+    assert "  judged:    for the megatron engine on a gpu=h100 node" in text and "  here:      this machine" in text
+
+
+@LAPTOP_ONLY
+def test_a_run_here_of_a_cluster_job_is_refused_naming_what_this_machine_lacks(cli, tmp_path):
+    refused = cli("recipe=qwen/qwen3_30b_a3b", "gpu=h100", cwd=tmp_path)
+    assert refused.returncode == 2 and "cannot run on this machine:\n  [engine_impl]" in refused.stderr
+    assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("job.json"))
+
+
+@LAPTOP_ONLY
+def test_a_laptop_is_never_told_to_use_the_megatron_engine_it_cannot_run(cli, tmp_path):
+    plan = cli("mode=plan", "cuda_graph=te_attn_mlp", "train.num_gpus=2", cwd=tmp_path).stdout
+    assert "[engine_impl]" in plan and "[torch_engine_parallelism]" in plan
+    assert "engine=megatron" not in plan and "run it where a CUDA GPU and megatron-core are" in plan
 
 
 SLURM_JOB = ("-m", "llama", "-mr", "llama3_8b", "-g", "h100", "-ng", "16", "-gn", "8", "-a", "my_account", "-p", "batch",

@@ -9,8 +9,7 @@ import pytest
 import recipe_table
 
 import bridge
-from bridge.memory import ESTIMATE_ERROR, GPU_MEMORY_GB, estimate_memory
-from bridge.memory_params import ENGINE
+from bridge.memory import ENGINE, ESTIMATE_ERROR, GPU_MEMORY_GB, estimate_memory
 from bridge.prepare import prepare
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"

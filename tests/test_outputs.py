@@ -23,7 +23,6 @@ PLAN = ("mode=plan",)
 INVALID = ("cuda_graph=full_iteration", "ddp.check_for_nan_in_grad=true")
 TINY_RUN = ("model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64", "train.train_iters=3",
             "perf.warmup_steps=1")
-GRAPHBRIDGE = [sys.executable, "-c", "from perf.main import main; main()"]
 
 
 def listing(directory):
@@ -66,6 +65,13 @@ def test_an_invalid_run_removes_only_the_directories_it_made(cli, tmp_path, run_
     assert listing(tmp_path) == ["runs", "runs/mine"]
 
 
+def test_a_finished_run_keeps_its_results_and_no_lock(cli, tmp_path):
+    result = cli("engine=torch", *TINY_RUN, "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    names = {path.name for path in (tmp_path / "run").iterdir()}
+    assert {"result.json", "job.json", "resolved.yaml", "main.log"} <= names and LOCK_FILE not in names
+
+
 def test_a_second_run_in_a_busy_directory_is_refused_naming_the_owner(cli, tmp_path):
     run_dir = tmp_path / "shared"
     run_dir.mkdir()
@@ -96,18 +102,16 @@ def test_two_real_runs_in_one_directory_and_an_interrupt_keep_the_users_files(cl
     progress = tmp_path / "first.err"
     with open(progress, "w") as stderr:
         # More steps than any machine trains before the interrupt below: it must hold the directory till then.
-        first = subprocess.Popen([*GRAPHBRIDGE, "engine=torch", *TINY_RUN, "train.train_iters=100000",
-                                  f"hydra.run.dir={run_dir}"], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=stderr,
-                                 umask=0o077)
+        first = cli.start("engine=torch", *TINY_RUN, "train.train_iters=100000", f"hydra.run.dir={run_dir}",
+                          cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=stderr, umask=0o077)
     waiting = None
     try:
         wait_for(lambda: re.search(r"\b[1-9]\d*/100000\b", progress.read_text()), first)  # a step done: it trains
         second = cli("engine=torch", *TINY_RUN, f"hydra.run.dir={run_dir}", cwd=tmp_path)
         assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
         assert f"{run_dir} is in use by graphbridge pid {first.pid} on " in second.stderr
-        waiting = subprocess.Popen([*GRAPHBRIDGE, *PLAN, f"hydra.run.dir={run_dir}",
-                                    "hydra.callbacks.run_directory.wait=true"],
-                                   cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        waiting = cli.start(*PLAN, f"hydra.run.dir={run_dir}", "hydra.callbacks.run_directory.wait=true",
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         assert waiting.stderr.readline().startswith(f"graphbridge: waiting for {run_dir} (graphbridge pid {first.pid}")
         first.send_signal(signal.SIGINT)
         assert first.wait(timeout=120) == 130
@@ -131,16 +135,15 @@ def wait_for(condition, process, timeout: float = 120) -> None:
         time.sleep(0.05)
 
 
-def test_a_run_asked_to_wait_starts_when_the_directory_is_free(tmp_path):
+def test_a_run_asked_to_wait_starts_when_the_directory_is_free(cli, tmp_path):
     # The lock goes once the run says it waits, not after a fixed time: a busy machine may take longer
     # than any such time to start the command, which then finds the directory free and never waits.
     run_dir = tmp_path / "shared"
     run_dir.mkdir()
     with open(run_dir / LOCK_FILE, "w") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        waiting = subprocess.Popen([*GRAPHBRIDGE, *PLAN, f"hydra.run.dir={run_dir}",
-                                    "hydra.callbacks.run_directory.wait=true"],
-                                   cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        waiting = cli.start(*PLAN, f"hydra.run.dir={run_dir}", "hydra.callbacks.run_directory.wait=true",
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         assert waiting.stderr.readline().startswith(f"graphbridge: waiting for {run_dir} ")
         time.sleep(1.0)
         assert waiting.poll() is None  # it waits while the directory is held (leaving the block frees it)
@@ -235,10 +238,10 @@ def private_mounts():
     pytest.skip("no mount namespace here (unshare is missing or user namespaces are off): no small disk to fill")
 
 
-def test_a_disk_that_fills_during_training_is_one_line_and_loses_no_file(private_mounts, tmp_path):
+def test_a_disk_that_fills_during_training_is_one_line_and_loses_no_file(cli, private_mounts, tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
-    done = subprocess.run([*private_mounts, sys.executable, "-c", FULL_DISK_RUN, str(disk), *GRAPHBRIDGE,
+    done = subprocess.run([*private_mounts, sys.executable, "-c", FULL_DISK_RUN, str(disk), *cli.argv,
                            "engine=torch", *TINY_RUN, "hydra.run.dir=run"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
@@ -273,14 +276,14 @@ STALL_IN_RESULT_WRITE = textwrap.dedent("""
 """)
 
 
-def test_a_training_process_killed_while_writing_its_result_leaves_no_partial_one(tmp_path, read_result):
+def test_a_training_process_killed_while_writing_its_result_leaves_no_partial_one(cli, tmp_path, read_result):
     hook, stalled, run_dir = tmp_path / "hook", tmp_path / "stalled", tmp_path / "run"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(STALL_IN_RESULT_WRITE)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]),
            "GRAPHBRIDGE_TEST_STALLED": str(stalled)}
-    process = subprocess.Popen([*GRAPHBRIDGE, "engine=torch", *TINY_RUN, f"hydra.run.dir={run_dir}"], cwd=tmp_path,
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = cli.start("engine=torch", *TINY_RUN, f"hydra.run.dir={run_dir}", cwd=tmp_path, env=env,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: stalled.exists() and stalled.read_text(), process)
         os.kill(int(stalled.read_text()), signal.SIGKILL)

@@ -28,7 +28,7 @@ def test_the_run_refuses_what_the_plan_reports(recipe, tmp_path):
         # torchrun starts train.num_gpus processes; the machine is the same one.
         loaded = run.load_resolved(job_dir)
         refused = run.refusals(loaded, resolve_target(loaded, processes=plan.config.train.num_gpus))
-        assert {(v.rule, v.where) for v in refused} == {(v.rule, v.where) for v in plan.violations}, choice
+        assert {(v.rule, v.where) for v in refused} == {(v.rule, v.where) for v in plan.refused_here}, choice
 
 
 @pytest.mark.parametrize("args, rule", [

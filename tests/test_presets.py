@@ -12,7 +12,6 @@ use alltoall where a preset's flex backend is unused; family settings, reference
 import copy
 import importlib.util
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Dict, FrozenSet, Optional, Tuple
 
 import pytest
@@ -117,7 +116,6 @@ gpt_oss/gpt_oss_120b   gb200 bf16               | 64 512 | 1 1 1 - 64 4 | -  | -
 gpt_oss/gpt_oss_120b   gb300 bf16               | 64 512 | 1 1 1 - 64 4 | te | attn,moe_router,moe_preprocess | - | alltoall
 """
 
-REPO = Path(__file__).resolve().parents[1]
 IMPLS = {"-": "none", "none": "none", "local": "full_iteration", "te": "transformer_engine"}
 MOE_FAMILIES = ("deepseek", "qwen", "gpt_oss")
 
@@ -210,7 +208,7 @@ def test_preset_files_are_exactly_the_reference_rows():
 
 def test_every_h100_preset_has_an_h200_twin_that_is_exactly_it():
     """Bridge v0.3.1 has no H200 presets: gpu=h200 takes the recipe's H100 preset as it is (one composes
-    through the CLI in tests/test_memory.py; the README's h100 rows give their verdicts)."""
+    through the CLI in tests/test_memory.py; docs/recipes.md's h100 rows give their verdicts)."""
     by_gpu = {gpu: {(recipe, precision) for recipe in recipe_names() for g, precision in presets(recipe) if g == gpu}
               for gpu in ("h100", "h200")}
     assert by_gpu["h100"] and by_gpu["h200"] == by_gpu["h100"]
@@ -423,9 +421,9 @@ def test_local_takes_up_a_parked_full_iteration_scope():
     assert plan.graphs()["impl"] == "full_iteration"
 
 
-# --- the README table -------------------------------------------------------------------------
+# --- the recipe table of docs/recipes.md ---------------------------------------------------------
 
-def test_readme_recipe_table_is_up_to_date(composed):
-    readme = (REPO / "README.md").read_text()
-    assert with_section(readme, "recipes", recipe_table.markdown(composed)) == readme, (
-        "README.md's recipe table is out of date: run python scripts/recipe_table.py")
+def test_the_recipe_table_is_up_to_date(composed):
+    page = recipe_table.RECIPES_PAGE.read_text()
+    assert with_section(page, "recipes", recipe_table.markdown(composed)) == page, (
+        "docs/recipes.md's recipe table is out of date: run python scripts/recipe_table.py")

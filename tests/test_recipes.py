@@ -16,7 +16,7 @@ from bridge.config.store import register
 from bridge.prepare import prepare
 from bridge.recipes import presets, recipe_names
 from bridge.translate import build_megatron_configs
-from bridge.validation.model_facts import moe_layer_pattern
+from bridge.config.model_facts import moe_layer_pattern
 
 
 RECIPES = {

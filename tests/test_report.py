@@ -9,10 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from omegaconf import OmegaConf
 
 from perf.callbacks import SummaryCallback
 from perf.report import build_summary, expected_gain, main, write_summary
+from perf.report_tables import summary_figure
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -278,6 +280,30 @@ def test_the_terminal_table_fits_the_terminal(report_cli, scope_sweep, tmp_path,
     assert max(len(line) for line in lines) <= columns
     header = next(line for line in lines if "job" in line and "cuda_graph" in line)
     assert "speedup" in header and "status" in header and "…" not in result.stdout
+
+
+def test_a_narrow_terminal_keeps_the_speedup_before_other_columns(report_cli, tmp_path):
+    sweep = tmp_path / "sweep"
+    add_job(sweep, 0, "none", median=100.0, effective_impl="none")
+    add_job(sweep, 1, "te_attn_moe_router", median=80.0, effective_impl="transformer_engine")
+    add_job(sweep, 2, "te_moe", "cannot_run_here", reason="[engine_impl] engine: no TE graphs here")
+    result = report_cli(str(sweep), cwd=tmp_path, env={**os.environ, "COLUMNS": "80"})
+    header = next(line for line in result.stdout.splitlines() if "job" in line and "cuda_graph" in line)
+    assert "speedup" in header and "impl" not in header.replace("cuda_graph", ""), result.stdout
+
+
+def test_the_labels_of_jobs_without_a_bar_do_not_overlap(tmp_path):
+    sweep = tmp_path / "sweep"
+    add_job(sweep, 0, "none", median=100.0, peak_gb=10.0, effective_impl="none")
+    add_job(sweep, 1, "full_iteration", median=80.0, peak_gb=12.0)
+    for num, choice in enumerate(["te_attn", "te_attn_mlp", "te_layer", "te_mlp"], start=2):
+        add_job(sweep, num, choice, "cannot_run_here", reason="[engine_impl] engine: no TE graphs here")
+    figure = summary_figure(build_summary(sweep))
+    renderer = FigureCanvasAgg(figure).get_renderer()  # the renderer summary.png is drawn with
+    figure.draw(renderer)
+    labels = [text.get_window_extent(renderer) for text in figure.axes[0].texts]
+    assert len(labels) == 6
+    assert not [(a, b) for i, a in enumerate(labels) for b in labels[i + 1:] if a.overlaps(b)]
 
 
 def test_a_profiled_sweep_says_what_graphs_can_buy(tmp_path):

@@ -1,22 +1,39 @@
 """Every rule of the catalogue has a reject test and an accept test, a message that names the fix,
-and a row in the README."""
+and a row in docs/rules.md."""
 
 import json
-from pathlib import Path
 
 import pytest
 import rule_table
 from sections import with_section
 
 import bridge
-from bridge.validation import RULES, resolve_target, validate
+from bridge.config.load import compose_config
+from bridge.validation import RULES, judge_composed, resolve_target, validate
 from tests.gpu_witnesses import GPU_WITNESSES, RESULTS, record_machine
-from tests.rule_cases import EXTRA_REJECTS, RULE_CASES, build, fired
+from tests.rule_cases import EXTRA_REJECTS, LAPTOP, ONE_H100, RULE_CASES, build, fired
 
+
+JUDGED_COMPOSED = {name for name, entry in RULES.items() if entry.before_resolution}
+"""Rules that read a composed config, which rule_cases' finished configs cannot carry: tested below."""
 
 
 def test_every_rule_has_cases():
-    assert set(RULE_CASES) == set(RULES)
+    assert set(RULE_CASES) == set(RULES) - JUDGED_COMPOSED
+
+
+def test_resolvable_rejects_an_interpolation_to_nothing():
+    [refused] = judge_composed(compose_config(["recipe=llama/tiny", "train.train_iters=${oops}"]))
+    assert refused.rule == "resolvable" and refused.keys == ["train.train_iters"] and refused.in_config
+    assert "Interpolation key 'oops' not found; give it a value of its type" in refused.message
+
+
+def test_resolvable_accepts_an_interpolation_to_a_value_of_its_type():
+    assert judge_composed(compose_config(["recipe=llama/tiny", "train.train_iters=${train.micro_batch_size}"])) == []
+
+
+def test_the_catalogue_of_finished_configs_leaves_the_composed_rules_out():
+    assert not any(violation.rule in JUDGED_COMPOSED for violation in bridge.validate(bridge.load(["recipe=llama/tiny"])))
 
 
 @pytest.mark.parametrize("rule", sorted(RULE_CASES))
@@ -51,6 +68,17 @@ def test_messages_name_keys_and_fix(rule):
             assert any(word in violation.message for word in fixes)
 
 
+def test_the_megatron_engine_is_offered_only_where_it_can_train():
+    cfg = build(RULE_CASES["torch_engine_parallelism"][0])  # engine=torch, chosen by the user
+
+    def fix_on(machine) -> str:
+        [message] = [v.message for v in validate(cfg, resolve_target(cfg, machine)) if v.rule == "torch_engine_parallelism"]
+        return message
+
+    assert fix_on(ONE_H100).endswith("or use engine=megatron")
+    assert "engine=megatron" not in fix_on(LAPTOP) and "run it where a CUDA GPU and megatron-core are" in fix_on(LAPTOP)
+
+
 def test_all_violations_reported_at_once():
     reject = RULE_CASES["cpu_offloading"][0]
     case = type(reject)({**reject.changes, "model.cuda_graph_modules": ["attn", "bogus"], "train.train_iters": 0})
@@ -62,11 +90,11 @@ def test_every_rule_is_documented_for_the_readme():
         assert entry.rejects.strip() and entry.fix.strip(), entry.name
 
 
-def test_readme_rule_table_lists_every_rule_and_is_up_to_date():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert with_section(readme, "rules", rule_table.markdown()) == readme, (
-        "README.md's rule table is out of date: run python scripts/rule_table.py")
-    assert all(f"| `{name}` |" in readme for name in RULES)
+def test_the_rule_table_lists_every_rule_and_is_up_to_date():
+    page = rule_table.RULES_PAGE.read_text()
+    assert with_section(page, "rules", rule_table.markdown()) == page, (
+        "docs/rules.md's rule table is out of date: run python scripts/rule_table.py")
+    assert all(f"| `{name}` |" in page for name in RULES)
 
 
 @pytest.mark.parametrize("override", ["model.cuda_graph_modules=[[attn]]", "model.recompute_modules=[[core_attn]]"])

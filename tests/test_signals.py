@@ -149,17 +149,16 @@ def test_a_training_process_that_dies_still_leaves_a_result(read_result, small_c
 
 
 @pytest.mark.parametrize("sweep", [False, True])
-def test_kill_of_the_graphbridge_process_ends_with_a_partial_result(read_result, tmp_path, sweep):
+def test_kill_of_the_graphbridge_process_ends_with_a_partial_result(cli, read_result, tmp_path, sweep):
     """The real command: Hydra process, fresh training process, SIGTERM to the former. In a
     sweep the signal ends the sweep too: the second job never starts."""
     out = tmp_path / "out"
     # More steps than any machine trains before the signal: the run must still be training when it comes.
     jobs = ["-m", "train.train_iters=100000,100001", f"hydra.sweep.dir={out}"] if sweep else [
         "train.train_iters=100000", f"hydra.run.dir={out}"]
-    process = subprocess.Popen(
-        [sys.executable, "-c", "from perf.main import main; main()", *jobs, "recipe=llama/tiny", "engine=torch",
-         "model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64"],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process = cli.start(*jobs, "recipe=llama/tiny", "engine=torch", "model.num_layers=2", "model.hidden_size=128",
+                        "dataset.seq_length=64", cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                        text=True)
     stderr = StderrReader(process)
     try:
         stderr.wait_for(r"\b[1-9]\d*/100000\b", timeout=120)  # tqdm's progress: at least one step done
@@ -188,14 +187,13 @@ def test_kill_of_the_graphbridge_process_ends_with_a_partial_result(read_result,
     # Without a job log it writes to the terminal directly, which stays: only the SIGTERM tells it.
     (("hydra/job_logging=disabled",), r"SIGTERM received"),
 ], ids=["piped", "not-piped"])
-def test_a_killed_graphbridge_process_takes_its_training_process_with_it(read_result, tmp_path, logging, reason):
+def test_a_killed_graphbridge_process_takes_its_training_process_with_it(cli, read_result, tmp_path, logging, reason):
     """SIGKILL reaches no handler of the graphbridge process: the kernel passes its death on to the
     training process as SIGTERM, which stops at its next step boundary instead of training on."""
     out = tmp_path / "out"
-    process = subprocess.Popen(
-        [sys.executable, "-c", "from perf.main import main; main()", "train.train_iters=3000", f"hydra.run.dir={out}",
-         "recipe=llama/tiny", "engine=torch", "model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64",
-         *logging], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process = cli.start("train.train_iters=3000", f"hydra.run.dir={out}", "recipe=llama/tiny", "engine=torch",
+                        "model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64", *logging,
+                        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     stderr = StderrReader(process)
     try:
         stderr.wait_for(r"\b[1-9]\d*/3000\b", timeout=120)

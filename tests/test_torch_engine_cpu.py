@@ -98,23 +98,32 @@ def test_gradient_accumulation_matches_one_big_microbatch(small_config):
     assert train(big, 3) == pytest.approx(train(accumulated, 3), abs=1e-5)
 
 
-@pytest.mark.parametrize("override, named", [("cuda_graph=full_iteration", "cuda_graph_impl=full_iteration"),
-                                             ("cuda_graph=local_layer", "cuda_graph_impl=local"),
-                                             ("torch_compile=reduce-overhead", "torch_compile=reduce-overhead")])
-def test_graph_request_on_cpu_is_one_warning_line_and_runs_eagerly(small_config, override, named, caplog):
+@pytest.mark.parametrize("override", ["cuda_graph=full_iteration", "cuda_graph=local_layer",
+                                      "torch_compile=reduce-overhead", "cuda_graph=none"])
+def test_on_cpu_the_engine_trains_eagerly_and_leaves_the_saying_to_the_plan(small_config, override, caplog):
     with caplog.at_level(logging.WARNING):
         engine = TorchEngine(small_config("llama/tiny", override))
         train(engine, 2)
-    warnings = [record for record in caplog.records if record.levelno >= logging.WARNING]
-    assert len(warnings) == 1 and "\n" not in warnings[0].getMessage()
-    assert named in warnings[0].getMessage()
+    assert not caplog.records
     assert engine.effective_impl == "none" and engine.graph_count() == 0
 
 
-def test_eager_request_on_cpu_warns_nothing(small_config, caplog):
-    with caplog.at_level(logging.WARNING):
-        TorchEngine(small_config())
-    assert not caplog.records
+@pytest.mark.parametrize("override, named", [("cuda_graph=full_iteration", "cuda_graph_impl=full_iteration"),
+                                             ("torch_compile=reduce-overhead", "torch_compile=reduce-overhead")])
+def test_a_cpu_plan_says_once_what_the_cpu_does_not_apply(cli, tmp_path, override, named):
+    plan = cli("mode=plan", "engine=torch", "device=cpu", override, cwd=tmp_path)
+    notes = [line for line in plan.stdout.splitlines() if "not applied" in line]
+    assert len(notes) == 1 and named in notes[0] and "trains eagerly" in notes[0], plan.stdout
+
+
+def test_a_cpu_run_of_a_graph_choice_says_once_that_graphs_are_not_captured(cli, tmp_path):
+    run = cli("engine=torch", "device=cpu", "cuda_graph=full_iteration", "model.num_layers=2", "model.hidden_size=128",
+              "dataset.seq_length=64", "train.train_iters=5", "perf.warmup_steps=1", "hydra.run.dir=run", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    said = [line for line in (run.stdout + run.stderr).splitlines()
+            if "not applied" in line or "not captured" in line or "runs eagerly" in line]
+    assert len(said) == 1 and "cuda_graph_impl=full_iteration not applied" in said[0], said
+    assert "full_iteration -> none" in run.stdout  # the table shows the outcome, and says no more
 
 
 def test_settings_the_torch_engine_cannot_run_are_all_named_by_the_catalogue(small_config):

@@ -6,8 +6,7 @@ megatron-core import: planning stays light and can target a release that is not 
 build.py builds the real objects for the installed release.
 """
 
-from bridge.translate.arguments import cuda_graph_arguments, megatron_arguments, padded_vocab_size
+from bridge.translate.arguments import cuda_graph_arguments, megatron_arguments
 from bridge.translate.build import build_megatron_configs, installed_megatron_core
 
-__all__ = ["build_megatron_configs", "cuda_graph_arguments", "installed_megatron_core", "megatron_arguments",
-           "padded_vocab_size"]
+__all__ = ["build_megatron_configs", "cuda_graph_arguments", "installed_megatron_core", "megatron_arguments"]

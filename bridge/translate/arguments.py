@@ -16,6 +16,7 @@ Modules parked behind impl none are not passed on.
 import dataclasses
 from typing import Any, Dict, Optional
 
+from bridge.config.model_facts import padded_vocab_size
 from bridge.config.releases import MegatronCoreRelease, default_release, megatron_optimizer_graph, release
 from bridge.config.schema import CudaGraphImpl, GraphBridgeConfig
 from bridge.machine import probe
@@ -34,11 +35,6 @@ NOT_PASSED = ("vocab_size", "make_vocab_size_divisible_by", "seq_length", "cuda_
               "position_embedding_type", "share_embeddings_and_output_weights",
               "yarn_correction_range_round_to_int")  # a GPTModel config attribute, below
 OPTIMIZER_ONLY_OURS = ("lr_warmup_iters", "lr_decay_style", "optimizer_in_graph")
-
-
-def padded_vocab_size(cfg: GraphBridgeConfig) -> int:
-    multiple = cfg.model.make_vocab_size_divisible_by * cfg.model.tensor_model_parallel_size
-    return -(-cfg.model.vocab_size // multiple) * multiple
 
 
 def release_for(version: Optional[str] = None) -> MegatronCoreRelease:

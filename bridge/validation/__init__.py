@@ -18,15 +18,16 @@ from bridge.validation import (  # noqa: F401  (importing registers the rules)
     megatron_rules,
     moe_graph_rules,
     recompute_rules,
+    resolution_rules,
     training_rules,
     value_rules,
     version_rules,
 )
-from bridge.validation.registry import RULES, Rule, run_rules
+from bridge.validation.registry import RULES, Rule, judge_composed, run_rules
 from bridge.validation.target import Target, resolve_target
 from bridge.validation.violation import Violation
 
-__all__ = ["RULES", "Refused", "Rule", "Target", "Violation", "resolve_target", "validate"]
+__all__ = ["RULES", "Refused", "Rule", "Target", "Violation", "judge_composed", "resolve_target", "validate"]
 
 
 class Refused(Exception):

@@ -18,25 +18,34 @@ from bridge.config.graphs import graph_impl
 from bridge.validation.graph_facts import FULL_ITERATION, IMPL, LOCAL, MODULES, TE, impl_of, is_graphed, modules_of
 from bridge.validation.registry import rule, violation
 
-USE_MEGATRON = "or use engine=megatron"
+MEGATRON_WHERE_IT_RUNS = "`engine=megatron` where a CUDA GPU and megatron-core are"
+
+
+def or_megatron(target) -> str:
+    """The megatron engine as the other way out, offered only where it can train: on this machine when
+    it has a CUDA device and megatron-core (engine=auto picked torch because it has not, or the user
+    chose torch); else the way to it is another machine."""
+    if target.device == "cuda" and target.machine.has("megatron-core"):
+        return "or use engine=megatron"
+    return "or run it where a CUDA GPU and megatron-core are (engine=auto trains on megatron-core there)"
 
 
 @rule("engine_impl", engine="torch",
       rejects="a graph impl the torch engine has no mechanism for (Transformer Engine graphs)",
-      fix="`engine=megatron`, or `cuda_graph=local_layer` / `full_iteration`")
+      fix=f"`cuda_graph=local_layer` / `full_iteration`, or {MEGATRON_WHERE_IT_RUNS}")
 def engine_impl(cfg, target):
     if "torch" not in graph_impl(impl_of(cfg)).mechanisms:
         return violation(
             "engine_impl", ["engine", IMPL],
             f"the torch engine has no cuda_graph_impl={impl_of(cfg).value} (Transformer Engine graphs need "
-            "megatron-core); use engine=megatron, or cuda_graph=local_layer / cuda_graph=full_iteration",
+            f"megatron-core); use cuda_graph=local_layer / cuda_graph=full_iteration, {or_megatron(target)}",
         )
     return None
 
 
 @rule("torch_engine_parallelism", engine="torch",
       rejects="more than one GPU or any model parallelism on the torch engine",
-      fix="`train.num_gpus=1` and parallel sizes 1, or `engine=megatron`")
+      fix=f"`train.num_gpus=1` and parallel sizes 1, or {MEGATRON_WHERE_IT_RUNS}")
 def torch_engine_parallelism(cfg, target):
     parallel = {f"model.{name}": getattr(cfg.model, name) for name in PARALLEL_SIZES if getattr(cfg.model, name) != 1}
     if cfg.train.num_gpus == 1 and not parallel:
@@ -45,14 +54,14 @@ def torch_engine_parallelism(cfg, target):
         "torch_engine_parallelism", ["train.num_gpus", *parallel],
         f"the torch engine trains on one device (train.num_gpus={cfg.train.num_gpus}"
         f"{''.join(f', {key}={value}' for key, value in parallel.items())}); set train.num_gpus=1 and every "
-        f"parallel size to 1, {USE_MEGATRON}",
+        f"parallel size to 1, {or_megatron(target)}",
     )
 
 
 @rule("torch_engine_sequence", engine="torch",
       rejects="a model sequence length other than the data's on the torch engine (its masks and rotary tables "
               "are built for model.seq_length)",
-      fix="set only `dataset.seq_length` (model.seq_length follows it), or `engine=megatron`")
+      fix=f"set only `dataset.seq_length` (model.seq_length follows it), or {MEGATRON_WHERE_IT_RUNS}")
 def torch_engine_sequence(cfg, target):
     if cfg.model.seq_length == cfg.dataset.seq_length:
         return None
@@ -60,12 +69,12 @@ def torch_engine_sequence(cfg, target):
         "torch_engine_sequence", ["model.seq_length", "dataset.seq_length"],
         f"the torch engine trains at model.seq_length={cfg.model.seq_length}, but the data has "
         f"dataset.seq_length={cfg.dataset.seq_length}; set only dataset.seq_length (model.seq_length follows it), "
-        f"{USE_MEGATRON}")
+        f"{or_megatron(target)}")
 
 
 @rule("torch_engine_precision", engine="torch",
       rejects="fp16, fp8 or fp4 on the torch engine (it trains in fp32 or bf16 autocast)",
-      fix="`model.fp16=false model.fp8=null model.fp4=null`, or `engine=megatron`")
+      fix=f"`model.fp16=false model.fp8=null model.fp4=null`, or {MEGATRON_WHERE_IT_RUNS}")
 def torch_engine_precision(cfg, target):
     model = cfg.model
     keys = [key for key, on in (("model.fp16", model.fp16), ("model.fp8", model.fp8), ("model.fp4", model.fp4)) if on]
@@ -74,19 +83,20 @@ def torch_engine_precision(cfg, target):
     return violation(
         "torch_engine_precision", keys,
         f"the torch engine trains in fp32 or bf16 autocast, not {', '.join(keys)}; set model.fp16=false "
-        f"model.fp8=null model.fp4=null, {USE_MEGATRON}",
+        f"model.fp8=null model.fp4=null, {or_megatron(target)}",
     )
 
 
 @rule("torch_engine_features", engine="torch",
       rejects="architecture or optimizer choices the native model does not implement",
-      fix="a choice the message lists, or `engine=megatron`")
+      fix=f"a choice the message lists, or {MEGATRON_WHERE_IT_RUNS}")
 def torch_engine_features(cfg, target):
     model, found = cfg.model, []
     for name in TORCH_NOT_MODELLED:
         if getattr(model, name):
             found.append(violation("torch_engine_features", [f"model.{name}"],
-                                   f"the native model does not implement model.{name}; turn it off, {USE_MEGATRON}"))
+                                   f"the native model does not implement model.{name}; turn it off, "
+                                   f"{or_megatron(target)}"))
     choices = (("model.normalization", model.normalization, TORCH_NORMALIZATIONS),
                ("model.activation_func", model.activation_func, TORCH_ACTIVATIONS),
                ("model.position_embedding_type", model.position_embedding_type, TORCH_POSITION_EMBEDDINGS),
@@ -96,7 +106,7 @@ def torch_engine_features(cfg, target):
                ("optimizer.lr_decay_style", cfg.optimizer.lr_decay_style, TORCH_LR_DECAY_STYLES))
     found += [violation("torch_engine_features", [key],
                         f"{key}={value!r} is not implemented by the torch engine; use one of {list(allowed)}, "
-                        f"{USE_MEGATRON}")
+                        f"{or_megatron(target)}")
               for key, value, allowed in choices if value not in allowed]
     return found
 

@@ -7,10 +7,10 @@ from typing import Callable, List, Optional, Tuple
 
 from bridge.config.releases import RELEASES, SUPPORTED, in_range, release, version_tuple
 from bridge.config.schema import Device, EngineChoice
+from bridge.config.model_facts import is_moe_model
 from bridge.machine import PACKAGES
 from bridge.validation.graph_facts import IMPL, MODULES, TE, impl_of
 from bridge.validation.local_spec_rules import builds_local_spec
-from bridge.validation.model_facts import is_moe_model
 from bridge.validation.registry import rule, violation
 
 

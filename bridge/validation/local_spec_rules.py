@@ -2,7 +2,7 @@
 (`model.transformer_impl=local`), or on a machine without Transformer Engine. Its modules are torch's (or apex's,
 where installed), and each refuses some settings at model build or at the first step."""
 
-from bridge.validation.model_facts import is_moe_model
+from bridge.config.model_facts import is_moe_model
 from bridge.validation.registry import rule, violation
 
 

@@ -2,7 +2,7 @@
 past: each one would otherwise surface as a bare exception in the training process."""
 
 from bridge.config.releases import in_range
-from bridge.validation.model_facts import has_dense_layers, is_moe_model
+from bridge.config.model_facts import has_dense_layers, is_moe_model
 from bridge.validation.registry import rule, violation
 
 

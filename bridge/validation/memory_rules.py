@@ -18,7 +18,7 @@ from bridge.memory import ESTIMATE_ERROR, GIB, estimate_memory
 from bridge.validation.registry import rule, violation
 from bridge.validation.value_rules import positive_sizes, value_ranges
 
-REJECTS = (f"a job estimated beyond its GPU's memory even if the estimate (bridge/memory.py) were "
+REJECTS = (f"a job estimated beyond its GPU's memory even if the estimate (bridge/memory/) were "
            f"{ESTIMATE_ERROR:.0%} high")
 FIX = ("the changes the message names that fit it (the distributed optimizer, recompute, a smaller micro-batch), "
        "else more GPUs: higher TP or PP")

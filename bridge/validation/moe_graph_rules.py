@@ -15,7 +15,7 @@ from bridge.validation.graph_facts import (
     is_graphed,
     modules_of,
 )
-from bridge.validation.model_facts import has_dense_layers, is_drop_and_pad, is_moe_model, recompute_modules
+from bridge.config.model_facts import has_dense_layers, is_drop_and_pad, is_moe_model, recompute_modules
 from bridge.validation.registry import rule, violation
 
 

@@ -2,7 +2,7 @@
 (R11 in the reference) and on its own (its checks outside the graph block)."""
 
 from bridge.validation.graph_facts import FULL_ITERATION, IMPL, LOCAL, MODULES, TE, impl_of, is_graphed, modules_of
-from bridge.validation.model_facts import has_dense_layers, is_moe_model, recompute_modules
+from bridge.config.model_facts import has_dense_layers, is_moe_model, recompute_modules
 from bridge.validation.registry import rule, violation
 
 

@@ -2,7 +2,7 @@
 
 A rule is a small pure function ``check(cfg, target)`` (target: bridge.validation.target.Target)
 returning None, a Violation or several. Each is registered with what it rejects and its fix, the
-lines of the README's rule table, and with what it judges:
+lines of the rule table in docs/rules.md, and with what it judges:
 
 - a config rule (the default) judges the configuration itself: a violation means it can run nowhere;
 - an engine rule (``engine="megatron"`` or ``"torch"``) judges what that engine implements. Megatron
@@ -14,7 +14,7 @@ lines of the README's rule table, and with what it judges:
 
 A rule that holds for some megatron-core releases only declares them (``megatron_core=">=0.19"``,
 bridge.config.releases.in_range): it applies when the target release is in that range. Where a
-release changed a rule, the catalogue holds one rule per range, and the README's table says which.
+release changed a rule, the catalogue holds one rule per range, and the rule table says which.
 
 ``mode=plan`` runs every rule, and a run refuses exactly what the plan reports, before a model is
 built or a rank is started. Engines define no rules of their own.
@@ -42,6 +42,9 @@ class Rule:
     """The other rules read what this one checks: while it fires, they do not run."""
     megatron_core: Optional[str] = None
     """The megatron-core releases the rule holds for (a range such as ``>=0.19``); None: all."""
+    before_resolution: bool = False
+    """Judges the composed config, ``check(composed)``, before it is resolved: the other rules read the
+    finished config, which a config this rule refuses never becomes (judge_composed runs it)."""
 
     def holds_for(self, megatron_core: str) -> bool:
         return in_range(megatron_core, self.megatron_core)
@@ -66,8 +69,8 @@ RULES: Dict[str, Rule] = {}
 
 
 def rule(name: str, *, rejects: str, fix: str, engine: Optional[str] = None, environment: bool = False,
-         gate: bool = False, megatron_core: Optional[str] = None):
-    """Register ``fn(cfg, target)`` under ``name``, with the README table's two cells."""
+         gate: bool = False, megatron_core: Optional[str] = None, before_resolution: bool = False):
+    """Register ``fn(cfg, target)`` under ``name``, with the rule table's two cells."""
     if engine not in (None, *ENGINES):
         raise ValueError(f"rule {name!r}: engine must be one of {ENGINES}")
 
@@ -75,7 +78,7 @@ def rule(name: str, *, rejects: str, fix: str, engine: Optional[str] = None, env
         if name in RULES:
             raise ValueError(f"rule {name!r} registered twice")
         in_range("0", megatron_core)  # a malformed range fails at import, not while judging
-        RULES[name] = Rule(name, fn, rejects, fix, engine, environment, gate, megatron_core)
+        RULES[name] = Rule(name, fn, rejects, fix, engine, environment, gate, megatron_core, before_resolution)
         return fn
 
     return register
@@ -85,9 +88,18 @@ def violation(name: str, keys: List[str], message: str) -> Violation:
     return Violation(name, list(keys), message)
 
 
+def judge_composed(composed) -> List[Violation]:
+    """The violations of the rules that judge a composed config before it is resolved."""
+    found: List[Violation] = []
+    for entry in RULES.values():
+        if entry.before_resolution:
+            found.extend(replace(v, where=CONFIG) for v in entry.check(composed))
+    return found
+
+
 def run_rules(cfg, target, names: Optional[Iterable[str]] = None) -> List[Violation]:
-    """Every violation; the gate rules first, and only them when they fire."""
-    entries = [RULES[name] for name in names or RULES]
+    """Every violation of a finished config; the gate rules first, and only them when they fire."""
+    entries = [entry for entry in (RULES[name] for name in names or RULES) if not entry.before_resolution]
     gates = _violations([entry for entry in entries if entry.gate], cfg, target)
     return gates or _violations([entry for entry in entries if not entry.gate], cfg, target)
 

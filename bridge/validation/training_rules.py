@@ -2,7 +2,7 @@
 megatron-core would reject later, or what would only show once a job is running at scale. Value
 types and ranges are in value_rules.py."""
 
-from bridge.validation.model_facts import is_moe_model, valid_moe_layer_freq
+from bridge.config.model_facts import is_moe_model, valid_moe_layer_freq
 from bridge.validation.registry import rule, violation
 
 def model_parallel_size(cfg) -> int:

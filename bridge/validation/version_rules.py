@@ -8,7 +8,7 @@ import dataclasses
 from bridge.config.releases import RELEASES, release
 from bridge.config.schema import GraphBridgeConfig, ModelConfig
 from bridge.validation.graph_facts import FULL_ITERATION, IMPL, LOCAL, MODULES, TE, impl_of, modules_of
-from bridge.validation.model_facts import recompute_modules
+from bridge.config.model_facts import recompute_modules
 from bridge.validation.registry import rule, violation
 
 INFERENCE_SCOPE = "model.inference_cuda_graph_scope"

@@ -20,21 +20,18 @@ microbatches of the global batch, bf16 autocast on CUDA when model.bf16.
 
 import contextlib
 import gc
-import logging
 import math
 from typing import Dict, Optional, Set
 
 import torch
 
 from bridge.config.graphs import graph_impl
-from bridge.config.schema import CudaGraphImpl, Device, GraphBridgeConfig, OptimizerConfig
+from bridge.config.schema import CudaGraphImpl, GraphBridgeConfig, OptimizerConfig
 from bridge.data import MockData
 from bridge.diagnosis import graph_region
 from bridge.engines.finite_check import FiniteCheck
 from bridge.engines.torch.graphs import FullIterationGraph, ModuleGraphs, select_modules
 from bridge.engines.torch.native_model import build_native_model
-
-log = logging.getLogger(__name__)
 
 BATCH_KEYS = ("tokens", "labels", "loss_mask")
 
@@ -173,18 +170,13 @@ class TorchEngine:
 
 
 def effective_impl(cfg: GraphBridgeConfig, device: torch.device) -> str:
-    """What actually runs; on the CPU that is always eager ("none"), said in one warning line."""
-    impl = CudaGraphImpl(cfg.model.cuda_graph_impl).value
-    if device.type == "cuda":
-        return f"torch_compile:{cfg.torch_compile}" if cfg.torch_compile != "none" else impl
-    dropped = [f"cuda_graph_impl={impl}"] if graph_impl(impl).graphed else []
+    """What actually runs; on the CPU that is always eager ("none"). The plan's note says so once, before
+    the run (bridge.planning.eager_on_cpu), and the run's table shows requested -> effective."""
+    if device.type != "cuda":
+        return "none"
     if cfg.torch_compile != "none":
-        dropped.append(f"torch_compile={cfg.torch_compile}")
-    if dropped:
-        why = "device=cpu" if Device(cfg.device) == Device.cpu else "no CUDA device is visible"
-        log.warning("%s: %s not applied; training runs eagerly on the CPU (effective_impl=none)",
-                    why, " and ".join(dropped))
-    return "none"
+        return f"torch_compile:{cfg.torch_compile}"
+    return CudaGraphImpl(cfg.model.cuda_graph_impl).value
 
 
 def build_optimizer(model: torch.nn.Module, config: OptimizerConfig, device: torch.device,

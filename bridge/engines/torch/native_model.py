@@ -27,9 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from bridge.config.engines import TORCH_ROTARY_TYPES
+from bridge.config.model_facts import moe_layer_pattern, padded_vocab_size
 from bridge.config.schema import GraphBridgeConfig, ModelConfig
-from bridge.translate import padded_vocab_size
-from bridge.validation.model_facts import moe_layer_pattern
 
 
 def _quick_gelu(x: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,15 @@
-"""Structural facts about a model config that several rules (and FLOPs) need."""
+"""Structural facts about a model config: the vocabulary that the rules, the memory estimate, FLOPs,
+translation and the torch engine all read, so it lives on the ground floor beside the schema."""
 
 from typing import List
+
+from bridge.config.schema import GraphBridgeConfig
+
+
+def padded_vocab_size(cfg: GraphBridgeConfig) -> int:
+    """The vocabulary megatron-core allocates: padded to make_vocab_size_divisible_by times TP."""
+    multiple = cfg.model.make_vocab_size_divisible_by * cfg.model.tensor_model_parallel_size
+    return -(-cfg.model.vocab_size // multiple) * multiple
 
 
 def is_moe_model(model) -> bool:

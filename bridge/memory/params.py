@@ -1,4 +1,4 @@
-"""The memory estimate's weight, gradient and optimizer-state terms (bridge.memory puts them together).
+"""The memory estimate's weight, gradient and optimizer-state terms (bridge.memory.estimate puts them together).
 
 Per GPU of the pipeline stage with the most layers, in bytes per parameter:
 
@@ -32,9 +32,8 @@ import math
 from dataclasses import dataclass
 from typing import Dict
 
+from bridge.config.model_facts import moe_layer_pattern, padded_vocab_size
 from bridge.machine import PRESET_GPUS
-from bridge.translate import padded_vocab_size
-from bridge.validation.model_facts import moe_layer_pattern
 
 ADAM_STATE_BYTES, MASTER_BYTES, FP32_BYTES = 8, 4, 4
 LORA_RANK = 16

@@ -1,4 +1,4 @@
-"""The memory estimate's activation terms (bridge.memory puts them together).
+"""The memory estimate's activation terms (bridge.memory.estimate puts them together).
 
 What one layer keeps for its backward, per micro-batch, after Korthikanti et al. 2022 ("Reducing
 Activation Recomputation in Large Transformer Models"): sbh(34 + 5as/h) bytes for GPT with GELU,
@@ -30,9 +30,8 @@ where the layers' terms account for the rest of both peaks within 2 %).
 
 from typing import Dict
 
-from bridge.memory_params import data_parallel_sizes, layers_per_stage, low_precision_bytes
-from bridge.translate import padded_vocab_size
-from bridge.validation.model_facts import moe_layer_pattern, recompute_modules
+from bridge.config.model_facts import moe_layer_pattern, padded_vocab_size, recompute_modules
+from bridge.memory.params import data_parallel_sizes, layers_per_stage, low_precision_bytes
 
 LOGIT_BYTES, FUSED_LOSS_LOGIT_BYTES = 5.5, 2
 ACTIVATION_BYTES = 2

@@ -1,8 +1,8 @@
 """The memory estimate of a plan: peak memory one GPU allocates, from the config alone (no torch).
 
 The estimate is of the job as Bridge runs the preset on megatron-core: weights, gradients and
-optimizer states (bridge.memory_params, with Megatron-FSDP, LoRA and fp8 primary weights where the
-preset uses them), activations (bridge.memory_activations), and on top:
+optimizer states (bridge.memory.params, with Megatron-FSDP, LoRA and fp8 primary weights where the
+preset uses them), activations (bridge.memory.activations), and on top:
 
 - CUDA-graph pools: a graph replays into the memory it was captured with, in a private pool that
   stays reserved for it; what counts here is what stays allocated in it. megatron-core's
@@ -63,14 +63,14 @@ from typing import Dict, List, Optional
 from bridge.config.graphs import graph_impl
 from bridge.config.schema import CudaGraphImpl
 from bridge.machine import PRESET_GPUS
-from bridge.memory_activations import (
+from bridge.memory.activations import (
     activation_bytes,
     layer_activations,
     micro_batches,
     micro_batches_in_flight,
     tokens_per_micro_batch,
 )
-from bridge.memory_params import (
+from bridge.memory.params import (
     ENGINE,
     FP32_BYTES,
     Regime,
@@ -191,7 +191,7 @@ def memory_verdict(total_gib: float, capacity_gib: float) -> str:
 def estimate_memory(cfg, gpu_memory_gib: Optional[float] = None, gpu_name: Optional[str] = None,
                     regime: Optional[Regime] = None) -> MemoryEstimate:
     """The estimate for ``cfg`` on the GPU ``workload.gpu`` names, else on the one given (this machine's),
-    as Bridge runs it (bridge_regime), or as ``regime`` says (memory_params.ENGINE: graphbridge's run)."""
+    as Bridge runs it (bridge_regime), or as ``regime`` says (bridge.memory.params.ENGINE: graphbridge's run)."""
     regime = bridge_regime(cfg) if regime is None else regime
     state = state_bytes(cfg, regime)
     gpu = cfg.workload.gpu
