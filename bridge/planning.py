@@ -41,7 +41,7 @@ class Plan:
     here: Optional[str] = None
     """When the target is a preset GPU's machine: whether this one can run the job too, in one line."""
     auto: Optional[Any] = None
-    """cuda_graph=auto's section (bridge.auto_candidates.AutoPlan): its candidates, probe and cache."""
+    """cuda_graph=auto's section (bridge.auto.candidates.AutoPlan): its candidates, probe and cache."""
 
     @property
     def config_violations(self) -> List[Violation]:

@@ -1,13 +1,13 @@
 """``cuda_graph=auto`` at run time: the choice to train with, decided before the run trains.
 
-On a GPU, unless the decision cache (bridge.auto_cache) holds this workload's decision, the candidates the
-plan accepted (bridge.auto_candidates) are probed as one sweep of graphbridge itself::
+On a GPU, unless the decision cache (bridge.auto.cache) holds this workload's decision, the candidates the
+plan accepted (bridge.auto.candidates) are probed as one sweep of graphbridge itself::
 
     graphbridge -m <the job's overrides> cuda_graph=none,<graph choices>,none train.train_iters=<probe> ...
 
 with its sweep directory ``<run dir>/auto/``: every job trains in a fresh process, as every sweep's does, so
 each capture is clean, and the sweep's summary.md and summary.png stay there as the probe's table and plot
-(its output goes to ``auto/probe.log``). bridge.auto_decision decides from the jobs' result.json files, the
+(its output goes to ``auto/probe.log``). bridge.auto.decision decides from the jobs' result.json files, the
 decision is cached, and ``<run dir>/auto.json`` keeps it for the run's result.json (its ``auto`` record).
 The terminal gets a line as the probe starts and one saying what was chosen and why. Without a CUDA
 device nothing is probed: graphs cannot pay off there, and the run trains eagerly.
@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from bridge.atomic import write_json_atomic
-from bridge.auto_cache import store
-from bridge.auto_candidates import PROBE_DIR, PROBE_TIMED_STEPS, AutoPlan, without_graph_choice
-from bridge.auto_decision import COMPLETED, Decision, Measurement, decide
+from bridge.auto.cache import store
+from bridge.auto.candidates import PROBE_DIR, PROBE_TIMED_STEPS, AutoPlan, without_graph_choice
+from bridge.auto.decision import COMPLETED, Decision, Measurement, decide
 from bridge.config.graphs import EAGER_CHOICE
 from bridge.config.schema import GraphBridgeConfig
 from bridge.planning import Plan

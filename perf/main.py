@@ -19,7 +19,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from bridge.auto_candidates import plan_auto
+from bridge.auto.candidates import plan_auto
 from bridge.config.graphs import MEASURED_CHOICE, chosen_graph_choice
 from bridge.config.load import compose_config
 from bridge.config.migration import migrate

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 import bridge
-from bridge.auto_cache import cache_path, read_decisions, store
-from bridge.auto_candidates import plan_auto
-from bridge.auto_decision import Measurement, decide
+from bridge.auto.cache import cache_path, read_decisions, store
+from bridge.auto.candidates import plan_auto
+from bridge.auto.decision import Measurement, decide
 from bridge.machine import GPU, Machine
 from bridge.planning import build_plan
 from bridge.prepare import prepare

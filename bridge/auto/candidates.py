@@ -17,7 +17,7 @@ import hydra
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
-from bridge.auto_cache import cache_path, decision_key, read_decisions
+from bridge.auto.cache import cache_path, decision_key, read_decisions
 from bridge.config.graphs import EAGER_CHOICE, MEASURED_CHOICE, graph_choices, graph_impl
 from bridge.config.load import compose_config
 from bridge.config.schema import GraphBridgeConfig
@@ -63,7 +63,7 @@ class AutoPlan:
     device: str
     train_iters: int
     key: Optional[str]
-    """The decision's key in the cache (bridge.auto_cache); None without a GPU."""
+    """The decision's key in the cache (bridge.auto.cache); None without a GPU."""
     gpu: Optional[str] = None
     versions: dict = field(default_factory=dict)
     """The GPU and the package versions the key holds, for the cache's reader."""
