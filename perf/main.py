@@ -57,8 +57,9 @@ def app(composed: DictConfig) -> None:
                      OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False))
     label = job_label(hydra_cfg) if multirun else ""
     try:
-        plan = build_plan(prepare(composed))
-        if chosen_graph_choice(job["choices"]) == MEASURED_CHOICE:
+        measured = chosen_graph_choice(job["choices"]) == MEASURED_CHOICE
+        plan = build_plan(prepare(composed), graphs_measured=measured)
+        if measured:
             plan.auto = plan_auto(plan, job["overrides"])
     except OmegaConfBaseException as error:  # an interpolation that resolves to nothing or to the wrong type
         refuse_unresolvable(error, composed, job_dir, job, label)

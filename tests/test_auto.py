@@ -46,7 +46,7 @@ def environment(cache_home) -> dict:
 def gpu_plan(*overrides: str, machine: Machine = H100):
     """The plan of ``graphbridge <AUTO> <overrides>`` on ``machine``, with its auto section."""
     words = [*AUTO, *overrides]
-    plan = build_plan(prepare(bridge.compose(words)), machine)
+    plan = build_plan(prepare(bridge.compose(words)), machine, graphs_measured=True)
     plan.auto = plan_auto(plan, words, machine)
     return plan
 

@@ -18,15 +18,13 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
 from bridge.auto.cache import cache_path, decision_key, read_decisions
-from bridge.config.graphs import EAGER_CHOICE, MEASURED_CHOICE, graph_choices, graph_impl
+from bridge.config.graphs import EAGER_CHOICE, graph_choices, graph_impl
 from bridge.config.load import compose_config
 from bridge.config.schema import GraphBridgeConfig
 from bridge.machine import Machine
 from bridge.planning import Plan, build_plan, wrapped
 from bridge.prepare import prepare
 from bridge.result import MIN_TIMED_STEPS
-from bridge.validation import Violation
-from bridge.validation.registry import violation
 
 PROBE_TIMED_STEPS = MIN_TIMED_STEPS
 """Timed steps per candidate: as many as a sweep's report trusts for a median."""
@@ -159,10 +157,10 @@ class AutoPlan:
 
 
 def plan_auto(plan: Plan, overrides: Sequence[str], machine: Optional[Machine] = None) -> Optional[AutoPlan]:
-    """The auto section of ``plan`` (the eager configuration cuda_graph=auto composes to), judged on ``machine``
-    (default: this one) as ``plan`` was; None when the configuration is invalid anyway."""
+    """The auto section of ``plan`` (the eager configuration cuda_graph=auto composes to, judged with auto's rules:
+    build_plan's graphs_measured), its candidates judged on ``machine`` (default: this one) as ``plan`` was; None
+    when the configuration is invalid."""
     cfg = plan.config
-    plan.violations += auto_violations(cfg)
     if not plan.valid:
         return None
     candidates = [judge(choice, overrides, machine) for choice in [EAGER_CHOICE, *graph_choices()]]
@@ -179,26 +177,6 @@ def plan_auto(plan: Plan, overrides: Sequence[str], machine: Optional[Machine] =
                               "which is no candidate here: the run probes again and replaces it")
         auto.cached = None
     return auto
-
-
-def auto_violations(cfg: GraphBridgeConfig) -> List[Violation]:
-    """What cuda_graph=auto cannot decide for: graph fields set besides it, and a job of several nodes. The
-    catalogue cannot judge these, since the choice itself is not in the configuration."""
-    found, model = [], cfg.model
-    if graph_impl(model.cuda_graph_impl).graphed or model.cuda_graph_modules:
-        found.append(violation(
-            "auto_graph_fields", ["cuda_graph", "model.cuda_graph_impl", "model.cuda_graph_modules"],
-            f"cuda_graph={MEASURED_CHOICE} picks the graph impl and modules itself, but model.cuda_graph_impl="
-            f"{model.cuda_graph_impl.value} model.cuda_graph_modules={list(model.cuda_graph_modules)} are set besides "
-            "it (an override, an older spelling, or a preset composed after it); drop them, or choose "
-            "cuda_graph=<choice> instead"))
-    if cfg.train.num_nodes > 1:  # each node would probe and decide on its own
-        found.append(violation(
-            "auto_one_node", ["cuda_graph", "train.num_nodes"],
-            f"cuda_graph={MEASURED_CHOICE} probes on one node and this job spans "
-            f"train.num_nodes={cfg.train.num_nodes}; choose cuda_graph=<choice> (a one-node run of "
-            f"cuda_graph={MEASURED_CHOICE}, or a sweep, measures them)"))
-    return found
 
 
 def judge(choice: str, overrides: Sequence[str], machine: Optional[Machine]) -> Candidate:
