@@ -383,7 +383,7 @@ def test_the_suites_auto_row_says_what_it_chose_and_how_it_compares_with_the_bes
         result = {"status": "completed", "step_time_ms": {"median": medians[job_dir.name]},
                   "env": {"gpu": "NVIDIA H100 80GB HBM3"}}
         if job_dir.name == "auto":
-            result["auto"] = {"chosen": "te_attn", "source": "probe"}
+            result["auto"] = {"chosen": "te_attn", "source": "probe", "probe": {"wall_s": 41.6}}
         return suite.Measured(["graphbridge", *overrides], result)
 
     variants = {"eager": ("cuda_graph=none",), "te_attn": ("cuda_graph=te_attn",), suite.AUTO: ("cuda_graph=auto",)}
@@ -392,10 +392,11 @@ def test_the_suites_auto_row_says_what_it_chose_and_how_it_compares_with_the_bes
     record = suite.run_workload("with_auto", 40, tmp_path)
     auto = record["variants"]["auto"]
     assert auto["auto_chosen"] == "te_attn" and auto["vs_best"] == pytest.approx(8.2 / 8.0)
+    assert auto["auto_probe_s"] == 41.6
     assert record["variants"]["te_attn"]["auto_chosen"] is None and "vs_best" not in record["variants"]["te_attn"]
     table = "\n".join(benchmark_table.table(record | {"driver": "580", "date": "2026-11-25",
                                                       "versions": {**record["versions"], "torch": "2.11"}}))
-    assert "| auto (chose te_attn) | 8.20 |" in table
+    assert "| auto (chose te_attn; probe 42 s; 1.02x the best) | 8.20 |" in table
     assert all(suite.AUTO in workload.variants for name, workload in suite.WORKLOADS.items()
                if name in ("llama_tiny_local", "llama_tiny_te", "llama32_1b", "qwen3_moe_dropless",
                            "qwen3_moe_drop_and_pad"))
