@@ -63,6 +63,7 @@ def test_auto_on_a_cpu_trains_eagerly_and_records_why(cli, tmp_path, cache_home)
     assert result.returncode == 0, result.stderr[-3000:]
     said = [line for line in result.stdout.splitlines() if "cuda_graph=auto" in line]
     assert len(said) == 1 and "no CUDA device here, so graphs cannot pay off" in said[0], said
+    assert "auto (chose none) -> none" in result.stdout  # the run's summary names auto and its choice
     record = json.loads((tmp_path / "run" / "result.json").read_text())
     assert record["status"] == "completed" and record["impl"] == record["effective_impl"] == "none"
     auto = record["auto"]
@@ -105,7 +106,8 @@ def planned_auto(cli, tmp_path, cache_home, *overrides: str) -> dict:
 
 def test_the_optimizer_in_the_graph_is_a_candidate_unless_the_user_chose_where_it_runs(cli, tmp_path, cache_home):
     by_choice = {c["choice"]: c for c in planned_auto(cli, tmp_path, cache_home)["candidates"]}
-    assert by_choice[OPTIMIZER_IN_GRAPH]["overrides"] == ["cuda_graph=full_iteration", "optimizer.optimizer_in_graph=true"]
+    assert by_choice[OPTIMIZER_IN_GRAPH]["overrides"] == ["cuda_graph=full_iteration",
+                                                          "optimizer.optimizer_in_graph=true"]
     assert by_choice[OPTIMIZER_IN_GRAPH]["graphed"].endswith("(optimizer step inside the graph)")
     distributed = ("ddp.use_distributed_optimizer=true",)
     on_019 = {c["choice"]: c for c in planned_auto(cli, tmp_path, cache_home, *distributed,
@@ -123,7 +125,8 @@ def test_the_cache_key_holds_the_layout_and_the_optimizer_switch(cli, tmp_path, 
     keys = {name: planned_auto(cli, tmp_path, cache_home, *overrides)["cache"]["key"] for name, overrides in {
         "default": (), "again": ("train.train_iters=500",), "tp2": ("model.tensor_model_parallel_size=2",
                                                                       "train.num_gpus=2"),
-        "dp2": ("train.num_gpus=2", "train.global_batch_size=4"), "optimizer kept out": ("optimizer.optimizer_in_graph=false",)}.items()}
+        "dp2": ("train.num_gpus=2", "train.global_batch_size=4"),
+        "optimizer kept out": ("optimizer.optimizer_in_graph=false",)}.items()}
     assert keys["again"] == keys["default"]  # the run's length is not the workload
     assert len({keys[name] for name in ("default", "tp2", "dp2", "optimizer kept out")}) == 4, keys
 
@@ -250,7 +253,8 @@ def test_the_run_trains_with_the_winner_records_the_probe_and_flags_a_failed_can
                                     "spread_ms": pytest.approx(0.2), "reason": None,
                                     "job": str(tmp_path / "auto" / "round2" / "1")}
     assert by_choice["te_layer"]["status"] == "failed" and by_choice["te_layer"]["reason"] == "replay failed"
-    assert by_choice[OPTIMIZER_IN_GRAPH]["status"] == "stopped_early" and by_choice[OPTIMIZER_IN_GRAPH]["median_ms"] == 50
+    stopped = by_choice[OPTIMIZER_IN_GRAPH]
+    assert stopped["status"] == "stopped_early" and stopped["median_ms"] == 50
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "te_layer ended failed" in errors[0] and "plan-equals-run bug" in errors[0]
     chose = [r.getMessage() for r in caplog.records if "cuda_graph=auto chose" in r.getMessage()]

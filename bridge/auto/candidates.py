@@ -196,7 +196,8 @@ class AutoPlan:
     def as_dict(self) -> dict:
         return {
             "candidates": [{"choice": c.choice, "overrides": c.option.overrides, "accepted": c.accepted,
-                            "refused_by": c.refused_by, "graphed": c.plan.graphs()["summary"]} for c in self.candidates],
+                            "refused_by": c.refused_by, "graphed": c.plan.graphs()["summary"]}
+                           for c in self.candidates],
             "probe": {"runs": self.probe_order if self.probes else [], "gpus": self.gpus, "directory": PROBE_DIR,
                       "rounds": [{"timed_steps": timed, "train_iters": self.probe_iters(timed)}
                                  for timed in ROUND_TIMED_STEPS]},
