@@ -80,7 +80,8 @@ class Candidate:
     def changes(self) -> str:
         """What it sets and what that graphs."""
         if self.choice == EAGER_CHOICE:
-            return "eager, probed first and last in every round: how far apart they land is the noise between processes"
+            return ("eager, probed first and last in every round: how far apart they land is the noise between "
+                    "processes")
         return f"{' '.join(self.option.overrides)}: {self.plan.graphs()['summary']}"
 
     @property
