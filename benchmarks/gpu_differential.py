@@ -143,7 +143,7 @@ def witnesses(first_index: int, gpus: int) -> List[Run]:
 class Launch:
     """How each run's training process starts: ``process``, the CLI in a fresh process as a user types it (the
     bypass: benchmarks/unchecked_run.py); ``preloaded``, the job the CLI would write, trained in a child forked
-    from one that imported torch, TE and megatron-core once (benchmarks/preloaded.py)."""
+    from one that imported torch, TE and megatron-core once (perf/preloaded.py)."""
     launcher: str
     run_env: Dict[str, str]
     port_base: int
@@ -160,9 +160,12 @@ class Launch:
                 config = bridge.plan(run.overrides).config
             write_job(config, run_dir, job_record({}, run.overrides))
         if self.launcher == "preloaded":
-            import preloaded
+            from unchecked_run import train_unchecked
 
-            return preloaded.train(run_dir, log, env, run.unchecked_rules, self.timeout_s)
+            from perf import preloaded
+
+            return preloaded.train(run_dir, log, env, timeout_s=self.timeout_s, entry=train_unchecked,
+                                   entry_args=(set(run.unchecked_rules),))
         if run.unchecked_rules:
             # One process a GPU, as the CLI's launcher starts a job (perf.launch.training_command): torchrun's own
             # rendezvous on this host, so the harness's MASTER_PORT is not asked for twice.
@@ -303,7 +306,7 @@ def arguments() -> argparse.Namespace:
                         help="set in every training process (benchmarks/run_footprint.py measures what pays off)")
     parser.add_argument("--launcher", choices=("process", "preloaded"), default="process",
                         help="preloaded: fork each training process from one that imported torch, TE and megatron-core "
-                        "(benchmarks/preloaded.py); process: the CLI in a fresh process, as a user runs it")
+                        "(perf/preloaded.py); process: the CLI in a fresh process, as a user runs it")
     parser.add_argument("--port-base", type=int, default=20000,
                         help="first rendezvous port (two differentials on one machine need ranges apart)")
     parser.add_argument("--out", type=Path, required=True)

@@ -38,8 +38,9 @@ RECIPE_DEFAULT = "recipe_default"
 on an H100, Transformer Engine graphs of moe_router and moe_preprocess)."""
 FULL_ITERATION_WITH_OPTIMIZER = ("cuda_graph=full_iteration", "optimizer.optimizer_in_graph=true")
 AUTO = "auto"
-"""The variant that measures the graph choices itself (cuda_graph=auto): its row says what it chose and how its
-step time compares with the best other variant of the same run."""
+"""The variant that measures the graph choices itself (cuda_graph=auto): its row says what it chose, the probe's
+wall time (none when the decision came from the cache) and how its step time compares with the best other
+variant of the same run."""
 DISTRIBUTED_OPTIMIZER_PROXY = "qwen3_moe_distributed_optimizer"
 
 
@@ -144,7 +145,8 @@ class Measured:
                 "estimate_gb": memory.get("estimate_gb"),
                 "capture_time_s": self.result.get("capture_time_s"), "graph_count": self.result.get("graph_count"),
                 "tflops_per_gpu": self.result.get("tflops_per_gpu"), "command": " ".join(self.command),
-                "auto_chosen": (self.result.get("auto") or {}).get("chosen")}
+                "auto_chosen": (self.result.get("auto") or {}).get("chosen"),
+                "auto_probe_s": ((self.result.get("auto") or {}).get("probe") or {}).get("wall_s")}
 
 
 def run_variant(workload: Workload, overrides: Tuple[str, ...], job_dir: Path, steps: int) -> Measured:

@@ -14,6 +14,7 @@ import importlib.metadata
 import importlib.util
 import re
 import shutil
+import socket
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Dict, Optional, Tuple
@@ -185,3 +186,9 @@ def _gpu(driver, index: int) -> GPU:
     known = driver.cuDeviceTotalMem_v2(ctypes.byref(memory), device) == 0
     return GPU(name.value.decode(errors="replace"), (major.value, minor.value), memory.value if known else None)
 
+
+def free_port() -> int:
+    """A TCP port free on this machine now, for a process group's rendezvous."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -42,7 +42,7 @@ class Plan:
     here: Optional[str] = None
     """When the target is a preset GPU's machine: whether this one can run the job too, in one line."""
     auto: Optional[Any] = None
-    """cuda_graph=auto's section (bridge.auto_candidates.AutoPlan): its candidates, probe and cache."""
+    """cuda_graph=auto's section (bridge.auto.candidates.AutoPlan): its candidates, probe and cache."""
     here_violations: List[Violation] = field(default_factory=list)
     """When the target is a preset GPU's machine: what a run on this machine would refuse on top of the
     target's verdict. Facts about here, never part of it."""
@@ -184,16 +184,18 @@ def wrapped(head: str, items: List[str], width: int = 100) -> List[str]:
     return lines + [line.rstrip(", ")]
 
 
-def build_plan(prepared: Prepared, machine: Optional[Machine] = None) -> Plan:
+def build_plan(prepared: Prepared, machine: Optional[Machine] = None, graphs_measured: bool = False) -> Plan:
+    """The plan of ``prepared`` on ``machine`` (default: this one); ``graphs_measured``: the job composed
+    cuda_graph=auto, whose rules (bridge/validation/auto_rules.py) judge it too."""
     cfg = prepared.config
     here = machine or probe()
     cluster = cluster_machine(cfg, here)
     if cluster is None:
-        target = resolve_target(cfg, here)
+        target = resolve_target(cfg, here, graphs_measured=graphs_measured)
         violations = validate(cfg, target)
         notes = [] if violations else machine_notes(cfg, target)  # how it would run here, when it can
         return Plan(cfg, target, violations, prepared.notes, prepared.derived, notes)
-    target = resolve_target(cfg, cluster)
+    target = resolve_target(cfg, cluster, graphs_measured=graphs_measured)
     # On the GPU the config names, what its node lacks is the config's fault, not this machine's.
     violations = [dataclasses.replace(v, where=CONFIG) for v in validate(cfg, target)]
     # What a run here refuses on top: facts about this machine, kept apart from the node's verdict.

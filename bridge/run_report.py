@@ -70,6 +70,12 @@ def noise(times: dict) -> Optional[str]:
             "else running here? Medians this noisy cannot rank graph choices")
 
 
+def requested(result: dict) -> str:
+    """The graph impl the run asked for; under cuda_graph=auto, auto and its choice (the impl is the choice's)."""
+    auto = result.get("auto")
+    return f"auto (chose {auto['chosen']})" if auto else result["impl"]
+
+
 def print_summary(result: dict, result_path: Optional[Path]) -> None:
     """One screen: what ran, how fast, how much memory, what was captured."""
 
@@ -82,7 +88,8 @@ def print_summary(result: dict, result_path: Optional[Path]) -> None:
     table.add_column(overflow="fold")  # paths wrap instead of being cut
     rows = [
         ("engine / device", f"{result['engine']} / {result['device']} {result['env']['gpu'] or ''}".strip()),
-        ("impl (requested -> effective)", f"{result['impl']} -> {result['effective_impl']} {result['modules'] or ''}"),
+        ("impl (requested -> effective)",
+         f"{requested(result)} -> {result['effective_impl']} {result['modules'] or ''}"),
         ("step time median (p10-p90)",
          f"{number(times['median'], ' ms', 2)} ({number(times['p10'], '', 2)}-{number(times['p90'], ' ms', 2)}), "
          f"{times['count']} steps timed"),

@@ -1,59 +1,65 @@
 """``cuda_graph=auto`` at run time: the choice to train with, decided before the run trains.
 
-On a GPU, unless the decision cache (bridge.auto_cache) holds this workload's decision, the candidates the
-plan accepted (bridge.auto_candidates) are probed as one sweep of graphbridge itself::
+On a GPU, unless the decision cache (bridge.auto.cache) holds this workload's decision, the candidates the
+plan accepted (bridge.auto.candidates) are probed in rounds of successive halving (bridge.auto.decision):
 
-    graphbridge -m <the job's overrides> cuda_graph=none,<graph choices>,none train.train_iters=<probe> ...
+    <run dir>/auto/round1/0 ... eager, every graph candidate, eager: a short screening round
+    <run dir>/auto/round2/0 ... eager, the faster half not clearly slower, eager: the round that decides
 
-with its sweep directory ``<run dir>/auto/``: every job trains in a fresh process, as every sweep's does, so
-each capture is clean, and the sweep's summary.md and summary.png stay there as the probe's table and plot
-(its output goes to ``auto/probe.log``). bridge.auto_decision decides from the jobs' result.json files, the
-decision is cached, and ``<run dir>/auto.json`` keeps it for the run's result.json (its ``auto`` record).
-The terminal gets a line as the probe starts and one saying what was chosen and why. Without a CUDA
-device nothing is probed: graphs cannot pay off there, and the run trains eagerly.
+Each run is the candidate's configuration, written as the launcher writes a job (with the probe's length), and
+trained in a process of its own, forked from one that imported torch, Transformer Engine and megatron-core once
+(perf.preloaded): each capture is clean, and no run pays the imports again. A job of several GPUs of this node
+is probed at its own layout, one forked process per GPU. The runs' result.json files decide, the decision is
+cached, and ``<run dir>/auto.json`` keeps it, with the probe's wall time, for the run's result.json (its
+``auto`` record); summary.md and summary.png in ``<run dir>/auto/`` are the probe's table and plot. The terminal
+gets a line as the probe starts and one saying what was chosen and why. Without a CUDA device nothing is
+probed: graphs cannot pay off there, and the run trains eagerly.
 
 A candidate that fails in the probe was accepted by the plan, so it is a plan-equals-run bug: it is logged as
-an error with its status and reason, recorded, never chosen, and the probe goes on (a sweep goes on past a
-failed job).
+an error with its status and reason, recorded, never chosen, and the probe goes on.
 """
 
 import logging
-import os
-import sys
+import signal
+import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, List, Optional
 
-from bridge.atomic import write_json_atomic
-from bridge.auto_cache import store
-from bridge.auto_candidates import PROBE_DIR, PROBE_TIMED_STEPS, AutoPlan, without_graph_choice
-from bridge.auto_decision import COMPLETED, Decision, Measurement, decide
+from bridge.atomic import WriteError, write_json_atomic
+from bridge.auto.cache import store
+from bridge.auto.candidates import PROBE_DIR, ROUND_TIMED_STEPS, AutoPlan, without_graph_choice
+from bridge.auto.decision import COMPLETED, STOPPED_EARLY, Decision, Measurement, decide, stopped_early, survivors
 from bridge.config.graphs import EAGER_CHOICE
 from bridge.config.schema import GraphBridgeConfig
 from bridge.planning import Plan
 from bridge.result import AUTO_RECORD
-from perf.launch import SignalForwarding
-from perf.report import Job, load_jobs
-from perf.workload_map import quoted
+from perf import preloaded
+from perf.launch import SignalForwarding, job_record, write_job
+from perf.report import Job, build_summary, load_jobs, write_summary
 
 log = logging.getLogger("graphbridge")
-PROBE_LOG = "probe.log"
+RUN_LOG = "train.log"
 PROBE_ONLY = ("perf.profile=false", "perf.nsys=false", "perf.tensorboard=false", "mode=train")
-"""What every probe job sets besides its length: the probe times steps, it records nothing else."""
+"""What every probe run sets besides its length: the probe times steps, it records nothing else."""
+RUN_TIMEOUT_S = 900.0
+"""A probe run that has not ended by then is killed and recorded as such (a hung collective, a stuck capture)."""
 
-Probe = Callable[[AutoPlan, Path], List[Measurement]]
+Trainer = Callable[[GraphBridgeConfig, Path], Optional[int]]
+"""Trains one probe run from its job directory; its exit code, None when killed at the timeout."""
 
 
-def choose_graphs(plan: Plan, job_dir: Path, probe: Optional[Probe] = None) -> GraphBridgeConfig:
-    """The configuration the run trains with; ``<job_dir>/auto.json`` records how it was chosen. ``probe``
-    measures the candidates (default: the sweep, run_probe)."""
+def choose_graphs(plan: Plan, job_dir: Path, trainer: Optional[Trainer] = None) -> GraphBridgeConfig:
+    """The configuration the run trains with; ``<job_dir>/auto.json`` records how it was chosen. ``trainer``
+    trains each probe run (default: forked from the preloaded launcher, train_forked)."""
     auto = plan.auto
-    record = decision_record(auto, job_dir, probe or run_probe)
+    record = decision_record(auto, job_dir, trainer or train_forked)
     write_json_atomic(job_dir / AUTO_RECORD, record)
     return auto.candidate(record["chosen"]).plan.config
 
 
-def decision_record(auto: AutoPlan, job_dir: Path, probe: Probe) -> dict:
+def decision_record(auto: AutoPlan, job_dir: Path, trainer: Trainer) -> dict:
     if auto.device != "cuda":
         return unprobed(auto, "no_cuda_device", "no CUDA device here, so graphs cannot pay off (they remove GPU "
                                                 "launch gaps): training eagerly")
@@ -69,17 +75,19 @@ def decision_record(auto: AutoPlan, job_dir: Path, probe: Probe) -> dict:
                  cached.get("gpu"), cached.get("reason"), auto.path)
         return {**cached, "source": "cache"}
     probe_dir = job_dir / PROBE_DIR
-    log.info("cuda_graph=auto: probing %s, %d steps each in a process of its own, in %s", ", ".join(auto.probe_order),
-             auto.probe_iters, probe_dir)
-    measurements = probe(auto, probe_dir)
+    log.info("cuda_graph=auto: probing %s in rounds of successive halving on %d GPU(s), each run forked from one "
+             "process that imported the training stack, in %s", ", ".join(auto.probe_order), auto.gpus, probe_dir)
+    started = time.monotonic()
+    measurements = run_probe(auto, probe_dir, trainer)
+    wall_s = round(time.monotonic() - started, 1)
     report_failures(measurements)
     decision = decide(measurements)
-    record = probed_record(auto, decision, measurements, probe_dir)
+    record = probed_record(auto, decision, measurements, probe_dir, wall_s)
     problem = store(Path(auto.path), auto.key, record)
     if problem:
         log.warning("%s", problem)
-    log.info("cuda_graph=auto chose %s: %s (the probe's table and plot: %s, summary.png)", shown(decision.chosen),
-             decision.reason, probe_dir / "summary.md")
+    log.info("cuda_graph=auto chose %s: %s (the probe took %.1f s; its table and plot: %s, summary.png)",
+             shown(decision.chosen), decision.reason, wall_s, probe_dir / "summary.md")
     return {**record, "source": "probe"}
 
 
@@ -93,51 +101,97 @@ def unprobed(auto: AutoPlan, source: str, reason: str) -> dict:
             "candidates": [Measurement(candidate.choice, "not_probed").as_dict() for candidate in auto.accepted]}
 
 
-def probed_record(auto: AutoPlan, decision: Decision, measurements: List[Measurement], probe_dir: Path) -> dict:
-    """What result.json and the cache keep of a probe: the decision, every candidate's numbers, and what the
-    decision holds for (the workload, the GPU, the packages)."""
+def probed_record(auto: AutoPlan, decision: Decision, measurements: List[Measurement], probe_dir: Path,
+                  wall_s: float) -> dict:
+    """What result.json and the cache keep of a probe: the decision, every candidate's numbers, the probe's wall
+    time, and what the decision holds for (the workload, its GPUs, the packages)."""
     return {"chosen": decision.chosen, "reason": decision.reason, "eager_ms": decision.eager_ms,
             "noise_ms": decision.noise_ms, "candidates": [m.as_dict() for m in measurements],
-            "probe": {"directory": str(probe_dir), "train_iters": auto.probe_iters, "timed_steps": PROBE_TIMED_STEPS},
+            "probe": {"directory": str(probe_dir), "wall_s": wall_s, "gpus": auto.gpus,
+                      "rounds": [{"timed_steps": timed, "train_iters": auto.probe_iters(timed)}
+                                 for timed in ROUND_TIMED_STEPS]},
             "workload": " ".join(auto.overrides), "gpu": auto.gpu, "versions": auto.versions, "key": auto.key,
             "decided": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 
 def report_failures(measurements: List[Measurement]) -> None:
-    for failed in (m for m in measurements if not m.measured):
+    for failed in (m for m in measurements if not m.measured and m.status != STOPPED_EARLY):
         log.error("cuda_graph=auto: %s ended %s in the probe although the plan accepted it, a plan-equals-run bug "
                   "(please report it): %s; its job: %s. It is not chosen.", failed.choice, failed.status,
                   failed.reason, failed.job)
 
 
-def run_probe(auto: AutoPlan, probe_dir: Path) -> List[Measurement]:
-    """Probe the candidates as one sweep of graphbridge (see the module); a signal that stops it ends the run."""
-    probe_dir.mkdir(parents=True, exist_ok=True)
-    with SignalForwarding() as forwarding:
-        forwarding.run(probe_command(auto, probe_dir), dict(os.environ), probe_dir / PROBE_LOG, shown=False)
-    if forwarding.received:  # Ctrl-C or the scheduler's notice: the run ends here, as a sweep's does
-        raise SystemExit(128 + forwarding.received)
-    return read_probe(auto.probe_order, probe_dir)
+def run_probe(auto: AutoPlan, probe_dir: Path, trainer: Trainer) -> List[Measurement]:
+    """The probe's rounds (see the module): the choices stopped early, then the last round's measurements. A
+    signal that stops it ends the run, as it ends a sweep."""
+    contenders, stopped = auto.graph_candidates, []
+    with signals_end_the_run():
+        for number, timed in enumerate(ROUND_TIMED_STEPS, start=1):
+            order = [EAGER_CHOICE, *contenders, EAGER_CHOICE]
+            measurements = run_round(auto, order, timed, probe_dir / f"round{number}", trainer)
+            kept = survivors(measurements)
+            if number == len(ROUND_TIMED_STEPS) or not kept:
+                break
+            stopped += stopped_early(measurements, kept, number)
+            contenders = [m.choice for m in kept]
+    write_probe_summary(probe_dir)
+    return stopped + measurements
 
 
-def probe_command(auto: AutoPlan, probe_dir: Path) -> List[str]:
-    iters = auto.probe_iters
+def run_round(auto: AutoPlan, order: List[str], timed_steps: int, round_dir: Path,
+              trainer: Trainer) -> List[Measurement]:
+    """Train every run of a round, one after the other (job N in ``<round_dir>/N``), and read them."""
+    iters = auto.probe_iters(timed_steps)
     # Later overrides win: the probe's length and settings replace the job's own.
-    return [sys.executable, "-m", "perf.main", "-m", *without_graph_choice(auto.overrides),
-            f"cuda_graph={','.join(auto.probe_order)}", f"train.train_iters={iters}",
-            f"optimizer.lr_warmup_iters={iters // 10}", *PROBE_ONLY, f"hydra.sweep.dir={quoted(str(probe_dir))}"]
+    settings = [f"train.train_iters={iters}", f"optimizer.lr_warmup_iters={iters // 10}", *PROBE_ONLY]
+    for number, choice in enumerate(order):
+        run_dir = round_dir / str(number)
+        config = auto.probe_config(choice, settings)
+        overrides = [*without_graph_choice(auto.overrides), *auto.candidate(choice).option.overrides, *settings]
+        write_job(config, run_dir, job_record({"cuda_graph": choice}, overrides))
+        trainer(config, run_dir)
+    return read_probe(order, round_dir)
 
 
-def read_probe(order: List[str], probe_dir: Path) -> List[Measurement]:
-    """One measurement per probe job, in the sweep's order (job N is in ``<probe_dir>/N``)."""
-    jobs = {job.name: job for job in load_jobs(probe_dir)}
-    return [measured(choice, jobs.get(str(number)), probe_dir) for number, choice in enumerate(order)]
+def train_forked(config: GraphBridgeConfig, run_dir: Path) -> Optional[int]:
+    """One probe run, forked from the preloaded launcher on the job's GPUs of this node."""
+    env = {"PYTHONUNBUFFERED": "1"}
+    return preloaded.train(run_dir, run_dir / RUN_LOG, env, ranks=config.train.num_gpus, timeout_s=RUN_TIMEOUT_S)
 
 
-def measured(choice: str, job: Optional[Job], probe_dir: Path) -> Measurement:
+@contextmanager
+def signals_end_the_run():
+    """Ctrl-C or the scheduler's notice during the probe ends the run with 128 + the signal, as a sweep's job
+    ends: the launcher kills the run in progress as the exit passes it."""
+    def end(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = {signum: signal.signal(signum, end) for signum in SignalForwarding.HANDLED}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def write_probe_summary(probe_dir: Path) -> None:
+    """summary.md, summary.csv and summary.png over every run of the probe, as a sweep's report writes them."""
+    try:
+        write_summary(build_summary(probe_dir))
+    except WriteError as error:
+        log.warning("cuda_graph=auto: the probe's summary was not written (%s); its runs are in %s", error, probe_dir)
+
+
+def read_probe(order: List[str], round_dir: Path) -> List[Measurement]:
+    """One measurement per run of a round, in its order (run N is in ``<round_dir>/N``)."""
+    jobs = {job.name: job for job in load_jobs(round_dir)} if round_dir.is_dir() else {}
+    return [measured(choice, jobs.get(str(number)), round_dir) for number, choice in enumerate(order)]
+
+
+def measured(choice: str, job: Optional[Job], round_dir: Path) -> Measurement:
     if job is None:
-        return Measurement(choice, "missing", reason=f"the probe left no record of it (see {probe_dir / PROBE_LOG})")
-    where = str(probe_dir / job.name)
+        return Measurement(choice, "missing", reason=f"the probe left no record of it (see {round_dir}/*/{RUN_LOG})")
+    where = str(round_dir / job.name)
     step = job.step_time
     if job.status != COMPLETED:
         return Measurement(choice, job.status, reason=job.reason, job=where)

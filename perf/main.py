@@ -19,7 +19,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from bridge.auto_candidates import plan_auto
+from bridge.auto.candidates import plan_auto
 from bridge.config.graphs import MEASURED_CHOICE, chosen_graph_choice
 from bridge.config.load import compose_config
 from bridge.config.migration import migrate
@@ -60,8 +60,9 @@ def app(composed: DictConfig) -> None:
     if unresolvable:
         refuse_unresolvable(unresolvable[0], composed, job_dir, job, label)
         return
-    plan = build_plan(prepare(composed))
-    if chosen_graph_choice(job["choices"]) == MEASURED_CHOICE:
+    measured = chosen_graph_choice(job["choices"]) == MEASURED_CHOICE
+    plan = build_plan(prepare(composed), graphs_measured=measured)
+    if measured:
         plan.auto = plan_auto(plan, job["overrides"])
     report_violations(plan, label)
     if plan.config.mode == Mode.plan:  # the plan itself carries its notes

@@ -46,6 +46,16 @@ def busy(fraction) -> str:
     return number(None if fraction is None else min(fraction, 1.0), ".0%")
 
 
+def auto_notes(row: dict) -> str:
+    """What the auto variant chose, how long its probe took and its step time over the best other variant's."""
+    notes = [f"chose {row['auto_chosen']}"]
+    if row.get("auto_probe_s") is not None:
+        notes.append(f"probe {row['auto_probe_s']:.0f} s")
+    if row.get("vs_best") is not None:
+        notes.append(f"{row['vs_best']:.2f}x the best")
+    return "; ".join(notes)
+
+
 def table(record: dict) -> List[str]:
     versions = record["versions"]
     lines = [f"### {record['workload']}: {record['description']}", "",
@@ -58,7 +68,7 @@ def table(record: dict) -> List[str]:
         speedup = number(row["speedup"], ".2f", "x")
         if row.get("speedup_range"):  # --rounds: the per-round ratios
             speedup += f" ({row['speedup_range'][0]:.2f}-{row['speedup_range'][1]:.2f})"
-        label = f"{name} (chose {row['auto_chosen']})" if row.get("auto_chosen") else name
+        label = f"{name} ({auto_notes(row)})" if row.get("auto_chosen") else name
         cells = (label, number(row["median_ms"], ".2f"), spread, speedup,
                  busy(row["gpu_busy"]), number(row["peak_allocated_gb"], ".2f"),
                  number(row.get("estimate_gb"), ".2f"),

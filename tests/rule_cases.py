@@ -71,6 +71,8 @@ class Case:
     megatron: bool = False
     machine: Machine = ONE_H100
     processes: Optional[int] = None
+    graphs_measured: bool = False
+    """Judged as a job of cuda_graph=auto (Target.graphs_measured)."""
 
 
 def set_dotted(cfg, dotted: str, value) -> None:
@@ -94,11 +96,16 @@ def build(case: Case) -> GraphBridgeConfig:
 def fired(case: Case) -> set:
     """The rules that reject ``case`` on its machine."""
     cfg = build(case)
-    return {violation.rule for violation in validate(cfg, resolve_target(cfg, case.machine, case.processes))}
+    target = resolve_target(cfg, case.machine, case.processes, case.graphs_measured)
+    return {violation.rule for violation in validate(cfg, target)}
 
 
 # rule name -> (reject, accept)
 RULE_CASES = {
+    "auto_graph_fields": (Case(te("attn"), graphs_measured=True), Case(te("attn"))),  # fields alone are no auto
+    "auto_one_node": (Case({"train.num_gpus": 16, "train.num_nodes": 2, "train.global_batch_size": 16},
+                           graphs_measured=True),
+                      Case({"train.num_gpus": 8, "train.global_batch_size": 16}, graphs_measured=True)),
     "module_names": (Case(te("attn", "bogus"), megatron=True), Case(te("attn"), megatron=True)),
     "full_iteration_modules": (Case({**FULL_ITERATION, "model.cuda_graph_modules": ["attn"]}),
                                Case(FULL_ITERATION)),

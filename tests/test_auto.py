@@ -1,7 +1,9 @@
-"""cuda_graph=auto: the plan lists its candidates and the cost of measuring them; on a CPU the run trains
-eagerly and says why; on a GPU the probe's timings decide (synthesized here: the GPU run is
-tests/gpu/test_auto_gpu.py), a failed candidate is never chosen, and the decision is cached per workload,
-GPU and packages, so that a second run skips the probe."""
+"""cuda_graph=auto: the plan lists its candidates (every choice that trains the same, the optimizer inside the
+full-iteration graph included) and the cost of measuring them; on a CPU the run trains eagerly and says why; on
+a GPU the probe's rounds of successive halving decide (timings synthesized here: the GPU run is
+tests/gpu/test_auto_gpu.py), a clearly slower candidate stops after the screening round, a failed candidate
+is never chosen, and the decision is cached per workload (its layout and switches included), GPU and
+packages, so that a second run skips the probe."""
 
 import json
 import logging
@@ -12,9 +14,9 @@ from pathlib import Path
 import pytest
 
 import bridge
-from bridge.auto_cache import cache_path, read_decisions, store
-from bridge.auto_candidates import plan_auto
-from bridge.auto_decision import Measurement, decide
+from bridge.auto.cache import cache_path, read_decisions, store
+from bridge.auto.candidates import plan_auto
+from bridge.auto.decision import Measurement, decide, stopped_early, survivors
 from bridge.machine import GPU, Machine
 from bridge.planning import build_plan
 from bridge.prepare import prepare
@@ -26,7 +28,9 @@ AUTO = ("recipe=llama/tiny", "cuda_graph=auto")
 H100 = Machine(gpus=(GPU("NVIDIA H100 80GB HBM3", (9, 0), 80 * 10**9),),
                packages={"torch": "2.13.0", "megatron-core": "0.16.1", "transformer-engine": "2.10.0"})
 """A GPU machine as bridge.machine.probe() describes one: the candidates are judged for it."""
-DENSE_CANDIDATES = ["none", "full_iteration", "local_layer", "te_attn", "te_attn_mlp", "te_layer", "te_mlp"]
+OPTIMIZER_IN_GRAPH = "full_iteration+optimizer_in_graph"
+DENSE_CANDIDATES = ["none", "full_iteration", "local_layer", "te_attn", "te_attn_mlp", "te_layer", "te_mlp",
+                    OPTIMIZER_IN_GRAPH]
 DENSE_REFUSED = {"te_attn_moe_router": "moe_modules_need_moe_model", "te_mamba": "mamba_layers",
                  "te_moe": "moe_modules_need_moe_model", "te_moe_router": "moe_modules_need_moe_model"}
 
@@ -46,7 +50,7 @@ def environment(cache_home) -> dict:
 def gpu_plan(*overrides: str, machine: Machine = H100):
     """The plan of ``graphbridge <AUTO> <overrides>`` on ``machine``, with its auto section."""
     words = [*AUTO, *overrides]
-    plan = build_plan(prepare(bridge.compose(words)), machine)
+    plan = build_plan(prepare(bridge.compose(words)), machine, graphs_measured=True)
     plan.auto = plan_auto(plan, words, machine)
     return plan
 
@@ -59,11 +63,12 @@ def test_auto_on_a_cpu_trains_eagerly_and_records_why(cli, tmp_path, cache_home)
     assert result.returncode == 0, result.stderr[-3000:]
     said = [line for line in result.stdout.splitlines() if "cuda_graph=auto" in line]
     assert len(said) == 1 and "no CUDA device here, so graphs cannot pay off" in said[0], said
+    assert "auto (chose none) -> none" in result.stdout  # the run's summary names auto and its choice
     record = json.loads((tmp_path / "run" / "result.json").read_text())
     assert record["status"] == "completed" and record["impl"] == record["effective_impl"] == "none"
     auto = record["auto"]
     assert auto["chosen"] == "none" and auto["source"] == "no_cuda_device"
-    assert [c["choice"] for c in auto["candidates"]] == ["none", "full_iteration", "local_layer"]
+    assert [c["choice"] for c in auto["candidates"]] == ["none", "full_iteration", "local_layer", OPTIMIZER_IN_GRAPH]
     assert all(c["status"] == "not_probed" and c["median_ms"] is None for c in auto["candidates"])
     assert not (tmp_path / "run" / "auto").exists() and not cache_home.exists()  # no probe, nothing cached
 
@@ -77,8 +82,10 @@ def test_the_plan_lists_the_candidates_and_how_they_are_measured(cli, tmp_path, 
     for choice, rule in DENSE_REFUSED.items():
         assert f"{choice} ({rule})" in text
     order = ", ".join(["none", *DENSE_CANDIDATES[1:], "none"])
-    assert f"probe:     8 runs ({order}), each in a process of its own: 34 steps, 30 or more of them timed" in text
-    assert "272 steps, 5.4x this run's 50" in text
+    assert f"probe:     round 1: 9 runs ({order}) of 14 steps, 10 timed; the faster half" in text
+    assert "goes on to round 2: eager, those, eager, 34 steps each, 30 timed" in text
+    assert (f"\n    {OPTIMIZER_IN_GRAPH}  cuda_graph=full_iteration optimizer.optimizer_in_graph=true: forward and "
+            "backward of the whole iteration") in text and "(optimizer step inside the graph)" in text
     cache = cache_home / "graphbridge" / "cuda_graph_auto.json"
     assert f"cache:     {cache} (0 decision(s)): none for this workload" in text
     assert list(tmp_path.iterdir()) == []  # a plan writes nothing, and probes nothing
@@ -87,6 +94,41 @@ def test_the_plan_lists_the_candidates_and_how_they_are_measured(cli, tmp_path, 
                              env=environment(cache_home)).stdout)["auto"]
     assert [c["choice"] for c in planned["candidates"] if c["accepted"]] == DENSE_CANDIDATES
     assert planned["probe"]["runs"] == ["none", *DENSE_CANDIDATES[1:], "none"]
+
+
+def planned_auto(cli, tmp_path, cache_home, *overrides: str) -> dict:
+    """The auto section of ``graphbridge mode=plan plan.format=json <AUTO> gpu=h100 <overrides>``."""
+    result = cli("mode=plan", "plan.format=json", *AUTO, "gpu=h100", *overrides, cwd=tmp_path,
+                 env=environment(cache_home))
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)["auto"]
+
+
+def test_the_optimizer_in_the_graph_is_a_candidate_unless_the_user_chose_where_it_runs(cli, tmp_path, cache_home):
+    by_choice = {c["choice"]: c for c in planned_auto(cli, tmp_path, cache_home)["candidates"]}
+    assert by_choice[OPTIMIZER_IN_GRAPH]["overrides"] == ["cuda_graph=full_iteration",
+                                                          "optimizer.optimizer_in_graph=true"]
+    assert by_choice[OPTIMIZER_IN_GRAPH]["graphed"].endswith("(optimizer step inside the graph)")
+    distributed = ("ddp.use_distributed_optimizer=true",)
+    on_019 = {c["choice"]: c for c in planned_auto(cli, tmp_path, cache_home, *distributed,
+                                                   "plan.megatron_core=0.19.2")["candidates"]}
+    assert on_019[OPTIMIZER_IN_GRAPH]["accepted"]
+    assert "megatron-core's optimizer graph" in on_019[OPTIMIZER_IN_GRAPH]["graphed"]
+    on_016 = {c["choice"]: c for c in planned_auto(cli, tmp_path, cache_home, *distributed,
+                                                   "plan.megatron_core=0.16.1")["candidates"]}
+    assert on_016[OPTIMIZER_IN_GRAPH]["refused_by"] == ["optimizer_graph_distributed"]
+    kept_out = planned_auto(cli, tmp_path, cache_home, "optimizer.optimizer_in_graph=false")  # the user's value holds
+    assert OPTIMIZER_IN_GRAPH not in [c["choice"] for c in kept_out["candidates"]]
+
+
+def test_the_cache_key_holds_the_layout_and_the_optimizer_switch(cli, tmp_path, cache_home):
+    keys = {name: planned_auto(cli, tmp_path, cache_home, *overrides)["cache"]["key"] for name, overrides in {
+        "default": (), "again": ("train.train_iters=500",), "tp2": ("model.tensor_model_parallel_size=2",
+                                                                      "train.num_gpus=2"),
+        "dp2": ("train.num_gpus=2", "train.global_batch_size=4"),
+        "optimizer kept out": ("optimizer.optimizer_in_graph=false",)}.items()}
+    assert keys["again"] == keys["default"]  # the run's length is not the workload
+    assert len({keys[name] for name in ("default", "tp2", "dp2", "optimizer kept out")}) == 4, keys
 
 
 def test_the_plan_on_a_cpu_says_the_run_trains_eagerly(cli, tmp_path, cache_home):
@@ -151,62 +193,99 @@ def test_a_failed_candidate_is_never_chosen_even_with_the_fastest_steps():
     assert decide(probe).chosen == "te_attn"
 
 
-def synthesized_probe(medians: dict, calls: list):
-    """A probe that leaves result.json files in its jobs as the sweep does, from ``medians`` by choice (a pair for
-    eager; None: the job failed)."""
-    def probe(auto, probe_dir):
-        calls.append(probe_dir)
-        eager = iter(medians["none"])
-        for number, choice in enumerate(auto.probe_order):
-            median = next(eager) if choice == "none" else medians.get(choice, 50.0)
-            job = probe_dir / str(number)
-            job.mkdir(parents=True)
-            record = {"choices": {"cuda_graph": choice}, "overrides": []}
-            steps = {"median": median, "p10": median - 0.1, "p90": median + 0.1, "count": 30} if median else None
-            result = {"status": "failed", "reason": "replay failed", "job": record} if median is None else {
-                "status": "completed", "effective_impl": auto.candidate(choice).plan.config.model.cuda_graph_impl,
-                "step_time_ms": steps, "job": record}
-            (job / "result.json").write_text(json.dumps(result))
-        from perf.auto_probe import read_probe
-        return read_probe(auto.probe_order, probe_dir)
-    return probe
+@pytest.mark.parametrize("medians, spread, going_on", [
+    # fastest 8.0, noise 0.2: 8.1 is within it, 9.0 and 10.5 are clearly slower; at most half of 4 (2) go on
+    ({"none": (10.0, 10.1), "te_attn": 8.0, "te_mlp": 8.1, "te_layer": 9.0, "local_layer": 10.5}, 0.2,
+     ["te_attn", "te_mlp"]),
+    # all four within the noise: the faster half goes on, fastest first
+    ({"none": (10.0, 10.1), "te_attn": 8.3, "te_mlp": 8.0, "te_layer": 8.2, "local_layer": 8.1}, 0.5,
+     ["te_mlp", "local_layer"]),
+    # eager is the round's fastest: a graph choice clearly slower than eager cannot win and stops
+    ({"none": (10.0, 10.1), "te_attn": 12.0, "te_mlp": 10.05}, 0.2, ["te_mlp"]),
+    # wide noise between eager's two runs keeps a slower one in the race (three graphs: two go on)
+    ({"none": (10.0, 13.0), "te_attn": 8.0, "te_mlp": 10.5, "te_layer": 11.5}, 0.2, ["te_attn", "te_mlp"]),
+    ({"none": (10.0, 10.1), "te_attn": 8.0, "te_layer": None}, 0.2, ["te_attn"]),  # a failed one never goes on
+    ({"none": (None, None), "te_attn": 8.0}, 0.2, []),  # nothing to beat: the probe stops
+])
+def test_successive_halving_stops_the_clearly_slower_and_keeps_the_faster_half(medians, spread, going_on):
+    measurements = timings(medians, spread)
+    kept = survivors(measurements)
+    assert [m.choice for m in kept] == going_on
+    stopped = stopped_early(measurements, kept, 1)
+    assert {m.choice for m in stopped} == set(medians) - {"none"} - set(going_on)
+    assert all((m.status == "stopped_early") == (medians[m.choice] is not None) for m in stopped)
+    assert all(m.median_ms == medians[m.choice] for m in stopped if m.status == "stopped_early")
+
+
+def synthesized_trainer(medians: dict, trained: list):
+    """Trains nothing: leaves the result.json a probe run leaves, its median from ``medians`` by choice (a pair
+    for eager, its first and last run of a round; None: the run failed; a choice not named: 50 ms), and notes
+    ``round/choice`` in ``trained``."""
+    def train(config, run_dir):
+        job = json.loads((run_dir / "job.json").read_text())
+        choice = job["choices"]["cuda_graph"]
+        trained.append(f"{run_dir.parent.name}/{choice}")
+        median = medians["none"][run_dir.name != "0"] if choice == "none" else medians.get(choice, 50.0)
+        steps = {"median": median, "p10": median - 0.1, "p90": median + 0.1, "count": 30} if median else None
+        result = {"status": "failed", "reason": "replay failed", "job": job} if median is None else {
+            "status": "completed", "effective_impl": config.model.cuda_graph_impl.value, "step_time_ms": steps,
+            "job": job}
+        (run_dir / "result.json").write_text(json.dumps(result))
+        return 0 if median else 1
+    return train
 
 
 def test_the_run_trains_with_the_winner_records_the_probe_and_flags_a_failed_candidate(tmp_path, cache_home, caplog):
-    plan, calls = gpu_plan(*SMALL), []
-    probe = synthesized_probe({"none": (20.0, 20.2), "te_attn": 12.0, "te_layer": None}, calls)
+    plan, trained = gpu_plan(*SMALL), []
+    trainer = synthesized_trainer({"none": (20.0, 20.2), "te_attn": 12.0, "te_layer": None}, trained)
     with caplog.at_level(logging.INFO, logger="graphbridge"):
-        config = choose_graphs(plan, tmp_path, probe)
+        config = choose_graphs(plan, tmp_path, trainer)
     assert (config.model.cuda_graph_impl.value, config.model.cuda_graph_modules) == ("transformer_engine", ["attn"])
     assert config.rng.te_rng_tracker is True  # the choice's own derived values, as cuda_graph=te_attn composes them
+    # Round 1 screens every candidate; only te_attn is not clearly slower, so round 2 times it against eager.
+    assert trained == [f"round1/{choice}" for choice in plan.auto.probe_order] + [
+        "round2/none", "round2/te_attn", "round2/none"]
     record = json.loads((tmp_path / "auto.json").read_text())
-    assert record["chosen"] == "te_attn" and record["source"] == "probe" and len(calls) == 1
+    assert record["chosen"] == "te_attn" and record["source"] == "probe" and record["probe"]["wall_s"] >= 0
+    assert [r["timed_steps"] for r in record["probe"]["rounds"]] == [10, 30]
     by_choice = {c["choice"]: c for c in record["candidates"]}
-    job = tmp_path / "auto" / str(plan.auto.probe_order.index("te_attn"))
     assert by_choice["te_attn"] == {"choice": "te_attn", "status": "completed", "median_ms": 12.0,
-                                    "spread_ms": pytest.approx(0.2), "reason": None, "job": str(job)}
+                                    "spread_ms": pytest.approx(0.2), "reason": None,
+                                    "job": str(tmp_path / "auto" / "round2" / "1")}
     assert by_choice["te_layer"]["status"] == "failed" and by_choice["te_layer"]["reason"] == "replay failed"
+    stopped = by_choice[OPTIMIZER_IN_GRAPH]
+    assert stopped["status"] == "stopped_early" and stopped["median_ms"] == 50
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "te_layer ended failed" in errors[0] and "plan-equals-run bug" in errors[0]
     chose = [r.getMessage() for r in caplog.records if "cuda_graph=auto chose" in r.getMessage()]
     assert len(chose) == 1
     assert chose[0].startswith("cuda_graph=auto chose te_attn: 12.00 ms a step against eager's 20.00 ms")
+    assert {"summary.md", "summary.png"} <= {path.name for path in (tmp_path / "auto").iterdir()}
+
+
+def test_a_probe_where_every_graph_choice_is_clearly_slower_stops_after_screening(tmp_path, cache_home):
+    trained = []
+    choose_graphs(gpu_plan(*SMALL), tmp_path, synthesized_trainer({"none": (20.0, 20.1)}, trained))
+    assert not any(run.startswith("round2/") for run in trained)
+    record = json.loads((tmp_path / "auto.json").read_text())
+    assert record["chosen"] == "none" and "slower than eager" in record["reason"]
 
 
 def test_a_second_run_of_the_same_workload_skips_the_probe(tmp_path, cache_home, caplog):
     calls = []
     for run in ("first", "second"):
         (tmp_path / run).mkdir()
-    first = synthesized_probe({"none": (20.0, 20.1), "te_mlp": 15.0}, calls)
+    first = synthesized_trainer({"none": (20.0, 20.1), "te_mlp": 15.0}, calls)
     choose_graphs(gpu_plan(*SMALL), tmp_path / "first", first)
     decisions, problem = read_decisions(cache_path())
     assert problem is None and [record["chosen"] for record in decisions.values()] == ["te_mlp"]
 
+    probed = len(calls)
     again = gpu_plan(*SMALL)
     assert again.auto.cached["chosen"] == "te_mlp" and "is used without a probe" in again.to_text()
     with caplog.at_level(logging.INFO, logger="graphbridge"):
-        config = choose_graphs(again, tmp_path / "second", synthesized_probe({"none": (1.0, 1.0)}, calls))
-    assert len(calls) == 1 and config.model.cuda_graph_modules == ["mlp"]
+        config = choose_graphs(again, tmp_path / "second", synthesized_trainer({"none": (1.0, 1.0)}, calls))
+    assert len(calls) == probed > 0 and config.model.cuda_graph_modules == ["mlp"]
     assert json.loads((tmp_path / "second" / "auto.json").read_text())["source"] == "cache"
     assert any("from the cache, so the probe is skipped" in r.getMessage() for r in caplog.records)
     assert not (tmp_path / "second" / "auto").exists()
@@ -225,7 +304,7 @@ def test_a_bad_cache_file_is_reported_probed_past_and_rewritten(tmp_path, cache_
         damage = json.dumps({"format": 1, "decisions": {key: {"chosen": "te_bogus", "candidates": []}}})
     cache_path().write_text(damage)
     with caplog.at_level(logging.INFO, logger="graphbridge"):
-        choose_graphs(gpu_plan(*SMALL), tmp_path, synthesized_probe({"none": (20.0, 20.0), "te_attn": 10.0}, []))
+        choose_graphs(gpu_plan(*SMALL), tmp_path, synthesized_trainer({"none": (20.0, 20.0), "te_attn": 10.0}, []))
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and str(cache_path()) in warned[0]
     decisions, problem = read_decisions(cache_path())
@@ -246,24 +325,52 @@ def test_concurrent_runs_keep_every_decision(cache_home):
 # --- the probe itself: a real sweep of graphbridge on this CPU ------------------------------------------
 
 
-def test_the_probe_is_a_sweep_whose_table_and_plot_stay_in_the_run_directory(tmp_path, cache_home):
+def test_the_probe_forks_each_run_and_leaves_its_table_and_plot_in_the_run_directory(tmp_path, cache_home):
     """The real probe on a machine described as a GPU one: the torch engine's graph choices run eagerly on this
-    CPU, so they are recorded as ran_eagerly and eager is kept; every job ran in a process of its own."""
+    CPU, so they are recorded as ran_eagerly, none goes on to a second round and eager is kept; every run was a
+    process forked from the preloaded launcher, with its own log."""
     tiny = ("engine=torch", "model.num_layers=1", "model.hidden_size=64", "model.ffn_hidden_size=128",
             "model.vocab_size=256", "dataset.seq_length=32")
     plan = gpu_plan(*tiny, machine=Machine(gpus=H100.gpus, packages={"torch": "2.13.0"}))
-    assert plan.auto.probe_order == ["none", "full_iteration", "local_layer", "none"]
+    assert plan.auto.probe_order == ["none", "full_iteration", "local_layer", OPTIMIZER_IN_GRAPH, "none"]
     config = choose_graphs(plan, tmp_path)
     assert config.model.cuda_graph_impl.value == "none"
     probe_dir = tmp_path / "auto"
-    assert {"summary.md", "summary.png", "probe.log", "multirun.yaml"} <= {p.name for p in probe_dir.iterdir()}
+    assert {"summary.md", "summary.png", "round1"} <= {p.name for p in probe_dir.iterdir()}
+    assert not (probe_dir / "round2").exists()
     record = json.loads((tmp_path / "auto.json").read_text())
     assert [(c["choice"], c["status"]) for c in record["candidates"]] == [
-        ("none", "completed"), ("full_iteration", "ran_eagerly"), ("local_layer", "ran_eagerly"), ("none", "completed")]
-    for number, eager in ((0, record["candidates"][0]), (3, record["candidates"][3])):
-        result = json.loads((probe_dir / str(number) / "result.json").read_text())
-        assert result["train_iters"] == 34 and result["step_time_ms"]["count"] == 31
+        ("none", "completed"), ("full_iteration", "ran_eagerly"), ("local_layer", "ran_eagerly"),
+        (OPTIMIZER_IN_GRAPH, "ran_eagerly"), ("none", "completed")]
+    assert record["probe"]["wall_s"] > 0
+    for number, eager in ((0, record["candidates"][0]), (4, record["candidates"][4])):
+        run_dir = probe_dir / "round1" / str(number)
+        result = json.loads((run_dir / "result.json").read_text())
+        assert result["train_iters"] == 14 and result["step_time_ms"]["count"] == 11
         assert eager["median_ms"] == result["step_time_ms"]["median"] > 0 and eager["spread_ms"] >= 0
+        assert (run_dir / "train.log").stat().st_size > 0
+
+
+def test_a_job_of_several_gpus_is_probed_at_its_own_layout_one_forked_rank_per_gpu(tmp_path, cache_home, monkeypatch):
+    import perf.auto_probe
+    from bridge.run import load_resolved
+    from perf.preloaded import rank_environment
+
+    two_gpus = Machine(gpus=H100.gpus * 2, packages=H100.packages)
+    plan = gpu_plan(*SMALL, "model.tensor_model_parallel_size=2", "train.num_gpus=2", machine=two_gpus)
+    launched, synthesized = [], synthesized_trainer({"none": (20.0, 20.1), "te_attn": 10.0}, [])
+
+    def train(run_dir, log, env, ranks, timeout_s):
+        config = load_resolved(run_dir)
+        launched.append((ranks, config.model.tensor_model_parallel_size))
+        return synthesized(config, run_dir)
+
+    monkeypatch.setattr(perf.auto_probe.preloaded, "train", train)
+    assert choose_graphs(plan, tmp_path).model.cuda_graph_modules == ["attn"]
+    assert launched and set(launched) == {(2, 2)}
+    ranks = [rank_environment(rank, 2, 29555) for rank in range(2)]
+    assert [(env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) for env in ranks] == [("0", "0", "2"), ("1", "1", "2")]
+    assert {env["MASTER_PORT"] for env in ranks} == {"29555"} and rank_environment(0, 1, 29555) == {}
 
 
 # --- the benchmark suite's auto variant -----------------------------------------------------------------
@@ -280,7 +387,7 @@ def test_the_suites_auto_row_says_what_it_chose_and_how_it_compares_with_the_bes
         result = {"status": "completed", "step_time_ms": {"median": medians[job_dir.name]},
                   "env": {"gpu": "NVIDIA H100 80GB HBM3"}}
         if job_dir.name == "auto":
-            result["auto"] = {"chosen": "te_attn", "source": "probe"}
+            result["auto"] = {"chosen": "te_attn", "source": "probe", "probe": {"wall_s": 41.6}}
         return suite.Measured(["graphbridge", *overrides], result)
 
     variants = {"eager": ("cuda_graph=none",), "te_attn": ("cuda_graph=te_attn",), suite.AUTO: ("cuda_graph=auto",)}
@@ -289,10 +396,11 @@ def test_the_suites_auto_row_says_what_it_chose_and_how_it_compares_with_the_bes
     record = suite.run_workload("with_auto", 40, tmp_path)
     auto = record["variants"]["auto"]
     assert auto["auto_chosen"] == "te_attn" and auto["vs_best"] == pytest.approx(8.2 / 8.0)
+    assert auto["auto_probe_s"] == 41.6
     assert record["variants"]["te_attn"]["auto_chosen"] is None and "vs_best" not in record["variants"]["te_attn"]
     table = "\n".join(benchmark_table.table(record | {"driver": "580", "date": "2026-11-25",
                                                       "versions": {**record["versions"], "torch": "2.11"}}))
-    assert "| auto (chose te_attn) | 8.20 |" in table
+    assert "| auto (chose te_attn; probe 42 s; 1.02x the best) | 8.20 |" in table
     assert all(suite.AUTO in workload.variants for name, workload in suite.WORKLOADS.items()
                if name in ("llama_tiny_local", "llama_tiny_te", "llama32_1b", "qwen3_moe_dropless",
                            "qwen3_moe_drop_and_pad"))

@@ -13,7 +13,7 @@ TE = "transformer_engine"
 # choice -> (impl, modules)
 EXPECTED = {
     "none": ("none", []),
-    "auto": ("none", []),  # eager until the run measures the others (bridge.auto_candidates)
+    "auto": ("none", []),  # eager until the run measures the others (bridge.auto.candidates)
     "full_iteration": ("full_iteration", []),
     "local_layer": ("local", []),
     "te_layer": (TE, []),

@@ -16,7 +16,7 @@ import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from bridge.config.schema import GraphBridgeConfig
-from bridge.engines.megatron.engine import free_port
+from bridge.machine import free_port
 from perf import launch
 from perf.launch import LaunchError, first_host, training_command
 

@@ -93,7 +93,7 @@ def model_parallel_state():
     """megatron-core's model-parallel groups over a one-process gloo group: what the optimizer reads them from."""
     from megatron.core import parallel_state
 
-    from bridge.engines.megatron.engine import free_port
+    from bridge.machine import free_port
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(os.environ, "MASTER_ADDR", "127.0.0.1")

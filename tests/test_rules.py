@@ -59,9 +59,9 @@ def test_rule_rejects_other_forms(rule, case):
 def test_messages_name_keys_and_fix(rule):
     reject, _ = RULE_CASES[rule]
     cfg = build(reject)
-    for violation in validate(cfg, resolve_target(cfg, reject.machine, reject.processes)):
+    for violation in validate(cfg, resolve_target(cfg, reject.machine, reject.processes, reject.graphs_measured)):
         if violation.rule == rule:
-            assert violation.keys and all("." in key or key in ("engine", "device", "torch_compile")
+            assert violation.keys and all("." in key or key in ("engine", "device", "torch_compile", "cuda_graph")
                                           for key in violation.keys)
             fixes = ("set ", "use ", "add ", "drop ", "raise ", "remove ", "change", "keep ", "pip install", "lower ",
                      "run it ", "start ")

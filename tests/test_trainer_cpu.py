@@ -18,7 +18,7 @@ import torch
 
 import bridge.atomic
 from bridge import run
-from bridge.engines.megatron.engine import free_port
+from bridge.machine import free_port
 from bridge.step_clock import StepClock
 from bridge.result import build_result, percentile, write_result, RunRecord
 from bridge.run_report import noise, take_slowest_rank

@@ -53,7 +53,8 @@ def built(case_id: str):
 def config_violations(case_id: str, version: str) -> set:
     """The rules that refuse the case as a configuration when planned for ``version``."""
     case, cfg = CASES[case_id], built(case_id)
-    target = dataclasses.replace(resolve_target(cfg, case.machine, case.processes), megatron_core=version)
+    target = dataclasses.replace(resolve_target(cfg, case.machine, case.processes, case.graphs_measured),
+                                 megatron_core=version)
     return {violation.rule for violation in validate(cfg, target) if violation.in_config}
 
 

@@ -94,7 +94,7 @@ def is_graphed(impl: Union[str, CudaGraphImpl]) -> bool:
 MEASURED_CHOICE = "auto"
 """The cuda_graph choice that names no impl: it is resolved before training. Its configuration is eager
 (conf/cuda_graph/auto.yaml), which is what the catalogue judges and a CPU trains; on a GPU the run times the
-graph choices the catalogue accepts against eager and trains with the winner (bridge.auto_candidates,
+graph choices the catalogue accepts against eager and trains with the winner (bridge.auto.candidates,
 perf.auto_probe)."""
 EAGER_CHOICE = "none"
 

@@ -31,6 +31,9 @@ class Target:
     processes: Optional[int] = None
     """In a training process, how many were started for the job (torchrun's WORLD_SIZE); None
     while planning, where graphbridge itself starts the right number."""
+    graphs_measured: bool = False
+    """cuda_graph=auto: the graph choice is measured before training, the configuration is eager until then
+    (bridge.validation.auto_rules judge what auto cannot decide for)."""
 
     @property
     def written_for_megatron(self) -> bool:
@@ -38,7 +41,8 @@ class Target:
         return self.engine_is_auto or self.engine == "megatron"
 
 
-def resolve_target(cfg, machine: Optional[Machine] = None, processes: Optional[int] = None) -> Target:
+def resolve_target(cfg, machine: Optional[Machine] = None, processes: Optional[int] = None,
+                   graphs_measured: bool = False) -> Target:
     machine = machine or probe()
     device = Device(cfg.device)
     on_cuda = device == Device.cuda or (device == Device.auto and machine.gpu_count > 0)
@@ -49,4 +53,5 @@ def resolve_target(cfg, machine: Optional[Machine] = None, processes: Optional[i
         engine = choice.value
     version = cfg.plan.megatron_core or default_release(machine).version
     return Target(engine=engine, device="cuda" if on_cuda else "cpu", machine=machine, megatron_core=version,
-                  engine_is_auto=choice == EngineChoice.auto, processes=processes)
+                  engine_is_auto=choice == EngineChoice.auto, processes=processes,
+                  graphs_measured=graphs_measured)

@@ -1,7 +1,9 @@
-"""cuda_graph=auto on a GPU, through the real command line: llama/tiny probes every candidate its plan lists,
-each in a process of its own, trains with the one it chose (eager unless a graph choice beat eager by more
-than the probe's noise), records the probe in result.json and the run directory, and a second run of the
-same workload takes the decision from the cache without probing."""
+"""cuda_graph=auto on a GPU, through the real command line: llama/tiny probes every candidate its plan lists
+(the optimizer inside the full-iteration graph among them) in rounds of successive halving, each run forked
+from one process that imported the training stack, within PROBE_BUDGET_S of wall time; it trains with the
+one it chose (eager unless a candidate beat eager by more than the probe's noise), records the probe in
+result.json and the run directory, and a second run of the same workload takes the decision from the cache
+without probing."""
 
 import json
 import os
@@ -14,7 +16,8 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
 AUTO = ("recipe=llama/tiny", "cuda_graph=auto")
-PROBE_TIMEOUT_S = 1800  # eight probe processes, each building megatron-core, then the 50-step run
+PROBE_TIMEOUT_S = 900  # the probe's forked runs, each building megatron-core, then the 50-step run
+PROBE_BUDGET_S = 60  # issue 40's goal for llama/tiny on an H100
 
 
 def test_auto_probes_what_the_plan_lists_trains_the_winner_and_caches_it(cli, tmp_path):
@@ -25,10 +28,12 @@ def test_auto_probes_what_the_plan_lists_trains_the_winner_and_caches_it(cli, tm
     result = json.loads((tmp_path / "first" / "result.json").read_text())
     auto = result["auto"]
     assert auto["source"] == "probe"
-    assert [c["choice"] for c in auto["candidates"]] == planned["probe"]["runs"]  # plan equals run
-    failed = [c for c in auto["candidates"] if c["status"] != "completed"]
+    assert sorted({c["choice"] for c in auto["candidates"]}) == sorted(set(planned["probe"]["runs"]))  # plan = run
+    assert "full_iteration+optimizer_in_graph" in planned["probe"]["runs"]
+    failed = [c for c in auto["candidates"] if c["status"] not in ("completed", "stopped_early")]
     assert not failed, failed  # each one is a plan-equals-run bug
     assert all(c["median_ms"] > 0 and c["spread_ms"] >= 0 for c in auto["candidates"])
+    assert auto["probe"]["wall_s"] <= PROBE_BUDGET_S, auto["probe"]
     eager = min(c["median_ms"] for c in auto["candidates"] if c["choice"] == "none")
     chosen = [c for c in auto["candidates"] if c["choice"] == auto["chosen"]]
     if auto["chosen"] != "none":  # never slower than eager, by the probe's own numbers
@@ -36,7 +41,7 @@ def test_auto_probes_what_the_plan_lists_trains_the_winner_and_caches_it(cli, tm
     expected = next(c for c in planned["candidates"] if c["choice"] == auto["chosen"])
     assert expected["accepted"] and result["status"] == "completed"
     assert result["effective_impl"] != "none" or auto["chosen"] == "none"
-    for name in ("summary.md", "summary.png", "probe.log"):
+    for name in ("summary.md", "summary.png", "round1/0/train.log"):
         assert (tmp_path / "first" / "auto" / name).is_file(), name
     said = [line for line in first.stdout.splitlines() if "cuda_graph=auto chose" in line]
     assert len(said) == 1, said

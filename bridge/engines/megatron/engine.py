@@ -25,7 +25,6 @@ import gc
 import importlib
 import math
 import os
-import socket
 import warnings
 from contextlib import nullcontext
 from functools import partial
@@ -60,6 +59,7 @@ from bridge.engines.megatron.lifecycle import GraphLifecycle, NoGraphs
 from bridge.engines.megatron.local import LocalLayerGraphs, local_graph_state_is_clean, reset_local_graph_state
 from bridge.engines.megatron.model_build import build_model_chunks
 from bridge.engines.megatron.transformer_engine import TransformerEngineGraphs
+from bridge.machine import free_port
 from bridge.translate import build_megatron_configs
 
 OPTIMIZER_GRAPH = "the optimizer graph (megatron-core OptimizerCudaGraphWrapper)"
@@ -267,11 +267,6 @@ def init_distributed() -> torch.device:
     torch.distributed.init_process_group("nccl", rank=int(os.environ.get("RANK", "0")), world_size=world_size)
     return device
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def init_parallel_state(cfg: GraphBridgeConfig) -> None:

@@ -7,14 +7,20 @@ processes. Within a process the steps scatter: the noise *within* is half the p1
 steps plus half that of the contender's, so a contender kept has its middle 80 % of steps clear of eager's.
 The probe's noise is the larger of the two, and a graph choice must beat the faster eager median by more
 than that. A choice within the noise never replaces eager: by its own probe, auto is never slower than eager.
+
+The probe runs in rounds of successive halving. Every round times eager first and last, so every round has
+its own noise. After a short screening round, a graph choice slower than the round's fastest run by more than
+that noise cannot win and stops there, and of the rest the faster half goes on; the decision rests on the last
+round's runs, all timed as long as a sweep's report trusts a median.
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import List, Optional, Sequence
 
 from bridge.config.graphs import EAGER_CHOICE
 
 COMPLETED = "completed"
+STOPPED_EARLY = "stopped_early"
 
 
 @dataclass(frozen=True)
@@ -24,7 +30,8 @@ class Measurement:
     choice: str
     status: str
     """completed, or why it was not measured: the job's own status (failed, invalid, interrupted,
-    missing ...), ``no_timed_steps``, or ``ran_eagerly`` (a graph choice that captured nothing)."""
+    missing ...), ``no_timed_steps``, ``ran_eagerly`` (a graph choice that captured nothing), or
+    ``stopped_early`` (clearly slower in a screening round: its numbers are that round's)."""
     median_ms: Optional[float] = None
     spread_ms: Optional[float] = None
     """p90 - p10 of the timed steps (warmup and capture steps excluded)."""
@@ -77,3 +84,27 @@ def probe_noise_ms(eager: List[Measurement], contender: Measurement) -> float:
     between = max(medians) - min(medians)
     within = (max(m.spread_ms or 0.0 for m in eager) + (contender.spread_ms or 0.0)) / 2
     return max(between, within)
+
+
+def survivors(measurements: Sequence[Measurement]) -> List[Measurement]:
+    """The graph choices of a screening round that go on to the next round, fastest first: of those not clearly
+    slower than the round's fastest run (eager included) - slower by more than the probe's noise for them - at
+    most the faster half (rounded up). None when eager did not complete: nothing could be shown to beat it."""
+    eager = [m for m in measurements if m.choice == EAGER_CHOICE and m.measured]
+    graphs = sorted((m for m in measurements if m.choice != EAGER_CHOICE and m.measured), key=lambda m: m.median_ms)
+    if not eager or not graphs:
+        return []
+    fastest = min(m.median_ms for m in [*eager, *graphs])
+    close = [m for m in graphs if m.median_ms - fastest <= probe_noise_ms(eager, m)]
+    return close[:(len(graphs) + 1) // 2]
+
+
+def stopped_early(measurements: Sequence[Measurement], kept: Sequence[Measurement],
+                  round_number: int) -> List[Measurement]:
+    """The graph choices of screening round ``round_number`` (from 1) that do not go on: a completed one as
+    stopped_early with that round's numbers, one that did not complete as it ended."""
+    going_on = {m.choice for m in kept}
+    why = (f"stopped after probe round {round_number}: slower than the round's fastest by more than the probe's "
+           "noise, or not in the faster half")
+    return [replace(m, status=STOPPED_EARLY, reason=why) if m.measured else m
+            for m in measurements if m.choice != EAGER_CHOICE and m.choice not in going_on]

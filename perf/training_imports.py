@@ -1,0 +1,9 @@
+"""What a training process imports before it trains, imported once by the preloaded launcher's forkserver
+(perf/preloaded.py) so that each child it forks starts past them. Never imported by the graphbridge process
+itself, which stays light and never touches CUDA."""
+
+for _heavy in ("torch", "transformer_engine.pytorch", "megatron.core", "bridge.run"):
+    try:  # a missing or broken package fails the child's own import the way it fails a fresh process
+        __import__(_heavy)
+    except Exception:  # noqa: BLE001 - e.g. OSError from a Transformer Engine without its extension
+        pass
