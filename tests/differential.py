@@ -67,7 +67,8 @@ def buildable_here(cfg) -> Optional[str]:
              (model.cross_entropy_fusion_impl == "te" and model.cross_entropy_loss_fusion,
               "Transformer Engine's cross entropy"),
              (bool(model.num_moe_experts) and model.moe_token_dispatcher_type == "flex", "DeepEP or HybridEP"),
-             (bool(model.multi_latent_attention), "multi-latent attention (the Transformer Engine spec)")]
+             (bool(model.multi_latent_attention), "multi-latent attention (the Transformer Engine spec)"),
+             (bool(model.cpu_offloading), "activation offloading (Transformer Engine)")]
     return next((why for needed, why in needs if needed), None)
 
 
@@ -76,15 +77,17 @@ def megatron_verdict(cfg, role_ranks: List[int]) -> Tuple[Optional[str], bool, O
     could not do: a build or a step that needs a GPU machine's CUDA or packages)."""
     from bridge.translate import build_megatron_configs
 
+    unbuildable = buildable_here(cfg)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             build_megatron_configs(cfg)
-    except ImportError as error:  # a package this CPU lacks (Transformer Engine's kernels): no verdict here
-        return None, False, f"{type(error).__name__}: {first_line(error)}"[:200]
     except REFUSALS as error:
+        # Where the configuration needs Transformer Engine, megatron-core's checks here ask for TE's version or
+        # kernels, which the GPU node has: no verdict from this CPU.
+        if unbuildable or isinstance(error, ImportError):
+            return None, False, unbuildable or f"{type(error).__name__}: {first_line(error)}"[:200]
         return f"{type(error).__name__}: {first_line(error)}"[:300], False, None
-    unbuildable = buildable_here(cfg)
     if unbuildable:
         return None, False, unbuildable
     built, not_here = True, None
