@@ -88,6 +88,22 @@ WITNESS_CASES = {
     "gpt_oss_cp2": (*TWO_GPUS, "recipe=gpt_oss/tiny", CP2),
     "gpt_oss_cp2_without_sinks": (*TWO_GPUS, "recipe=gpt_oss/tiny", CP2, "model.softmax_type=vanilla"),
     "gpt_oss_cp2_without_window": (*TWO_GPUS, "recipe=gpt_oss/tiny", CP2, "model.window_size=null"),
+    # Open questions for the next two-GPU block: the GB200 DeepSeek presets' shipped shape (router and preprocessing
+    # graphed, attention eager with mla_up_proj recomputed); attention graphs with that recompute at four
+    # micro-batches (mla_recompute_in_layer_graphs stays until it trains); and the b15bb2a run that timed out under
+    # load (0.16.1 run 320), alone.
+    "deepseek_v3_gb200_shipped": (*TWO_GPUS, "recipe=deepseek/tiny", "model.expert_model_parallel_size=2",
+                                  "train.global_batch_size=4", ALLTOALL, *DROP_AND_PAD, SELECTIVE,
+                                  "model.recompute_modules=[mla_up_proj]", "cuda_graph=te_moe_router",
+                                  "model.cuda_graph_modules=[moe_router,moe_preprocess]"),
+    "mla_up_proj_recompute_attn_four_microbatches": (*TWO_GPUS, "recipe=deepseek/tiny",
+                                                     "model.expert_model_parallel_size=2", "train.micro_batch_size=1",
+                                                     "train.global_batch_size=8", ALLTOALL, *DROP_AND_PAD, SELECTIVE,
+                                                     "model.recompute_modules=[mla_up_proj]", "cuda_graph=te_attn"),
+    "timeout_b15bb2a_320": (*TWO_GPUS, "recipe=deepseek/tiny", "cuda_graph=te_mlp", "precision=fp8_cs", ALLTOALL,
+                            "model.moe_grouped_gemm=true", "model.moe_router_fusion=true", "train.micro_batch_size=1",
+                            "train.global_batch_size=2", "model.cuda_graph_use_single_mempool=true",
+                            "model.pipeline_model_parallel_size=2"),
 }
 
 
