@@ -31,7 +31,7 @@ TRAINS_NOW: Dict[Tuple[str, int], str] = {
 UNDECIDED: Dict[Tuple[str, int], str] = {
     ("h200/mcore-0.16.1/gpu_differential_2gpu_b15bb2a.json", 320):
         "no result within 300 s, no error: fp8 with grouped GEMM, the fused router and TE's MLP graphs at PP2 while "
-        "thirteen other two-GPU runs shared the machine; to be trained alone by the next two-GPU block (issue 38)",
+        "nine other two-GPU runs shared the machine; to be trained alone by the next two-GPU block (issue 38)",
 }
 """Crashes after an accepting plan whose cause no record shows yet (a timeout without an error), each with what will
 decide it."""

@@ -37,14 +37,25 @@ CPU_STAND_INS = {"model.transformer_impl": "local", "model.fp8": None, "model.fp
                  "model.layernorm_zero_centered_gamma": False, "model.persist_layer_norm": False}
 
 
+ENGINE_LIMITS = {"engine_memory"}
+"""Refusals of graphbridge's own engine, documented in the README and docs/recipes.md: it has no Megatron-FSDP and
+trains every weight of a LoRA recipe, so the Llama 3 70B presets Bridge runs with FSDP on Blackwell and its 70B LoRA
+presets do not fit it; their plans say so and name Megatron-Bridge."""
+ESTIMATE_REFUSES = {("llama/llama31_405b", "b300", precision): "the memory estimate puts Bridge's TP2 PP8 VP8 layout "
+                    "at ~391 GiB a GPU of the B300's 268 (it names full recompute, ~169 GiB); no GPU run has measured "
+                    "it" for precision in ("bf16", "fp8_cs", "fp8_mx")}
+"""Presets the memory estimate refuses (memory_capacity), each with what a measurement would have to settle."""
+
+
 def plan_of(recipe: str, gpu: str, precision: str):
     return bridge.plan([f"recipe={recipe}", f"gpu={gpu}", f"precision={precision}"])
 
 
 @pytest.mark.parametrize("recipe,gpu,precision", PRESETS, ids=["-".join(p) for p in PRESETS])
 def test_every_preset_plans_valid_on_its_own_gpu(recipe, gpu, precision):
-    plan = plan_of(recipe, gpu, precision)
-    assert plan.valid, [str(violation) for violation in plan.violations]
+    refusing = {violation.rule for violation in plan_of(recipe, gpu, precision).violations}
+    expected = ENGINE_LIMITS | ({"memory_capacity"} if (recipe, gpu, precision) in ESTIMATE_REFUSES else set())
+    assert refusing <= expected, refusing
 
 
 def build_overrides(recipe: str, gpu: str, precision: str):
