@@ -13,6 +13,8 @@ its overlaps).
 import random
 from typing import Dict, List
 
+from bridge.config.load import override_value
+
 TINY_RECIPES = ("llama/tiny", "qwen/tiny", "deepseek/tiny", "gpt_oss/tiny")
 MOE_RECIPES = ("qwen/tiny", "deepseek/tiny", "gpt_oss/tiny")
 CUDA_GRAPHS = ("none", "full_iteration", "local_layer", "te_attn", "te_attn_mlp", "te_mlp", "te_layer", "te_moe",
@@ -46,7 +48,7 @@ def draw(rng: random.Random, gpus: int = 1) -> List[str]:
     parallel, data_parallel = layout(rng, recipe, gpus) if gpus > 1 else ({}, 1)
     changes.update(training(rng, data_parallel))
     changes.update(parallel)  # the layout's dispatcher and optimizer settings over the ones drawn for one GPU
-    return [f"recipe={recipe}"] + [f"{key}={hydra_value(value)}" for key, value in changes.items()]
+    return [f"recipe={recipe}"] + [f"{key}={override_value(value)}" for key, value in changes.items()]
 
 
 def recompute(rng: random.Random) -> Dict[str, object]:
@@ -131,13 +133,3 @@ def training(rng: random.Random, data_parallel: int = 1) -> Dict[str, object]:
     if rng.random() < 0.15:
         changes["model.cuda_graph_warmup_steps"] = rng.choice([1, 2])
     return changes
-
-
-def hydra_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, list):
-        return "[" + ",".join(hydra_value(item) for item in value) + "]"
-    return str(value)

@@ -14,6 +14,7 @@ from typing import Dict, List, Tuple
 
 from omegaconf import OmegaConf
 
+from bridge.config.load import override_value
 from bridge.recipes import presets, recipe_names
 
 TINY = ("llama/tiny", "qwen/tiny", "deepseek/tiny", "gpt_oss/tiny")
@@ -30,7 +31,7 @@ class Draw:
 
     def overrides(self) -> List[str]:
         """The command line that gives the same config (every change, in the order drawn)."""
-        return list(self.base) + [f"{key}={plain(value)}" for key, value in self.changes.items()]
+        return list(self.base) + [f"{key}={override_value(value)}" for key, value in self.changes.items()]
 
 
 def bases() -> List[Tuple[str, ...]]:
@@ -216,14 +217,3 @@ def moe_mutations(rng: random.Random) -> Dict[str, object]:
     if rng.random() < 0.15:
         changes["model.moe_router_dtype"] = rng.choice(["fp32", "fp64"])
     return changes
-
-
-def plain(value: object) -> str:
-    """``value`` as a Hydra override's right-hand side."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, list):
-        return "[" + ",".join(str(plain(item)) for item in value) + "]"
-    return str(value)

@@ -19,3 +19,14 @@ def compose_config(overrides: Sequence[str] = (), config_root: Optional[Path] = 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(config_root or config_dir()), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))
+
+
+def override_value(value: object) -> str:
+    """A Python value as the right-hand side of a Hydra override: true/false, null, [a,b]."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return "[" + ",".join(override_value(item) for item in value) + "]"
+    return str(value)
