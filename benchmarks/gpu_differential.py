@@ -74,7 +74,7 @@ class Run:
     retried_after: Optional[str] = None
     """The first attempt's error, when it was the GPU's resources shared with the other runs (RESOURCE_ERRORS)."""
     log_tail: Optional[str] = None
-    """The last LOG_TAIL lines a failed run printed (its traceback), since the run's folder is temporary."""
+    """The last LOG_TAIL lines of a failed run's traceback (failure_log_tail), since the run's folder is temporary."""
 
 
 def plan_verdict(overrides: List[str]) -> Dict[str, object]:
@@ -208,8 +208,19 @@ def attempt(run: Run, workdir: Path, launch: Launch, retry: bool = False) -> Non
             run.peak_reserved_gb = (result.get("memory") or {}).get("peak_reserved_gb")
         else:
             run.status, run.error = "failed", last_line(workdir / f"{name}.log")
-    if run.status != "completed" and (workdir / f"{name}.log").exists():
-        run.log_tail = "\n".join((workdir / f"{name}.log").read_text(errors="replace").splitlines()[-LOG_TAIL:])
+    if run.status != "completed":
+        run.log_tail = failure_log_tail(workdir / f"{name}.log", run_dir)
+
+
+def failure_log_tail(log: Path, run_dir: Path) -> Optional[str]:
+    """The last LOG_TAIL lines of the traceback a failed run left: a rank's own log under torchrun (the launcher's
+    output ends with its summary, perf.launch keeps each rank's output in the run's folder), else the run's log."""
+    ranks = [path for path in sorted(run_dir.rglob("*.log")) + sorted(run_dir.rglob("stderr*"))
+             if path.is_file() and "Traceback" in path.read_text(errors="replace")]
+    source = ranks[0] if ranks else log
+    if not source.exists():
+        return None
+    return "\n".join(source.read_text(errors="replace").splitlines()[-LOG_TAIL:])
 
 
 def last_line(log: Path) -> str:
