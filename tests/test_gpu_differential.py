@@ -106,3 +106,14 @@ def test_draws_at_two_gpus_take_every_parallel_layout_and_plan_on_a_cluster_gpu(
     verdicts = [plan_verdict(overrides) for overrides in draws[:12]]
     assert not [v for v in verdicts if "error" in v]
     assert any(v["valid"] for v in verdicts) and not any(v["runnable_here"] for v in verdicts)
+
+
+def test_a_failed_runs_log_tail_is_the_failing_ranks_traceback(tmp_path):
+    run_dir = tmp_path / "run1"
+    rank_log = run_dir / "ranks" / "node0" / "attempt_0" / "1" / "stderr.log"
+    rank_log.parent.mkdir(parents=True)
+    (tmp_path / "run1.log").write_text("torchrun's summary: bridge.run FAILED\n")
+    rank_log.write_text("started\nTraceback (most recent call last):\nAssertionError: the rank's own error\n")
+    assert gpu_differential.failure_log_tail(tmp_path / "run1.log", run_dir).endswith("the rank's own error")
+    (tmp_path / "run2.log").write_text("one process: its traceback is in its log\n")
+    assert gpu_differential.failure_log_tail(tmp_path / "run2.log", tmp_path / "run2").startswith("one process")
