@@ -1,5 +1,5 @@
 """Nothing megatron-core refuses is accepted, at any parallel layout: the differential of tests/differential.py, in
-its own process (megatron-core keeps global state). By default 50 seeded configs at each of 1, 2, 4 and 8 ranks, one
+its own process (megatron-core keeps global state). By default 50 seeded configs at each of 2, 4 and 8 ranks, one
 rank built a config; under -m slow 350 at each of 2, 4 and 8 ranks (1050 a release), every role built, with at
 least a third accepted and four in five of those built. Against the installed megatron-core, and against the release
 GRAPHBRIDGE_MEGATRON_CORE_PATH makes importable (0.19.2 on this Python: its wheel unpacked, triton beside it)."""
@@ -93,7 +93,7 @@ def check(records: list) -> None:
 
 
 @pytest.mark.parametrize("release_path", RELEASES)
-@pytest.mark.parametrize("world_size", [1, 2, 4, 8])
+@pytest.mark.parametrize("world_size", [2, 4, 8])
 def test_the_catalogue_accepts_nothing_megatron_core_refuses(world_size, release_path):
     records = differential(seed=world_size, count=50, release_path=release_path, world_size=world_size,
                            first_role_only=True)

@@ -331,12 +331,11 @@ def local_graphs_pipeline_microbatches(cfg, target):
     # llama/tiny at PP2 on two H200s (TE 2.10.0): 0.19.2's CudaGraphManager failed capture with a bare AssertionError
     # at four micro-batches and its process exited at two, where one trained; 0.16.1 trained all three.
     model, train = cfg.model, cfg.train
-    if impl_of(cfg) != LOCAL or model.pipeline_model_parallel_size <= 1:
-        return None
-    data = cfg.train.num_gpus // (model.tensor_model_parallel_size * model.pipeline_model_parallel_size
-                                  * model.context_parallel_size)
-    per_step = train.micro_batch_size * max(data, 1)
-    if train.global_batch_size <= per_step:
+    model_parallel = model.tensor_model_parallel_size * model.pipeline_model_parallel_size * model.context_parallel_size
+    if impl_of(cfg) != LOCAL or model.pipeline_model_parallel_size <= 1 or model_parallel < 1:
+        return None  # positive_sizes reports sizes below 1
+    per_step = train.micro_batch_size * max(train.num_gpus // model_parallel, 1)
+    if per_step < 1 or train.global_batch_size <= per_step:
         return None
     return violation(
         "local_graphs_pipeline_microbatches",

@@ -208,11 +208,12 @@ def virtual_pipeline_microbatches(cfg, target):
     # graphbridge leaves at megatron-core's default) and refuses a count below a group or one that leaves a
     # smaller group (schedules.py, ValueError / RuntimeError at the first step); found by the CPU build at PP2 VP2.
     model, train = cfg.model, cfg.train
-    stages, data = model.pipeline_model_parallel_size, data_parallel_size(cfg)
-    per_step = train.micro_batch_size * data
-    if model.virtual_pipeline_model_parallel_size is None or stages <= 1 or per_step < 1 \
-            or train.global_batch_size % per_step:
-        return None  # virtual_pipeline and global_batch report the rest
+    stages = model.pipeline_model_parallel_size
+    if model.virtual_pipeline_model_parallel_size is None or stages <= 1 or model_parallel_size(cfg) < 1:
+        return None  # virtual_pipeline and positive_sizes report the rest
+    per_step = train.micro_batch_size * data_parallel_size(cfg)
+    if per_step < 1 or train.global_batch_size % per_step:
+        return None  # global_batch reports it
     microbatches = train.global_batch_size // per_step
     if microbatches % stages == 0:
         return None
