@@ -46,7 +46,8 @@ def arguments_digest(cfg, version: str) -> str:
 
 def case_ids():
     """(id, case) for every configuration of tests/rule_cases.py, in a stable order."""
-    from tests.rule_cases import EXTRA_REJECTS, RULE_CASES
+    from tests.extra_rejects import EXTRA_REJECTS
+    from tests.rule_cases import RULE_CASES
 
     for rule, (reject, accept) in sorted(RULE_CASES.items()):
         yield f"{rule}/reject", reject

@@ -11,7 +11,8 @@ import bridge
 from bridge.config.load import compose_config
 from bridge.validation import RULES, judge_composed, resolve_target, validate
 from tests.gpu_witnesses import GPU_WITNESSES, RESULTS, record_machine
-from tests.rule_cases import EXTRA_REJECTS, LAPTOP, ONE_H100, RULE_CASES, build, fired
+from tests.extra_rejects import EXTRA_REJECTS
+from tests.rule_cases import LAPTOP, ONE_H100, RULE_CASES, build, fired
 
 
 JUDGED_COMPOSED = {name for name, entry in RULES.items() if entry.before_resolution}
