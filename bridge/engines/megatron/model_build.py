@@ -11,7 +11,11 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
     get_transformer_block_with_experimental_attention_variant_spec,
 )
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_mtp_block_spec
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_decoder_block_spec,
+    get_gpt_decoder_layer_specs,
+    get_gpt_mtp_block_spec,
+)
 from megatron.core.transformer.module import Float16Module
 
 
@@ -24,7 +28,8 @@ def build_model_chunks(transformer_config, gpt_model_args, ddp_config, use_trans
         block_spec = decoder_block_spec(transformer_config, use_transformer_engine, vp_stage)
         mtp_spec = None
         if transformer_config.mtp_num_layers:
-            mtp_spec = get_gpt_mtp_block_spec(transformer_config, block_spec,
+            mtp_spec = get_gpt_mtp_block_spec(transformer_config, mtp_layer_spec(transformer_config, use_transformer_engine,
+                                                                                 block_spec),
                                               use_transformer_engine=use_transformer_engine, vp_stage=vp_stage)
         model = GPTModel(
             config=transformer_config, transformer_layer_spec=block_spec, mtp_block_spec=mtp_spec,
@@ -66,6 +71,17 @@ def zero_attention_sinks(model: torch.nn.Module) -> int:
 
 def transformer_engine_class(module: torch.nn.Module) -> bool:
     return any(cls.__module__.split(".")[0] == "transformer_engine" for cls in type(module).__mro__)
+
+
+def mtp_layer_spec(transformer_config, use_transformer_engine: bool, block_spec):
+    """The layer the MTP block repeats: the model's last decoder layer. A stage's own block spec has it only where
+    the stage holds decoder layers; a pipeline layout may give the MTP block a stage of its own (DeepSeek-V3's H100
+    preset ends on "mL"), whose empty block made megatron-core's MTP spec fail with an IndexError (the CPU build of
+    that preset at its 1024 ranks, tests/test_preset_builds.py)."""
+    if transformer_config.experimental_attention_variant is not None or block_spec.layer_specs:
+        return block_spec
+    return get_gpt_decoder_layer_specs(transformer_config, use_transformer_engine=use_transformer_engine,
+                                       normalization=transformer_config.normalization)[-1]
 
 
 def decoder_block_spec(transformer_config, use_transformer_engine: bool, vp_stage):
