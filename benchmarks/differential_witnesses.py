@@ -100,6 +100,10 @@ WITNESS_CASES = {
                                                      "model.expert_model_parallel_size=2", "train.micro_batch_size=1",
                                                      "train.global_batch_size=8", ALLTOALL, *DROP_AND_PAD, SELECTIVE,
                                                      "model.recompute_modules=[mla_up_proj]", "cuda_graph=te_attn"),
+    # The MTP block on a pipeline stage of its own, as DeepSeek-V3's H100 preset lays it out ("...|mL"): the engine
+    # gives it the model's last decoder layer since the CPU build of that preset failed there.
+    "mtp_stage_of_its_own": (*TWO_GPUS, "recipe=deepseek/tiny", "model.pipeline_model_parallel_size=2",
+                             "model.pipeline_model_parallel_layout='Et*4|mL'", "train.global_batch_size=4"),
     "timeout_b15bb2a_320": (*TWO_GPUS, "recipe=deepseek/tiny", "cuda_graph=te_mlp", "precision=fp8_cs", ALLTOALL,
                             "model.moe_grouped_gemm=true", "model.moe_router_fusion=true", "train.micro_batch_size=1",
                             "train.global_batch_size=2", "model.cuda_graph_use_single_mempool=true",
