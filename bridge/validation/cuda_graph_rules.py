@@ -20,6 +20,7 @@ from bridge.validation.graph_facts import (
     modules_of,
 )
 from bridge.validation.registry import rule, violation
+from bridge.validation.training_rules import data_parallel_size, model_parallel_size
 
 
 @rule("module_names",
@@ -331,12 +332,11 @@ def local_graphs_pipeline_microbatches(cfg, target):
     # llama/tiny at PP2 on two H200s (TE 2.10.0): 0.19.2's CudaGraphManager failed capture with a bare AssertionError
     # at four micro-batches and its process exited at two, where one trained; 0.16.1 trained all three.
     model, train = cfg.model, cfg.train
-    model_parallel = model.tensor_model_parallel_size * model.pipeline_model_parallel_size * model.context_parallel_size
-    if impl_of(cfg) != LOCAL or model.pipeline_model_parallel_size <= 1 or model_parallel < 1:
+    if impl_of(cfg) != LOCAL or model.pipeline_model_parallel_size <= 1 or model_parallel_size(cfg) < 1:
         return None  # positive_sizes reports sizes below 1
-    per_step = train.micro_batch_size * max(train.num_gpus // model_parallel, 1)
+    per_step = train.micro_batch_size * data_parallel_size(cfg)
     if per_step < 1 or train.global_batch_size <= per_step:
-        return None
+        return None  # gpu_count and global_batch report a layout or batch that does not divide
     return violation(
         "local_graphs_pipeline_microbatches",
         [IMPL, "model.pipeline_model_parallel_size", "train.global_batch_size"],
