@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
-STEP_REFUSALS = ("alltoall", "flex")
+COUNT_EXCHANGING_DISPATCHERS = ("alltoall", "flex")
 """Dispatchers whose step cannot run on fake collectives: they size their buffers from token counts the other
 ranks send (an all-to-all and all-gather of counts), which a fake process group leaves unwritten."""
 
@@ -283,7 +283,7 @@ def steppable(cfg) -> bool:
     first step)."""
     model = cfg.model
     exchanges_counts = (model.num_moe_experts and model.expert_model_parallel_size > 1
-                        and model.moe_token_dispatcher_type in STEP_REFUSALS)
+                        and model.moe_token_dispatcher_type in COUNT_EXCHANGING_DISPATCHERS)
     return not exchanges_counts and model.cuda_graph_impl != "local"
 
 
