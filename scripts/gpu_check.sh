@@ -9,6 +9,7 @@
 #   bash scripts/gpu_check.sh suite W... # the benchmark suite's workloads W (python benchmarks/suite.py --list)
 #   bash scripts/gpu_check.sh differential [ARGS] # plan equals run: benchmarks/gpu_differential.py ARGS
 #   bash scripts/gpu_check.sh differential2 [ARGS] # the same at two GPUs a configuration (*_2gpu files)
+#   bash scripts/gpu_check.sh differentials2 [ARGS] # both releases at two GPUs each, on four GPUs
 #   bash scripts/gpu_check.sh differentials [ARGS] # two GPUs: 0.16.1 on GPU 0 and 0.19.2 on GPU 1 at once (TE 2.10.0),
 #                                        # each with half the cores (nvidia-h100-x2: both releases in one session)
 #   bash scripts/gpu_check.sh equivalence [ARGS]  # graphed training against eager: benchmarks/equivalence.py ARGS
@@ -68,15 +69,18 @@ case "${1:-tests}" in
       | tee "$out/gpu_differential$suffix.log" | tail -40
     kill %1
     ;;
-  differentials)  # one single-GPU differential a release, side by side, rendezvous ports apart
-    shift
-    workers=$(( $(nproc) / 2 ))
-    CUDA_VISIBLE_DEVICES=0 MCORE=0.16.1 bash "$0" differential --workers "$workers" --port-base 20000 "$@" \
-      > "$out/differentials_0.16.1.log" 2>&1 &
-    CUDA_VISIBLE_DEVICES=1 MCORE=0.19.2 bash "$0" differential --workers "$workers" --port-base 40000 "$@" \
-      > "$out/differentials_0.19.2.log" 2>&1 &
+  differentials|differentials2)  # a differential a release, side by side on GPUs of their own, rendezvous ports apart
+    # differentials: GPU 0 and GPU 1 (nvidia-h100-x2); differentials2: GPUs 0,1 and 2,3 (nvidia-h100-x4)
+    mode=${1%s}; shift
+    per_run=1; [ "$mode" = differential2 ] && per_run=2
+    workers=$(( $(nproc) / 2 / per_run ))
+    devices=(0 1); [ "$per_run" = 2 ] && devices=(0,1 2,3)
+    CUDA_VISIBLE_DEVICES=${devices[0]} MCORE=0.16.1 bash "$0" "$mode" --workers "$workers" --port-base 20000 "$@" \
+      > "$out/${mode}s_0.16.1.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=${devices[1]} MCORE=0.19.2 bash "$0" "$mode" --workers "$workers" --port-base 40000 "$@" \
+      > "$out/${mode}s_0.19.2.log" 2>&1 &
     wait
-    tail -n 3 "$out"/differentials_*.log
+    tail -n 3 "$out"/${mode}s_*.log
     ;;
   equivalence)  # per-step losses of graphed runs beside their eager twins' into $out/equivalence.json, and the log
     shift
