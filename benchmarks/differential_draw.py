@@ -7,7 +7,7 @@ Values are drawn independently, so many draws break a rule on purpose: the diffe
 refuses as well as what the GPU does with what it accepts. On several GPUs (``gpus``) a draw also takes one
 parallel layout over them: tensor (with or without sequence parallelism), pipeline (with or without virtual
 stages), context, expert (each dispatcher) or data parallelism (with or without the distributed optimizer and
-its overlaps).
+its overlaps); on four GPUs mostly two of them at two GPUs each.
 """
 
 import random
@@ -29,6 +29,7 @@ times in five, so that most draws test what the GPU does rather than a module-na
 PRECISIONS = ("bf16",) * 5 + ("fp8_cs", "fp8_sc", "fp8_mx", "nvfp4")
 RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm", "moe", "moe_act", "shared_experts", "mla_up_proj")
 LAYOUTS = ("tensor", "pipeline", "virtual_pipeline", "context", "expert", "data")
+PIPELINE_KINDS = {"pipeline", "virtual_pipeline"}
 DISPATCHERS = ("allgather", "alltoall", "flex")
 FUSIONS = ("bias_dropout_fusion", "masked_softmax_fusion", "apply_rope_fusion", "bias_activation_fusion",
            "gradient_accumulation_fusion", "persist_layer_norm", "cross_entropy_loss_fusion")
@@ -96,27 +97,42 @@ def moe(rng: random.Random, recipe: str) -> Dict[str, object]:
 
 
 def layout(rng: random.Random, recipe: str, gpus: int):
-    """The overrides of one parallel layout over ``gpus`` GPUs, and its data-parallel size."""
-    kind = rng.choice([name for name in LAYOUTS if name != "expert" or recipe in MOE_RECIPES])
+    """The overrides of one parallel layout over ``gpus`` GPUs, and its data-parallel size. On four GPUs, three
+    draws in four combine two parallelisms of two GPUs each (TP2xPP2, TP2xEP2, PP2xDP2, CP2xTP2, ...)."""
+    names = [name for name in LAYOUTS if name != "expert" or recipe in MOE_RECIPES]
+    kinds = [rng.choice(names)]
+    if gpus == 4 and rng.random() < 0.75:
+        kinds.append(rng.choice([name for name in names
+                                 if name not in kinds and not PIPELINE_KINDS.issuperset({name, kinds[0]})]))
+    size = gpus // len(kinds)
     changes: Dict[str, object] = {"train.num_gpus": gpus}
-    if kind == "tensor":
-        changes["model.tensor_model_parallel_size"] = gpus
-        if rng.random() < 0.5:
-            changes["model.sequence_parallel"] = True
-    elif kind in ("pipeline", "virtual_pipeline"):
-        changes["model.pipeline_model_parallel_size"] = gpus
-        if kind == "virtual_pipeline":  # the tiny recipes' four layers: one a stage
-            changes["model.virtual_pipeline_model_parallel_size"] = 2
-    elif kind == "context":
-        changes["model.context_parallel_size"] = gpus
-    elif kind == "expert":  # experts split over the GPUs, which are data parallel for the rest
-        changes["model.expert_model_parallel_size"] = gpus
-        changes["model.moe_token_dispatcher_type"] = rng.choice(DISPATCHERS)
+    for kind in kinds:
+        changes.update(parallelism(rng, kind, size))
+    model_parallel = 1
+    for key in ("model.tensor_model_parallel_size", "model.pipeline_model_parallel_size",
+                "model.context_parallel_size"):
+        model_parallel *= changes.get(key, 1)
+    data_parallel = gpus // model_parallel  # expert parallelism splits the experts over data-parallel ranks
     for key, chance in (("ddp.use_distributed_optimizer", 0.5), ("ddp.overlap_grad_reduce", 0.4),
                         ("ddp.overlap_param_gather", 0.3)):
-        if kind in ("data", "expert") and rng.random() < chance:
+        if data_parallel > 1 and rng.random() < chance:
             changes[key] = True
-    return changes, gpus if kind in ("data", "expert") else 1
+    return changes, data_parallel
+
+
+def parallelism(rng: random.Random, kind: str, size: int) -> Dict[str, object]:
+    """One parallelism of ``size`` GPUs (data parallelism: what the others leave)."""
+    if kind == "tensor":
+        return {"model.tensor_model_parallel_size": size, **({"model.sequence_parallel": True}
+                                                             if rng.random() < 0.5 else {})}
+    if kind in PIPELINE_KINDS:  # virtual stages: the tiny recipes' layers split into twice as many chunks
+        return {"model.pipeline_model_parallel_size": size,
+                **({"model.virtual_pipeline_model_parallel_size": 2} if kind == "virtual_pipeline" else {})}
+    if kind == "context":
+        return {"model.context_parallel_size": size}
+    if kind == "expert":  # experts split over the GPUs, which are data parallel for the rest
+        return {"model.expert_model_parallel_size": size, "model.moe_token_dispatcher_type": rng.choice(DISPATCHERS)}
+    return {}
 
 
 def training(rng: random.Random, data_parallel: int = 1) -> Dict[str, object]:

@@ -1,5 +1,6 @@
 """Write the GPU differential's tables into docs/gpu_differential.md (between the differential markers), from
-the committed records benchmarks/results/<gpu>/mcore-<release>/gpu_differential.json.
+the committed records benchmarks/results/<gpu>/mcore-<release>/gpu_differential.json (one GPU a configuration),
+gpu_differential_2gpu.json and gpu_differential_4gpu.json (two and four).
 
     python scripts/differential_table.py          # rewrite the section
     python scripts/differential_table.py --check  # exit 1 when it is out of date
@@ -14,24 +15,27 @@ from sections import write_or_check
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "gpu_differential.md"
 RESULTS = ROOT / "benchmarks" / "results"
+RECORDS = ("gpu_differential.json", "gpu_differential_2gpu.json", "gpu_differential_4gpu.json")
 COUNTS = ("drawn", "accepted", "trained", "completed", "crash_after_accept")
 
 
 def records():
     """Each committed record's path (relative to the repository) and summary, by GPU and release."""
-    for path in sorted(RESULTS.glob("*/mcore-*/gpu_differential.json")):
-        yield path.relative_to(ROOT).as_posix(), json.loads(path.read_text())["summary"]
+    for name in RECORDS:
+        for path in sorted(RESULTS.glob(f"*/mcore-*/{name}")):
+            yield path.relative_to(ROOT).as_posix(), json.loads(path.read_text())["summary"]
 
 
 def markdown() -> str:
     rows = list(records())
     if not rows:
         return "No record is committed yet."
-    lines = ["| record | GPU | megatron-core | TE | commit | " + " | ".join(COUNTS) + " | twins compared (differ) |",
+    lines = ["| record | GPUs | megatron-core | TE | commit | " + " | ".join(COUNTS) + " | twins compared (differ) |",
              "|---|---|---|---|---|" + "---|" * len(COUNTS) + "---|"]
     for path, s in rows:
         twins = s["eager_twins"]
-        lines.append(f"| `{path}` | {s['gpu']} | {s['megatron_core']} | {s['transformer_engine']} | {s['commit']} | "
+        lines.append(f"| `{path}` | {s.get('num_gpus', 1)} x {s['gpu']} | {s['megatron_core']} | "
+                     f"{s['transformer_engine']} | {s['commit']} | "
                      + " | ".join(str(s[key]) for key in COUNTS) + f" | {twins['compared']} ({len(twins['differ'])}) |")
     for path, s in rows:
         lines += ["", f"`{path}` (`{s['command']}`):", "",

@@ -9,6 +9,7 @@
 #   bash scripts/gpu_check.sh suite W... # the benchmark suite's workloads W (python benchmarks/suite.py --list)
 #   bash scripts/gpu_check.sh differential [ARGS] # plan equals run: benchmarks/gpu_differential.py ARGS
 #   bash scripts/gpu_check.sh differential2 [ARGS] # the same at two GPUs a configuration (*_2gpu files)
+#   bash scripts/gpu_check.sh differential4 [ARGS] # four GPUs a configuration, mostly two parallelisms (*_4gpu)
 #   bash scripts/gpu_check.sh differentials2 [ARGS] # both releases at two GPUs each, on four GPUs
 #   bash scripts/gpu_check.sh differentials [ARGS] # two GPUs: 0.16.1 on GPU 0 and 0.19.2 on GPU 1 at once (TE 2.10.0),
 #                                        # each with half the cores (nvidia-h100-x2: both releases in one session)
@@ -60,10 +61,11 @@ case "${1:-tests}" in
     shift
     python3 benchmarks/suite.py "$@" --out "$out" 2>&1 | grep -v "step/s\|it/s" | tail -40
     ;;
-  differential|differential2)  # the GPU differential's JSON (rewritten after every run), its log and the GPUs' load
-    suffix=; [ "$1" = differential2 ] && suffix=_2gpu
+  differential|differential2|differential4)  # the GPU differential's JSON (rewritten after every run), its log and
+    # the GPUs' load; differentialN trains each configuration on N GPUs (*_Ngpu files)
+    gpus=${1#differential}; suffix=${gpus:+_${gpus}gpu}
     shift
-    [ -n "$suffix" ] && set -- --gpus 2 "$@"
+    [ -n "$suffix" ] && set -- --gpus "$gpus" "$@"
     nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv -l 5 >"$out/gpu_load$suffix.csv" &
     python3 benchmarks/gpu_differential.py --out "$out/gpu_differential$suffix.json" "$@" 2>&1 \
       | tee "$out/gpu_differential$suffix.log" | tail -40

@@ -2,6 +2,7 @@
 its eager-twin comparison (benchmarks/gpu_differential.py; the GPU runs it through scripts/gpu_check.sh)."""
 
 import json
+import math
 import random
 import subprocess
 import sys
@@ -106,6 +107,22 @@ def test_draws_at_two_gpus_take_every_parallel_layout_and_plan_on_a_cluster_gpu(
     verdicts = [plan_verdict(overrides) for overrides in draws[:12]]
     assert not [v for v in verdicts if "error" in v]
     assert any(v["valid"] for v in verdicts) and not any(v["runnable_here"] for v in verdicts)
+
+
+def test_draws_at_four_gpus_combine_two_parallelisms_and_the_cli_takes_them():
+    rng = random.Random(5)
+    draws = [dict(item.split("=", 1) for item in draw(rng, gpus=4)) for _ in range(60)]
+    sizes = [{key: int(value) for key, value in overrides.items() if key.endswith("_parallel_size")
+              and key != "model.virtual_pipeline_model_parallel_size"} for overrides in draws]
+    assert all(overrides["train.num_gpus"] == "4" for overrides in draws)
+    assert all(math.prod(layout.values()) in (1, 2, 4) for layout in sizes)
+    combined = [tuple(sorted(layout)) for layout in sizes if sorted(layout.values()) == [2, 2]]
+    assert len(set(combined)) >= 4, combined  # TP2xPP2, CP2xTP2, PP2xEP2, ...
+    assert any("model.virtual_pipeline_model_parallel_size" in overrides
+               and overrides["model.pipeline_model_parallel_size"] == "2" for overrides in draws)
+    verdicts = [plan_verdict([f"{key}={value}" for key, value in overrides.items()]) for overrides in draws[:12]]
+    assert not [v for v in verdicts if "error" in v]
+    assert any(v["valid"] for v in verdicts)
 
 
 def test_a_failed_runs_log_tail_is_the_failing_ranks_traceback(tmp_path):
