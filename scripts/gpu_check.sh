@@ -17,7 +17,7 @@
 #                                        # (before tests: the loss tests read its rounding-only gap)
 #   bash scripts/gpu_check.sh overhead   # trainer vs minimal megatron-core loop; torch engine vs torch.compile
 #   bash scripts/gpu_check.sh nan        # the in-graph NaN check's overhead
-#   bash scripts/gpu_check.sh multigpu   # two GPUs: the multigpu tests
+#   bash scripts/gpu_check.sh multigpu   # two or four GPUs: the multigpu tests (four-rank cases skip on two)
 #   bash scripts/gpu_check.sh dp2        # two GPUs: the dense-scope sweep at data parallel 2
 # Logs, summaries and JSON land in $OUT/mcore-<release> (the device tool brings that folder back);
 # benchmarks/results/<gpu>/mcore-<release>/ keeps them.
