@@ -71,6 +71,8 @@ def moe_proxy(recipe: str, gpu: str, *extra: str, experts: Optional[int] = None)
 
 DROP_AND_PAD = ("model.moe_expert_capacity_factor=1.0", "model.moe_pad_expert_input_to_capacity=true",
                 "model.moe_router_force_load_balancing=false")
+EP2 = ("train.num_gpus=2", "model.expert_model_parallel_size=2", "train.global_batch_size=8")
+"""Two expert-parallel ranks, which are data parallel for the rest: four micro-batches a rank, as on one GPU."""
 WORKLOADS: Dict[str, Workload] = {
     "llama_tiny_local": Workload(
         "llama/tiny (8 layers, hidden 512, seq 256), megatron-core's local layer spec",
@@ -108,11 +110,33 @@ WORKLOADS: Dict[str, Workload] = {
         {EAGER: ("cuda_graph=none",), "full_iteration": ("cuda_graph=full_iteration",),
          "full_iteration+optimizer": FULL_ITERATION_WITH_OPTIMIZER}, megatron_core=">=0.19"),
     "qwen3_moe_ep2": Workload(
-        "Qwen3-30B-A3B layer shapes, 2 layers, EP=2 over two GPUs (real all-to-all)",
-        moe_proxy("qwen/qwen3_30b_a3b", "h100", "train.num_gpus=2", "model.expert_model_parallel_size=2",
-                  "train.global_batch_size=8"),
-        {EAGER: ("cuda_graph=none",), RECIPE_DEFAULT: (), "te_attn_moe_router": ("cuda_graph=te_attn_moe_router",),
-         "te_moe_router": ("cuda_graph=te_moe_router",)}, gpus=2),
+        "Qwen3-30B-A3B layer shapes, 2 layers, EP=2 over two GPUs (real all-to-all), dropless",
+        moe_proxy("qwen/qwen3_30b_a3b", "h100", *EP2),
+        {EAGER: ("cuda_graph=none",), RECIPE_DEFAULT: (), "te_attn": ("cuda_graph=te_attn",),
+         "te_attn_moe_router": ("cuda_graph=te_attn_moe_router",), "te_moe_router": ("cuda_graph=te_moe_router",),
+         AUTO: ("cuda_graph=auto",)}, gpus=2),
+    "qwen3_moe_ep2_drop_and_pad": Workload(
+        "the EP=2 proxy with drop-and-pad routing (capacity factor 1.0): every graph choice it takes",
+        moe_proxy("qwen/qwen3_30b_a3b", "h100", *DROP_AND_PAD, *EP2),
+        {EAGER: ("cuda_graph=none",), RECIPE_DEFAULT: (), "full_iteration": ("cuda_graph=full_iteration",),
+         "te_layer": ("cuda_graph=te_layer",), "te_moe": ("cuda_graph=te_moe",), "te_attn": ("cuda_graph=te_attn",),
+         "te_attn_moe_router": ("cuda_graph=te_attn_moe_router",), "te_moe_router": ("cuda_graph=te_moe_router",),
+         "local_layer": ("cuda_graph=local_layer",), AUTO: ("cuda_graph=auto",)}, gpus=2),
+    "qwen3_moe_ep2_distributed_optimizer": Workload(
+        "the EP=2 drop-and-pad proxy with the distributed optimizer sharded over both GPUs; in the graph, "
+        "megatron-core's own optimizer graph",
+        moe_proxy("qwen/qwen3_30b_a3b", "h100", *DROP_AND_PAD, "ddp.use_distributed_optimizer=true", *EP2),
+        {EAGER: ("cuda_graph=none",), "full_iteration": ("cuda_graph=full_iteration",),
+         "full_iteration+optimizer": FULL_ITERATION_WITH_OPTIMIZER,
+         "te_attn_moe_router": ("cuda_graph=te_attn_moe_router",), AUTO: ("cuda_graph=auto",)},
+        gpus=2, megatron_core=">=0.19"),
+    "llama_tiny_dp2": Workload(
+        "llama/tiny at data parallel 2 (Transformer Engine spec, gradients all-reduced)",
+        ("recipe=llama/tiny", "train.num_gpus=2", "train.global_batch_size=4"),
+        {EAGER: ("cuda_graph=none",), "full_iteration": ("cuda_graph=full_iteration",),
+         "full_iteration+optimizer": FULL_ITERATION_WITH_OPTIMIZER, "te_layer": ("cuda_graph=te_layer",),
+         "te_attn_mlp": ("cuda_graph=te_attn_mlp",), "te_attn": ("cuda_graph=te_attn",),
+         "local_layer": ("cuda_graph=local_layer",), AUTO: ("cuda_graph=auto",)}, gpus=2),
     "gpt_oss_moe": Workload(
         "GPT-OSS-20B layer shapes (32 experts), 2 layers, 1 GPU",
         moe_proxy("gpt_oss/gpt_oss_20b", "h100"),

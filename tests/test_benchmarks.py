@@ -58,7 +58,8 @@ def test_the_table_is_built_from_raw_results(tmp_path):
     assert suite.result_name(record) == "llama_tiny_local_h100_mcore0.16.1.json"
 
 
-@pytest.mark.parametrize("name", ["qwen3_moe_dropless", "qwen3_moe_drop_and_pad", "qwen3_moe_ep2"])
+@pytest.mark.parametrize("name", ["qwen3_moe_dropless", "qwen3_moe_drop_and_pad", "qwen3_moe_ep2",
+                                  "qwen3_moe_ep2_drop_and_pad"])
 def test_the_recipe_default_variant_graphs_what_the_h100_preset_graphs(name):
     workload = suite.WORKLOADS[name]
     model = bridge.plan([*workload.base, *workload.variants[suite.RECIPE_DEFAULT]]).config.model
