@@ -17,7 +17,7 @@
 #                                        # (before tests: the loss tests read its rounding-only gap)
 #   bash scripts/gpu_check.sh overhead   # trainer vs minimal megatron-core loop; torch engine vs torch.compile
 #   bash scripts/gpu_check.sh nan        # the in-graph NaN check's overhead
-#   bash scripts/gpu_check.sh multigpu   # two or four GPUs: the multigpu tests (four-rank cases skip on two)
+#   bash scripts/gpu_check.sh multigpu [ARGS] # two or four GPUs: the multigpu tests (four-rank cases skip on two)
 #   bash scripts/gpu_check.sh dp2        # two GPUs: the dense-scope sweep at data parallel 2
 # Logs, summaries and JSON land in $OUT/mcore-<release> (the device tool brings that folder back);
 # benchmarks/results/<gpu>/mcore-<release>/ keeps them.
@@ -28,6 +28,10 @@ export PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/gpu-out}/mcore-$mcore
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+
+commit() {  # what the logs name: the snapshot session.sh runs, else this tree's HEAD
+  echo "${GRAPHBRIDGE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"
+}
 
 sweep() {  # sweep DIR OVERRIDES...: a graph-scope sweep through the CLI; its summary into $out
   local dir=$1; shift
@@ -51,7 +55,8 @@ case "${1:-tests}" in
     ;;
   tests)
     targets=("${@:2}")
-    python3 -m pytest -o addopts= -m "gpu and not multigpu" "${targets[@]:-tests}" -q -rA -p no:cacheprovider 2>&1 \
+    { echo "commit $(commit) with megatron-core $mcore, TE ${TE-2.10.0}"
+      python3 -m pytest -o addopts= -m "gpu and not multigpu" "${targets[@]:-tests}" -q -rA -p no:cacheprovider 2>&1; } \
       | tee "$out/gpu_tests.log" | tail -70
     ;;
   sweep)
@@ -101,8 +106,12 @@ case "${1:-tests}" in
   nan)
     python3 benchmarks/nan_check_overhead.py 2>&1 | tee "$out/nan_check.log" | tail -8
     ;;
-  multigpu)
-    python3 -m pytest -o addopts= -m multigpu tests -q -rA -p no:cacheprovider 2>&1 | tee "$out/multigpu_tests.log" | tail -40
+  multigpu)  # [PYTEST ARGS]; on the GPUs CUDA_VISIBLE_DEVICES leaves: multigpu_tests.log on two, _4gpu.log on four
+    shift
+    gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+    log=multigpu_tests.log; [ "$gpus" -gt 2 ] && log=multigpu_tests_${gpus}gpu.log
+    { echo "commit $(commit) with megatron-core $mcore, TE ${TE-2.10.0}, on $gpus GPUs"
+      python3 -m pytest -o addopts= -m multigpu tests -q -rA -p no:cacheprovider "$@" 2>&1; } | tee "$out/$log" | tail -40
     ;;
   dp2)
     sweep /tmp/sweep_dp2 sweep=dense_scopes recipe=llama/tiny train.num_gpus=2 train.global_batch_size=4
