@@ -8,97 +8,17 @@ the machine the tests run on; a case for a rule of megatron-core 0.19 runs on ON
 TransformerConfig also checks: there both verdicts must agree, live on the installed release
 (tests/test_megatron_agreement.py) and, on 0.19.2, against the verdicts recorded from the real
 package (tests/test_versions.py, tests/fixtures/).
+
+The machines, the configuration fragments, Case, build and fired are tests/rule_case_kit.py's.
 """
 
-from dataclasses import dataclass
-from typing import Any, Dict, Optional
-
-from bridge.config.schema import GraphBridgeConfig
-from bridge.machine import GPU, Machine
-from bridge.prepare import resolve
-from bridge.validation import resolve_target, validate
-
-PACKAGES = {"torch": "2.11.0", "megatron-core": "0.16.1", "transformer-engine": "2.10.0"}
-H100 = GPU("NVIDIA H100 80GB HBM3", (9, 0))
-ONE_H100 = Machine(gpus=(H100,), packages=PACKAGES)
-EIGHT_H100 = Machine(gpus=(H100,) * 8, packages=PACKAGES)
-LAPTOP = Machine(gpus=(), packages={"torch": "2.13.0", "megatron-core": "0.16.1", "transformer-engine": None})
-NO_TE = Machine(gpus=(H100,), packages={**PACKAGES, "transformer-engine": None})
-NO_MEGATRON = Machine(gpus=(H100,), packages={**PACKAGES, "megatron-core": None})
-PACKAGES_019 = {"torch": "2.11.0", "megatron-core": "0.19.2", "transformer-engine": "2.20.2"}
-ONE_H100_019 = Machine(gpus=(H100,), packages=PACKAGES_019)
-ONE_B200 = Machine(gpus=(GPU("NVIDIA B200", (10, 0)),), packages=PACKAGES)
-TE_WITHOUT_EXTENSION = Machine(gpus=(H100,), packages={**PACKAGES, "transformer-engine": None,
-                                                       "transformer-engine-python": "2.10.0"})
-WITH_APEX_KERNELS = Machine(gpus=(H100,), packages={**PACKAGES, "apex-fused-weight-gradient": "unknown",
-                                                    "fused-softmax": "unknown"})
-WITH_APEX = Machine(gpus=(H100,) * 8, packages={**PACKAGES, "apex": "0.1"})
-WITH_GROUPED_GEMM = Machine(gpus=(H100,), packages={**PACKAGES, "grouped-gemm": "1.1.4"})
-WITH_NSYS = Machine(gpus=(H100,), packages=PACKAGES, tools={"nsys": "/opt/nvidia/nsight-systems/bin/nsys"})
-
-MOE = {"model.num_moe_experts": 8, "model.moe_router_topk": 2, "model.moe_ffn_hidden_size": 128}
-DROP_AND_PAD = {"model.moe_expert_capacity_factor": 1.0, "model.moe_pad_expert_input_to_capacity": True}
-EP_OVERLAP = {**MOE, "model.expert_model_parallel_size": 2, "train.num_gpus": 2,
-              "model.moe_token_dispatcher_type": "alltoall", "model.overlap_moe_expert_parallel_comm": True}
-PP2 = {"model.pipeline_model_parallel_size": 2, "train.num_gpus": 2}
-TP2_SP = {"model.tensor_model_parallel_size": 2, "model.sequence_parallel": True, "train.num_gpus": 2}
-DP2 = {"train.num_gpus": 2, "train.global_batch_size": 4}
-MLA = {"model.multi_latent_attention": True, "model.kv_lora_rank": 32, "model.qk_head_dim": 16,
-       "model.qk_pos_emb_head_dim": 8, "model.v_head_dim": 16}
-ALLTOALL = {"model.moe_token_dispatcher_type": "alltoall"}
-SELECTIVE = {"model.recompute_granularity": "selective"}
-FULL_RECOMPUTE = {"model.recompute_granularity": "full", "model.recompute_method": "uniform",
-                  "model.recompute_num_layers": 1}
-
-
-def te(*modules: str) -> Dict[str, Any]:
-    return {"model.cuda_graph_impl": "transformer_engine", "model.cuda_graph_modules": list(modules)}
-
-
-def local(*modules: str) -> Dict[str, Any]:
-    return {"model.cuda_graph_impl": "local", "model.cuda_graph_modules": list(modules)}
-
-
-FULL_ITERATION = {"model.cuda_graph_impl": "full_iteration"}
-LLAMA_8B = {"model.num_layers": 32, "model.hidden_size": 4096, "model.num_attention_heads": 32,
-            "model.ffn_hidden_size": 14336, "dataset.seq_length": 8192}
-H100_80GB = Machine(gpus=(GPU("NVIDIA H100 80GB HBM3", (9, 0), 80 * 10**9),), packages=PACKAGES)
-
-
-@dataclass
-class Case:
-    changes: Dict[str, Any]
-    megatron: bool = False
-    machine: Machine = ONE_H100
-    processes: Optional[int] = None
-    graphs_measured: bool = False
-    """Judged as a job of cuda_graph=auto (Target.graphs_measured)."""
-
-
-def set_dotted(cfg, dotted: str, value) -> None:
-    *path, last = dotted.split(".")
-    node = cfg
-    for part in path:
-        node = getattr(node, part)
-    if isinstance(node, dict):
-        node[last] = value
-    else:
-        setattr(node, last, value)
-
-
-def build(case: Case) -> GraphBridgeConfig:
-    cfg = GraphBridgeConfig()
-    for key, value in case.changes.items():
-        set_dotted(cfg, key, value)
-    return resolve(cfg)
-
-
-def fired(case: Case) -> set:
-    """The rules that reject ``case`` on its machine."""
-    cfg = build(case)
-    target = resolve_target(cfg, case.machine, case.processes, case.graphs_measured)
-    return {violation.rule for violation in validate(cfg, target)}
-
+from tests.rule_case_kit import (
+    ALLTOALL, DP2, DROP_AND_PAD, EIGHT_H100, EP_OVERLAP, FULL_ITERATION, FULL_RECOMPUTE, H100_80GB, LAPTOP, LLAMA_8B,
+    MLA, MOE, NO_MEGATRON, NO_TE, ONE_B200, ONE_H100_019, PP2, SELECTIVE, TE_WITHOUT_EXTENSION, TP2_SP, WITH_APEX,
+    WITH_APEX_KERNELS, WITH_GROUPED_GEMM, WITH_NSYS, Case, local, te,
+)
+# Re-exported: tests and scripts/megatron_fixture.py import these from here.
+from tests.rule_case_kit import H100, ONE_H100, PACKAGES, PACKAGES_019, build, fired  # noqa: F401
 
 # rule name -> (reject, accept)
 RULE_CASES = {
