@@ -1,5 +1,6 @@
 """What the test modules share: the real command-line tools in a subprocess, CPU-sized configs,
-job directories as the launcher writes them, and a trainer over a scripted engine.
+job directories as the launcher writes them, a trainer over a scripted engine, and a cuda_graph=auto
+decision cache per test.
 
 Tests use these fixtures; no test module imports another one.
 """
@@ -91,6 +92,14 @@ def write_job() -> Callable[[Path, object], Path]:
 def read_result() -> Callable[[Path], dict]:
     """``read_result(job_dir)``: the job's result.json."""
     return lambda job_dir: json.loads((Path(job_dir) / "result.json").read_text())
+
+
+@pytest.fixture
+def cache_home(tmp_path, monkeypatch):
+    """The cuda_graph=auto decision cache of this test alone ($XDG_CACHE_HOME)."""
+    home = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home))
+    return home
 
 
 class ScriptedEngine:

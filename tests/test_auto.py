@@ -1,33 +1,20 @@
-"""cuda_graph=auto: the plan lists its candidates (every choice that trains the same, the optimizer inside the
-full-iteration graph included) and the cost of measuring them; on a CPU the run trains eagerly and says why; on
-a GPU the probe's rounds of successive halving decide (timings synthesized here: the GPU run is
-tests/gpu/test_auto_gpu.py), a clearly slower candidate stops after the screening round, a failed candidate
-is never chosen, and the decision is cached per workload (its layout and switches included), GPU and
-packages, so that a second run skips the probe."""
+"""cuda_graph=auto as the command line shows it on this CPU: the plan lists its candidates (every choice that
+trains the same, the optimizer inside the full-iteration graph included), the cost of measuring them and the cache
+key; the run trains eagerly and says why; what auto cannot decide for, and a bad cache file, are one line each; and
+the benchmark suite's auto row says what auto chose (the probe and its decision: test_auto_probe.py)."""
 
 import json
-import logging
 import os
 import sys
 from pathlib import Path
 
 import pytest
 
-import bridge
-from bridge.auto.cache import cache_path, read_decisions, store
-from bridge.auto.candidates import plan_auto
-from bridge.auto.decision import Measurement, decide, stopped_early, survivors
-from bridge.machine import GPU, Machine
-from bridge.planning import build_plan
-from bridge.prepare import prepare
-from perf.auto_probe import choose_graphs
+from bridge.auto.cache import cache_path
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ("model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64", "train.train_iters=5")
 AUTO = ("recipe=llama/tiny", "cuda_graph=auto")
-H100 = Machine(gpus=(GPU("NVIDIA H100 80GB HBM3", (9, 0), 80 * 10**9),),
-               packages={"torch": "2.13.0", "megatron-core": "0.16.1", "transformer-engine": "2.10.0"})
-"""A GPU machine as bridge.machine.probe() describes one: the candidates are judged for it."""
 OPTIMIZER_IN_GRAPH = "full_iteration+optimizer_in_graph"
 DENSE_CANDIDATES = ["none", "full_iteration", "local_layer", "te_attn", "te_attn_mlp", "te_layer", "te_mlp",
                     OPTIMIZER_IN_GRAPH]
@@ -35,24 +22,8 @@ DENSE_REFUSED = {"te_attn_moe_router": "moe_modules_need_moe_model", "te_mamba":
                  "te_moe": "moe_modules_need_moe_model", "te_moe_router": "moe_modules_need_moe_model"}
 
 
-@pytest.fixture
-def cache_home(tmp_path, monkeypatch):
-    """The decision cache of this test alone ($XDG_CACHE_HOME)."""
-    home = tmp_path / "cache"
-    monkeypatch.setenv("XDG_CACHE_HOME", str(home))
-    return home
-
-
 def environment(cache_home) -> dict:
     return {**os.environ, "XDG_CACHE_HOME": str(cache_home)}
-
-
-def gpu_plan(*overrides: str, machine: Machine = H100):
-    """The plan of ``graphbridge <AUTO> <overrides>`` on ``machine``, with its auto section."""
-    words = [*AUTO, *overrides]
-    plan = build_plan(prepare(bridge.compose(words)), machine, graphs_measured=True)
-    plan.auto = plan_auto(plan, words, machine)
-    return plan
 
 
 # --- on this CPU machine, through the command line ------------------------------------------------------
@@ -160,217 +131,6 @@ def test_a_bad_cache_file_is_one_line_and_never_a_traceback(cli, tmp_path, cache
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
     told = [line for line in result.stdout.splitlines() if "cannot be read" in line]
     assert len(told) == 1 and str(cache_path()) in told[0] and "delete it" in told[0]
-
-
-# --- the decision, from synthesized probe timings --------------------------------------------------------
-
-
-def timings(medians: dict, spread: float = 0.2) -> list:
-    """Measurements in probe order (eager first and last); a median of None is a failed job."""
-    eager = medians["none"]
-    graphs = [(choice, median) for choice, median in medians.items() if choice != "none"]
-    return [Measurement(choice, "completed" if median is not None else "failed", median, spread if median else None)
-            for choice, median in [("none", eager[0]), *graphs, ("none", eager[1])]]
-
-
-@pytest.mark.parametrize("medians, spread, chosen", [
-    ({"none": (10.0, 10.1), "full_iteration": 9.0, "te_attn": 8.0}, 0.2, "te_attn"),  # the fastest, beyond noise
-    ({"none": (10.0, 10.6), "te_attn": 9.6}, 0.2, "none"),  # within the noise between processes (0.6 ms)
-    ({"none": (10.0, 10.0), "te_attn": 9.0}, 2.5, "none"),  # within the steps' own scatter (2.5 ms wide)
-    ({"none": (10.0, 10.1), "te_attn": 10.5}, 0.2, "none"),  # slower than eager
-    ({"none": (10.0, 10.1), "te_layer": None, "te_attn": 8.0}, 0.2, "te_attn"),  # the failed one is left out
-    ({"none": (10.0, None), "te_attn": 8.0}, 0.2, "te_attn"),  # one eager run is enough to compare with
-    ({"none": (None, None), "te_attn": 8.0}, 0.2, "none"),  # nothing to beat: eager
-])
-def test_the_fastest_graph_choice_is_kept_only_beyond_the_probes_noise(medians, spread, chosen):
-    decision = decide(timings(medians, spread))
-    assert decision.chosen == chosen, decision.reason
-
-
-def test_a_failed_candidate_is_never_chosen_even_with_the_fastest_steps():
-    probe = timings({"none": (10.0, 10.0), "te_attn": 8.0})
-    probe.insert(1, Measurement("te_layer", "interrupted", 1.0, 0.1, "SIGTERM received"))  # fast, but it did not finish
-    assert decide(probe).chosen == "te_attn"
-
-
-@pytest.mark.parametrize("medians, spread, going_on", [
-    # fastest 8.0, noise 0.2: 8.1 is within it, 9.0 and 10.5 are clearly slower; at most half of 4 (2) go on
-    ({"none": (10.0, 10.1), "te_attn": 8.0, "te_mlp": 8.1, "te_layer": 9.0, "local_layer": 10.5}, 0.2,
-     ["te_attn", "te_mlp"]),
-    # all four within the noise: the faster half goes on, fastest first
-    ({"none": (10.0, 10.1), "te_attn": 8.3, "te_mlp": 8.0, "te_layer": 8.2, "local_layer": 8.1}, 0.5,
-     ["te_mlp", "local_layer"]),
-    # eager is the round's fastest: a graph choice clearly slower than eager cannot win and stops
-    ({"none": (10.0, 10.1), "te_attn": 12.0, "te_mlp": 10.05}, 0.2, ["te_mlp"]),
-    # wide noise between eager's two runs keeps a slower one in the race (three graphs: two go on)
-    ({"none": (10.0, 13.0), "te_attn": 8.0, "te_mlp": 10.5, "te_layer": 11.5}, 0.2, ["te_attn", "te_mlp"]),
-    ({"none": (10.0, 10.1), "te_attn": 8.0, "te_layer": None}, 0.2, ["te_attn"]),  # a failed one never goes on
-    ({"none": (None, None), "te_attn": 8.0}, 0.2, []),  # nothing to beat: the probe stops
-])
-def test_successive_halving_stops_the_clearly_slower_and_keeps_the_faster_half(medians, spread, going_on):
-    measurements = timings(medians, spread)
-    kept = survivors(measurements)
-    assert [m.choice for m in kept] == going_on
-    stopped = stopped_early(measurements, kept, 1)
-    assert {m.choice for m in stopped} == set(medians) - {"none"} - set(going_on)
-    assert all((m.status == "stopped_early") == (medians[m.choice] is not None) for m in stopped)
-    assert all(m.median_ms == medians[m.choice] for m in stopped if m.status == "stopped_early")
-
-
-def synthesized_trainer(medians: dict, trained: list):
-    """Trains nothing: leaves the result.json a probe run leaves, its median from ``medians`` by choice (a pair
-    for eager, its first and last run of a round; None: the run failed; a choice not named: 50 ms), and notes
-    ``round/choice`` in ``trained``."""
-    def train(config, run_dir):
-        job = json.loads((run_dir / "job.json").read_text())
-        choice = job["choices"]["cuda_graph"]
-        trained.append(f"{run_dir.parent.name}/{choice}")
-        median = medians["none"][run_dir.name != "0"] if choice == "none" else medians.get(choice, 50.0)
-        steps = {"median": median, "p10": median - 0.1, "p90": median + 0.1, "count": 30} if median else None
-        result = {"status": "failed", "reason": "replay failed", "job": job} if median is None else {
-            "status": "completed", "effective_impl": config.model.cuda_graph_impl.value, "step_time_ms": steps,
-            "job": job}
-        (run_dir / "result.json").write_text(json.dumps(result))
-        return 0 if median else 1
-    return train
-
-
-def test_the_run_trains_with_the_winner_records_the_probe_and_flags_a_failed_candidate(tmp_path, cache_home, caplog):
-    plan, trained = gpu_plan(*SMALL), []
-    trainer = synthesized_trainer({"none": (20.0, 20.2), "te_attn": 12.0, "te_layer": None}, trained)
-    with caplog.at_level(logging.INFO, logger="graphbridge"):
-        config = choose_graphs(plan, tmp_path, trainer)
-    assert (config.model.cuda_graph_impl.value, config.model.cuda_graph_modules) == ("transformer_engine", ["attn"])
-    assert config.rng.te_rng_tracker is True  # the choice's own derived values, as cuda_graph=te_attn composes them
-    # Round 1 screens every candidate; only te_attn is not clearly slower, so round 2 times it against eager.
-    assert trained == [f"round1/{choice}" for choice in plan.auto.probe_order] + [
-        "round2/none", "round2/te_attn", "round2/none"]
-    record = json.loads((tmp_path / "auto.json").read_text())
-    assert record["chosen"] == "te_attn" and record["source"] == "probe" and record["probe"]["wall_s"] >= 0
-    assert [r["timed_steps"] for r in record["probe"]["rounds"]] == [10, 30]
-    by_choice = {c["choice"]: c for c in record["candidates"]}
-    assert by_choice["te_attn"] == {"choice": "te_attn", "status": "completed", "median_ms": 12.0,
-                                    "spread_ms": pytest.approx(0.2), "reason": None,
-                                    "job": str(tmp_path / "auto" / "round2" / "1")}
-    assert by_choice["te_layer"]["status"] == "failed" and by_choice["te_layer"]["reason"] == "replay failed"
-    stopped = by_choice[OPTIMIZER_IN_GRAPH]
-    assert stopped["status"] == "stopped_early" and stopped["median_ms"] == 50
-    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
-    assert len(errors) == 1 and "te_layer ended failed" in errors[0] and "plan-equals-run bug" in errors[0]
-    chose = [r.getMessage() for r in caplog.records if "cuda_graph=auto chose" in r.getMessage()]
-    assert len(chose) == 1
-    assert chose[0].startswith("cuda_graph=auto chose te_attn: 12.00 ms a step against eager's 20.00 ms")
-    assert {"summary.md", "summary.png"} <= {path.name for path in (tmp_path / "auto").iterdir()}
-
-
-def test_a_probe_where_every_graph_choice_is_clearly_slower_stops_after_screening(tmp_path, cache_home):
-    trained = []
-    choose_graphs(gpu_plan(*SMALL), tmp_path, synthesized_trainer({"none": (20.0, 20.1)}, trained))
-    assert not any(run.startswith("round2/") for run in trained)
-    record = json.loads((tmp_path / "auto.json").read_text())
-    assert record["chosen"] == "none" and "slower than eager" in record["reason"]
-
-
-def test_a_second_run_of_the_same_workload_skips_the_probe(tmp_path, cache_home, caplog):
-    calls = []
-    for run in ("first", "second"):
-        (tmp_path / run).mkdir()
-    first = synthesized_trainer({"none": (20.0, 20.1), "te_mlp": 15.0}, calls)
-    choose_graphs(gpu_plan(*SMALL), tmp_path / "first", first)
-    decisions, problem = read_decisions(cache_path())
-    assert problem is None and [record["chosen"] for record in decisions.values()] == ["te_mlp"]
-
-    probed = len(calls)
-    again = gpu_plan(*SMALL)
-    assert again.auto.cached["chosen"] == "te_mlp" and "is used without a probe" in again.to_text()
-    with caplog.at_level(logging.INFO, logger="graphbridge"):
-        config = choose_graphs(again, tmp_path / "second", synthesized_trainer({"none": (1.0, 1.0)}, calls))
-    assert len(calls) == probed > 0 and config.model.cuda_graph_modules == ["mlp"]
-    assert json.loads((tmp_path / "second" / "auto.json").read_text())["source"] == "cache"
-    assert any("from the cache, so the probe is skipped" in r.getMessage() for r in caplog.records)
-    assert not (tmp_path / "second" / "auto").exists()
-    # The same workload run longer, or profiled, is the same decision; another workload or GPU is probed afresh.
-    assert gpu_plan(*SMALL, "train.train_iters=500", "perf.profile=true").auto.cached["chosen"] == "te_mlp"
-    assert gpu_plan(*SMALL, "model.num_layers=3").auto.cached is None
-    other_gpu = Machine(gpus=(GPU("NVIDIA H200", (9, 0), 141 * 10**9),), packages=H100.packages)
-    assert gpu_plan(*SMALL, machine=other_gpu).auto.cached is None
-
-
-@pytest.mark.parametrize("damage", ["{ half a file", "a decision for a choice that is no candidate"])
-def test_a_bad_cache_file_is_reported_probed_past_and_rewritten(tmp_path, cache_home, caplog, damage):
-    cache_path().parent.mkdir(parents=True)
-    if damage.startswith("a decision"):
-        key = gpu_plan(*SMALL).auto.key
-        damage = json.dumps({"format": 1, "decisions": {key: {"chosen": "te_bogus", "candidates": []}}})
-    cache_path().write_text(damage)
-    with caplog.at_level(logging.INFO, logger="graphbridge"):
-        choose_graphs(gpu_plan(*SMALL), tmp_path, synthesized_trainer({"none": (20.0, 20.0), "te_attn": 10.0}, []))
-    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warned) == 1 and str(cache_path()) in warned[0]
-    decisions, problem = read_decisions(cache_path())
-    assert problem is None and [record["chosen"] for record in decisions.values()] == ["te_attn"]
-
-
-def test_concurrent_runs_keep_every_decision(cache_home):
-    """Each writer holds the cache's file lock while it reads, adds and writes: none loses another's decision."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    keys = [f"workload{number}" for number in range(24)]
-    with ThreadPoolExecutor(8) as pool:
-        problems = list(pool.map(lambda key: store(cache_path(), key, {"chosen": "none", "candidates": []}), keys))
-    decisions, problem = read_decisions(cache_path())
-    assert problems == [None] * len(keys) and problem is None and sorted(decisions) == sorted(keys)
-
-
-# --- the probe itself: a real sweep of graphbridge on this CPU ------------------------------------------
-
-
-def test_the_probe_forks_each_run_and_leaves_its_table_and_plot_in_the_run_directory(tmp_path, cache_home):
-    """The real probe on a machine described as a GPU one: the torch engine's graph choices run eagerly on this
-    CPU, so they are recorded as ran_eagerly, none goes on to a second round and eager is kept; every run was a
-    process forked from the preloaded launcher, with its own log."""
-    tiny = ("engine=torch", "model.num_layers=1", "model.hidden_size=64", "model.ffn_hidden_size=128",
-            "model.vocab_size=256", "dataset.seq_length=32")
-    plan = gpu_plan(*tiny, machine=Machine(gpus=H100.gpus, packages={"torch": "2.13.0"}))
-    assert plan.auto.probe_order == ["none", "full_iteration", "local_layer", OPTIMIZER_IN_GRAPH, "none"]
-    config = choose_graphs(plan, tmp_path)
-    assert config.model.cuda_graph_impl.value == "none"
-    probe_dir = tmp_path / "auto"
-    assert {"summary.md", "summary.png", "round1"} <= {p.name for p in probe_dir.iterdir()}
-    assert not (probe_dir / "round2").exists()
-    record = json.loads((tmp_path / "auto.json").read_text())
-    assert [(c["choice"], c["status"]) for c in record["candidates"]] == [
-        ("none", "completed"), ("full_iteration", "ran_eagerly"), ("local_layer", "ran_eagerly"),
-        (OPTIMIZER_IN_GRAPH, "ran_eagerly"), ("none", "completed")]
-    assert record["probe"]["wall_s"] > 0
-    for number, eager in ((0, record["candidates"][0]), (4, record["candidates"][4])):
-        run_dir = probe_dir / "round1" / str(number)
-        result = json.loads((run_dir / "result.json").read_text())
-        assert result["train_iters"] == 14 and result["step_time_ms"]["count"] == 11
-        assert eager["median_ms"] == result["step_time_ms"]["median"] > 0 and eager["spread_ms"] >= 0
-        assert (run_dir / "train.log").stat().st_size > 0
-
-
-def test_a_job_of_several_gpus_is_probed_at_its_own_layout_one_forked_rank_per_gpu(tmp_path, cache_home, monkeypatch):
-    import perf.auto_probe
-    from bridge.run import load_resolved
-    from perf.preloaded import rank_environment
-
-    two_gpus = Machine(gpus=H100.gpus * 2, packages=H100.packages)
-    plan = gpu_plan(*SMALL, "model.tensor_model_parallel_size=2", "train.num_gpus=2", machine=two_gpus)
-    launched, synthesized = [], synthesized_trainer({"none": (20.0, 20.1), "te_attn": 10.0}, [])
-
-    def train(run_dir, log, env, ranks, timeout_s):
-        config = load_resolved(run_dir)
-        launched.append((ranks, config.model.tensor_model_parallel_size))
-        return synthesized(config, run_dir)
-
-    monkeypatch.setattr(perf.auto_probe.preloaded, "train", train)
-    assert choose_graphs(plan, tmp_path).model.cuda_graph_modules == ["attn"]
-    assert launched and set(launched) == {(2, 2)}
-    ranks = [rank_environment(rank, 2, 29555) for rank in range(2)]
-    assert [(env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) for env in ranks] == [("0", "0", "2"), ("1", "1", "2")]
-    assert {env["MASTER_PORT"] for env in ranks} == {"29555"} and rank_environment(0, 1, 29555) == {}
 
 
 # --- the benchmark suite's auto variant -----------------------------------------------------------------
