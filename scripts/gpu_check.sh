@@ -23,7 +23,8 @@
 # benchmarks/results/<gpu>/mcore-<release>/ keeps them.
 set -uo pipefail
 mcore=${MCORE:-0.16.1}
-source /tmp/gpu/env.sh "$mcore" "${TE-2.10.0}"
+# GPU_ENV: what sets the releases up (setup.sh writes /tmp/gpu/env.sh; the CPU tests give a stand-in)
+source "${GPU_ENV:-/tmp/gpu/env.sh}" "$mcore" "${TE-2.10.0}"
 export PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/gpu-out}/mcore-$mcore
 mkdir -p "$out"
@@ -78,7 +79,7 @@ case "${1:-tests}" in
     ;;
   differentials|differentials2)  # a differential a release, side by side on GPUs of their own, rendezvous ports apart
     # differentials: GPU 0 and GPU 1 (nvidia-h100-x2); differentials2: GPUs 0,1 and 2,3 (nvidia-h100-x4)
-    mode=${1%s}; shift
+    mode=${1/differentials/differential}; shift  # differentials2 -> differential2
     per_run=1; [ "$mode" = differential2 ] && per_run=2
     workers=$(( $(nproc) / 2 / per_run ))
     devices=(0 1); [ "$per_run" = 2 ] && devices=(0,1 2,3)

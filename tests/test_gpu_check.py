@@ -1,0 +1,26 @@
+"""scripts/gpu_check.sh's dispatch on the CPU, with a stand-in for the GPU machine's release set-up (GPU_ENV):
+a mode that starts other modes reaches the harness with the arguments meant for it, once per release. (A
+mistake in that mapping once started gpu_check.sh from itself without end and spent a session's device time.)"""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_both_releases_two_gpu_differentials_start_the_harness_once_each(tmp_path):
+    """differentials2 hands each release to differential2 (differentials to differential, by the same line)."""
+    stand_in = tmp_path / "env.sh"
+    stand_in.write_text("# the releases are whatever this Python has\n")
+    env = {**os.environ, "GPU_ENV": str(stand_in), "OUT": str(tmp_path / "out")}
+    command = ["bash", "scripts/gpu_check.sh", "differentials2", "--seed", "3", "--count", "2", "--eager-twins", "0",
+               "--deadline-s", "0"]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for release in ("0.16.1", "0.19.2"):
+        record = tmp_path / "out" / f"mcore-{release}" / "gpu_differential_2gpu.json"
+        summary = json.loads(record.read_text())["summary"]
+        assert summary["drawn"] == 2 and summary["num_gpus"] == 2
+        assert "--gpus 2 --workers" in summary["command"] and "--seed 3 --count 2" in summary["command"]
