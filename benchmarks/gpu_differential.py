@@ -142,8 +142,8 @@ def witnesses(first_index: int, gpus: int) -> List[Run]:
 @dataclass
 class Launch:
     """How each run's training process starts: ``process``, the CLI in a fresh process as a user types it (the
-    bypass: benchmarks/unchecked_run.py); ``preloaded``, the job the CLI would write, trained in a child forked
-    from one that imported torch, TE and megatron-core once (perf/preloaded.py)."""
+    bypass: benchmarks/unchecked_run.py); ``preloaded``, the job the CLI would write, trained in children (a rank
+    each) forked from one that imported torch, TE and megatron-core once (perf/preloaded.py)."""
     launcher: str
     run_env: Dict[str, str]
     port_base: int
@@ -164,8 +164,9 @@ class Launch:
 
             from perf import preloaded
 
-            return preloaded.train(run_dir, log, env, timeout_s=self.timeout_s, entry=train_unchecked,
-                                   entry_args=(set(run.unchecked_rules),))
+            return preloaded.train(run_dir, log, env, ranks=config.train.num_gpus, timeout_s=self.timeout_s,
+                                   entry=train_unchecked, entry_args=(set(run.unchecked_rules),),
+                                   port=int(env["MASTER_PORT"]))
         if run.unchecked_rules:
             # One process a GPU, as the CLI's launcher starts a job (perf.launch.training_command): torchrun's own
             # rendezvous on this host, so the harness's MASTER_PORT is not asked for twice.
@@ -214,9 +215,11 @@ def attempt(run: Run, workdir: Path, launch: Launch, retry: bool = False) -> Non
 
 def failure_log_tail(log: Path, run_dir: Path) -> Optional[str]:
     """The last LOG_TAIL lines of the traceback a failed run left: a rank's own log under torchrun (the launcher's
-    output ends with its summary, perf.launch keeps each rank's output in the run's folder), else the run's log."""
-    ranks = [path for path in sorted(run_dir.rglob("*.log")) + sorted(run_dir.rglob("stderr*"))
-             if path.is_file() and "Traceback" in path.read_text(errors="replace")]
+    output ends with its summary, perf.launch keeps each rank's output in the run's folder) or beside the run's
+    log (the preloaded launcher's ranks after the first, perf.preloaded.rank_log), else the run's log."""
+    logs = sorted(run_dir.rglob("*.log")) + sorted(run_dir.rglob("stderr*")) + [log]
+    logs += sorted(log.parent.glob(f"{log.stem}.rank*{log.suffix}"))
+    ranks = [path for path in logs if path.is_file() and "Traceback" in path.read_text(errors="replace")]
     source = ranks[0] if ranks else log
     if not source.exists():
         return None
@@ -322,8 +325,6 @@ def arguments() -> argparse.Namespace:
                         help="first rendezvous port (two differentials on one machine need ranges apart)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    if args.launcher == "preloaded" and args.gpus > 1:
-        parser.error("--launcher preloaded trains one process a run: several GPUs need torchrun (--launcher process)")
     args.workers = args.workers or max(1, (os.cpu_count() or 1) // args.gpus)
     return args
 
@@ -331,6 +332,10 @@ def arguments() -> argparse.Namespace:
 def main() -> int:
     args = arguments()
     start = time.monotonic()
+    run_env = dict(item.split("=", 1) for item in args.run_env)
+    # Read when the libraries load (OpenMP's pool), so set before the planning workers and the preloaded
+    # launcher's server start: a pool of a core's worth of threads in every process starves the machine.
+    os.environ.update({"OMP_NUM_THREADS": "2", **run_env})
     env = environment(["python", "benchmarks/gpu_differential.py", *sys.argv[1:]])
     runs = drawn_runs(args.seed, args.count, args.workers, args.gpus)
     first = witnesses(len(runs), args.gpus) if args.witnesses else []
@@ -341,15 +346,14 @@ def main() -> int:
     random.Random(args.seed).shuffle(rest)
     queue = first + rest
     all_runs = runs + [run for run in queue if run.kind != ACCEPTED]
-    print(f"{len(runs)} drawn, {len(queue)} to train, {args.workers} at once", flush=True)
+    print(f"{len(runs)} drawn and planned in {time.monotonic() - start:.0f} s, {len(queue)} to train, "
+          f"{args.workers} at once", flush=True)
 
     def record() -> None:
         write_json_atomic(args.out, {"summary": summary(all_runs, args, env, time.monotonic() - start),
                                      "runs": [asdict(run) for run in all_runs]})
 
-    run_env = dict(item.split("=", 1) for item in args.run_env)
-    # Read when the libraries load (OpenMP's pool), so set here, before the preloaded launcher's server starts.
-    os.environ.update({"OMP_NUM_THREADS": "2", **run_env})
+    record()  # what was drawn and accepted, before the first run ends
     launch = Launch(args.launcher, run_env, args.port_base)
     workdir = Path(tempfile.mkdtemp(prefix="gpu_differential_"))
     with ThreadPoolExecutor(args.workers) as pool:

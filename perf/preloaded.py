@@ -37,14 +37,15 @@ def train_job(job_dir: str) -> int:
 
 
 def train(job_dir: Path, log: Path, env: Dict[str, str], ranks: int = 1, timeout_s: Optional[float] = None,
-          entry: Callable[..., int] = train_job, entry_args: Sequence = ()) -> Optional[int]:
+          entry: Callable[..., int] = train_job, entry_args: Sequence = (), port: Optional[int] = None) -> Optional[int]:
     """Train ``job_dir`` in ``ranks`` forked children (one per GPU of this node), rank 0's output into ``log``,
-    rank r's into ``rank_log(log, r)``; each child calls ``entry(job_dir, *entry_args)``. The first non-zero exit
-    code (0 when every rank completed); None when they were killed at the timeout. The children never outlive
+    rank r's into ``rank_log(log, r)``; each child calls ``entry(job_dir, *entry_args)``. The ranks meet at
+    ``port`` (default: one free now; a caller starting many jobs at once gives each its own). The first non-zero
+    exit code (0 when every rank completed); None when they were killed at the timeout. The children never outlive
     this call: leaving it by an exception (a signal) kills them."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([PRELOADED])  # takes effect when the server starts, at the first child
-    port = free_port()
+    port = port or free_port()
     children = [context.Process(target=_child, args=(str(job_dir), str(rank_log(log, rank)),
                                                      {**env, **rank_environment(rank, ranks, port)}, entry,
                                                      tuple(entry_args)))

@@ -3,6 +3,7 @@ its eager-twin comparison (benchmarks/gpu_differential.py; the GPU runs it throu
 
 import json
 import math
+import os
 import random
 import subprocess
 import sys
@@ -17,6 +18,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import gpu_differential  # noqa: E402
 from differential_draw import draw  # noqa: E402
 from gpu_differential import EAGER_TWIN, Run, eager_agreement, failure_class, plan_verdict  # noqa: E402
+
+from perf import preloaded  # noqa: E402
 
 
 def test_every_draw_is_a_set_of_overrides_the_cli_takes():
@@ -75,6 +78,19 @@ def test_the_preloaded_launcher_trains_a_job_as_the_cli_would_and_says_why_one_f
     refused = Run(1, [*overrides[:-1], "train.train_iters=0"])
     gpu_differential.attempt(refused, tmp_path, launch)
     assert refused.status != "completed" and refused.error
+    # A run of two GPUs: a child a rank, told its rank and the run's own rendezvous port as torchrun would.
+    code = preloaded.train(tmp_path / "job", tmp_path / "ranks.log", {}, ranks=2, entry=report_rank,
+                           entry_args=(str(tmp_path),), port=23456)
+    assert code == 0
+    assert [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)] == [
+        {"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_PORT": "23456"} for rank in (0, 1)]
+
+
+def report_rank(job_dir: str, out: str) -> int:
+    """A preloaded child's work in the test above: what it was told."""
+    told = {key: os.environ[key] for key in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+    (Path(out) / f"rank{told['RANK']}.json").write_text(json.dumps(told))
+    return 0
 
 
 def test_the_footprint_tool_reads_its_variants_and_counts_the_processes_a_run_starts():
@@ -134,3 +150,6 @@ def test_a_failed_runs_log_tail_is_the_failing_ranks_traceback(tmp_path):
     assert gpu_differential.failure_log_tail(tmp_path / "run1.log", run_dir).endswith("the rank's own error")
     (tmp_path / "run2.log").write_text("one process: its traceback is in its log\n")
     assert gpu_differential.failure_log_tail(tmp_path / "run2.log", tmp_path / "run2").startswith("one process")
+    (tmp_path / "run3.log").write_text("the preloaded launcher's rank 0, waiting for its peer\n")
+    (tmp_path / "run3.rank1.log").write_text("Traceback (most recent call last):\nValueError: rank 1's own\n")
+    assert gpu_differential.failure_log_tail(tmp_path / "run3.log", tmp_path / "run3").endswith("rank 1's own")
