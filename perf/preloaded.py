@@ -37,7 +37,8 @@ def train_job(job_dir: str) -> int:
 
 
 def train(job_dir: Path, log: Path, env: Dict[str, str], ranks: int = 1, timeout_s: Optional[float] = None,
-          entry: Callable[..., int] = train_job, entry_args: Sequence = (), port: Optional[int] = None) -> Optional[int]:
+          entry: Callable[..., int] = train_job, entry_args: Sequence = (),
+          port: Optional[int] = None) -> Optional[int]:
     """Train ``job_dir`` in ``ranks`` forked children (one per GPU of this node), rank 0's output into ``log``,
     rank r's into ``rank_log(log, r)``; each child calls ``entry(job_dir, *entry_args)``. The ranks meet at
     ``port`` (default: one free now; a caller starting many jobs at once gives each its own). The first non-zero
