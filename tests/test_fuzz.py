@@ -5,9 +5,10 @@ violations, a preflight message, or a composition error from Hydra or OmegaConf 
 Any other exception fails the test with hypothesis's smallest example; the damage that once got
 past preflight (FORMER_GAPS) has a test of its one-line message.
 
-2000 cases in all (500 override sets, 1000 syntax-breaking damages, 500 damages of any kind); a
+1600 cases in all (300 override sets, 1000 syntax-breaking damages, 300 damages of any kind); a
 preflight verdict costs about 20 ms, a composition about 0.2 s, so the syntax damages, which
-preflight finds, keep the file near two minutes on two cores. Run with
+preflight finds, keep the file near a minute and a half on two cores (tests/test_cli_fuzz.py fuzzes
+the command line further under -m slow). Run with
 --hypothesis-show-statistics to see how the outcomes split.
 
 The examples are a function of the seed alone: by default hypothesis derives it from each test's
@@ -145,7 +146,7 @@ def bad_override(draw) -> str:
 
 
 @seeded
-@settings(FUZZ, max_examples=500)
+@settings(FUZZ, max_examples=300)
 @given(st.lists(bad_override(), max_size=4))
 def test_random_overrides_end_in_an_allowed_outcome(overrides):
     event(plan_outcome(overrides))
@@ -265,7 +266,7 @@ def test_syntax_damage_is_named_by_preflight(config_tree, data):
 
 
 @seeded
-@settings(FUZZ, max_examples=500)
+@settings(FUZZ, max_examples=300)
 @given(data=st.data())
 def test_any_damage_to_a_yaml_file_ends_in_an_allowed_outcome(config_tree, data):
     event(damaged_case(config_tree, ("truncate", "indent", "value", "tab", "bracket"), data))

@@ -6,11 +6,11 @@ import shlex
 from pathlib import Path
 
 import pytest
-import recipe_table
 
 import bridge
 from bridge.memory import ENGINE, ESTIMATE_ERROR, GPU_MEMORY_GB, estimate_memory
 from bridge.prepare import prepare
+from tests.preset_reference import composed_presets
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 H200_LOCAL = "docs/benchmarks.md, One H200: megatron engine (benchmarks/megatron_graphs.py), peak MiB / 1024"
@@ -148,7 +148,7 @@ Megatron-FSDP with offloading in bf16, TP 4 PP 8 VP 4 in FP8-CS, TP 2 PP 8 CP 2 
 @pytest.fixture(scope="module")
 def preset_configs():
     """Every recipe's every preset on its own GPU, composed as the command line composes it."""
-    return {key: prepare(cfg).config for key, cfg in recipe_table.compose_all().items() if key[1]}
+    return {key: prepare(cfg).config for key, cfg in composed_presets().items() if key[1]}
 
 
 def test_every_bridge_preset_is_estimated_to_fit_the_gpu_it_was_written_for(preset_configs):
