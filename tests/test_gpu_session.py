@@ -29,8 +29,12 @@ def test_a_job_runs_from_its_snapshot_and_collect_stops_it_and_returns_its_outpu
 
     collected = session("collect", cwd=checkout, state=state, out=out)
     assert collected.returncode == 0, collected.stderr
-    assert (out / "mcore-0.16.1" / "seen").read_text() == "snapshot\n"
-    assert (out / "demo.log").read_text().startswith("abc1234")
+    assert [path.name for path in out.iterdir()] == ["collected.tgz.00"]  # one part: all it wrote is small
+    unpacked = tmp_path / "unpacked"
+    unpacked.mkdir()
+    subprocess.run(f"cat {out}/collected.tgz.* | tar xz -C {unpacked}", shell=True, check=True)
+    assert (unpacked / "mcore-0.16.1" / "seen").read_text() == "snapshot\n"
+    assert (unpacked / "demo.log").read_text().startswith("abc1234")
     try:
         os.killpg(group, signal.SIGKILL)
         stopped = False

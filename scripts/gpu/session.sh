@@ -8,7 +8,7 @@
 #   bash scripts/gpu/session.sh start C NAME 'COMMAND'  # COMMAND in the snapshot of C, in the background;
 #                                                      # OUT, GRAPHBRIDGE_COMMIT set; its output in NAME.log
 #   bash scripts/gpu/session.sh wait SECONDS            # progress after SECONDS (a call that keeps the machine)
-#   bash scripts/gpu/session.sh collect                 # stop every job; what they wrote into $OUT
+#   bash scripts/gpu/session.sh collect                 # stop every job; what they wrote, as $OUT/collected.tgz.NN
 # For example, both releases' differentials on nvidia-h100-x2, one GPU each:
 #   bash scripts/gpu/session.sh start 6ba2ec3 differentials \
 #     'bash scripts/gpu_check.sh differentials --seed 8 --count 1400 --witnesses --deadline-s 1000'
@@ -59,10 +59,12 @@ JOB
     progress
     for group in "$state"/*.pgid; do [ -f "$group" ] && kill -- -"$(cat "$group")" 2>/dev/null; done
     sleep 3
+    # One archive in parts of 15 MiB: the device call brings back at most 8 files of 16 MiB, and which of many
+    # loose files it would leave out is not ours to choose. Here: cat collected.tgz.* | tar xz -C <folder>
     cp "$state"/*.log "$state/out/" 2>/dev/null
-    cp -r "$state/out/." "${OUT:?}/"
-    find "$OUT" -name '*.pt' -delete
-    ls -R "$OUT" | head -60
+    tar czf - -C "$state/out" --exclude='*.pt' . | split -b 15M -d - "${OUT:?}/collected.tgz."
+    ls -l "$OUT"
+    cat "$OUT"/collected.tgz.* | tar tzvf - | head -60
     ;;
   *)
     sed -n '2,15p' "$0"
