@@ -4,6 +4,7 @@ snapshot in the background, and collect stops it and brings back what it wrote."
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 SESSION = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "session.sh"
@@ -47,3 +48,19 @@ def test_a_job_without_its_snapshot_is_refused_with_the_fix(tmp_path):
     refused = session("start", "abc1234", "demo", "true", cwd=tmp_path, state=tmp_path / "state", out=tmp_path)
     assert refused.returncode == 2
     assert "carry .snap" in refused.stdout
+
+
+def test_wait_ends_with_the_jobs_and_brings_back_what_they_wrote(tmp_path):
+    checkout, state, out = tmp_path / "checkout", tmp_path / "state", tmp_path / "out"
+    (checkout / ".snap" / "abc1234").mkdir(parents=True)
+    out.mkdir()
+    session("start", "abc1234", "short", "mkdir -p $OUT/mcore-0.19.2 && echo 42 > $OUT/mcore-0.19.2/record.json",
+            cwd=checkout, state=state, out=out)
+    started = time.monotonic()
+    waited = session("wait", "50", cwd=checkout, state=state, out=out)
+    assert waited.returncode == 0 and "finished: short (exit 0)" in waited.stdout
+    assert time.monotonic() - started < 30  # not the whole 50 s: the job had ended
+    unpacked = tmp_path / "unpacked"
+    unpacked.mkdir()
+    subprocess.run(f"cat {out}/collected.tgz.* | tar xz -C {unpacked}", shell=True, check=True)
+    assert (unpacked / "mcore-0.19.2" / "record.json").read_text() == "42\n"

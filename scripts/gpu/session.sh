@@ -7,7 +7,8 @@
 # Then, on the GPU machine:
 #   bash scripts/gpu/session.sh start C NAME 'COMMAND'  # COMMAND in the snapshot of C, in the background;
 #                                                      # OUT, GRAPHBRIDGE_COMMIT set; its output in NAME.log
-#   bash scripts/gpu/session.sh wait SECONDS            # progress after SECONDS (a call that keeps the machine)
+#   bash scripts/gpu/session.sh wait SECONDS            # progress after SECONDS or when every job ended (a call
+#                                                      # that keeps the machine), and what they wrote so far
 #   bash scripts/gpu/session.sh collect                 # stop every job; what they wrote, as $OUT/collected.tgz.NN
 # For example, both releases' differentials on nvidia-h100-x2, one GPU each:
 #   bash scripts/gpu/session.sh start 6ba2ec3 differentials \
@@ -34,6 +35,18 @@ PY
   uptime
 }
 
+finished() {  # whether every job started has ended
+  for group in "$state"/*.pgid; do [ -f "${group%.pgid}.done" ] || return 1; done
+}
+
+pack() {
+  # What the jobs wrote so far, as one archive in parts of 15 MiB in this call's $OUT: the device call brings
+  # back 8 files of 16 MiB at most, and chose itself which loose files to leave out; a machine lost between
+  # calls leaves the last call's archive. Here: cat collected.tgz.* | tar xz -C <folder>
+  cp "$state"/*.log "$state/out/" 2>/dev/null
+  tar czf - -C "$state/out" --exclude='*.pt' . 2>/dev/null | split -b 15M -d - "${OUT:?}/collected.tgz."
+}
+
 case ${1:-} in
   start)
     commit=${2:?commit}; name=${3:?job name}; command=${4:?command}
@@ -51,23 +64,22 @@ JOB
     sleep 2
     progress
     ;;
-  wait)
-    sleep "${2:?seconds}"
+  wait)  # until SECONDS have passed or every job has ended
+    until=$((SECONDS + ${2:?seconds}))
+    while [ "$SECONDS" -lt "$until" ] && ! finished; do sleep 5; done
     progress
+    pack
     ;;
   collect)
     progress
     for group in "$state"/*.pgid; do [ -f "$group" ] && kill -- -"$(cat "$group")" 2>/dev/null; done
     sleep 3
-    # One archive in parts of 15 MiB: the device call brings back at most 8 files of 16 MiB, and which of many
-    # loose files it would leave out is not ours to choose. Here: cat collected.tgz.* | tar xz -C <folder>
-    cp "$state"/*.log "$state/out/" 2>/dev/null
-    tar czf - -C "$state/out" --exclude='*.pt' . | split -b 15M -d - "${OUT:?}/collected.tgz."
+    pack
     ls -l "$OUT"
     cat "$OUT"/collected.tgz.* | tar tzvf - | head -60
     ;;
   *)
-    sed -n '2,15p' "$0"
+    sed -n '2,16p' "$0"
     exit 2
     ;;
 esac
