@@ -125,7 +125,9 @@ trains every weight of a LoRA recipe, so the Llama 3 70B presets Bridge runs wit
 presets do not fit it; their plans say so and name Megatron-Bridge."""
 ESTIMATE_REFUSES = {("llama/llama31_405b", "b300", precision): "the memory estimate puts Bridge's TP2 PP8 VP8 layout "
                     "at ~391 GiB a GPU of the B300's 268 (it names full recompute, ~169 GiB); no GPU run has measured "
-                    "it" for precision in ("bf16", "fp8_cs", "fp8_mx")}
+                    "it, Bridge 0.3.1's performance summary lists no B300 405B run, and Bridge's later B300 405B "
+                    "recipe trains with Megatron-FSDP and 40 layers' activations offloaded to the host instead"
+                    for precision in ("bf16", "fp8_cs", "fp8_mx")}
 """Presets the memory estimate refuses (memory_capacity), each with what a measurement would have to settle."""
 
 
