@@ -26,7 +26,6 @@ import pytest
 import torch
 
 import bridge
-import bridge.engines.megatron.engine as megatron_engine
 from bridge import run
 from bridge.engines.torch.engine import TorchEngine
 from bridge.engines.torch.graphs import FullIterationGraph
@@ -116,6 +115,8 @@ def run_out_of_memory_while_capturing() -> None:
 
 
 def synchronise_inside_the_megatron_loss() -> None:
+    import bridge.engines.megatron.engine as megatron_engine  # here: importing megatron-core at collection is slow
+
     loss_function = megatron_engine.masked_mean_loss
 
     def loss_reading_itself(*args):
@@ -137,6 +138,8 @@ def main(case: str, job_dir: str) -> int:
     close = Trainer.close
 
     def close_and_count(trainer):
+        import bridge.engines.megatron.engine as megatron_engine
+
         try:
             close(trainer)
         finally:
