@@ -14,24 +14,28 @@ graphs, engines, measured GPU failures) or megatron-core alone refuses (a bug: a
 whether megatron-core's model, DDP wrapper and optimizer were built for every role. Run it in its own process:
 
     python -m tests.differential --seed 0 --count 100 --world-size 4 [--json]
+    python -m tests.differential --seed 31 --count 300 --world-size 2 --gpu-draws  # a GPU block's own draws
 
 GRAPHBRIDGE_MEGATRON_CORE_PATH=<site dirs> puts another megatron-core install first on the path (megatron-core
 0.19.2 on this Python: its wheel unpacked, with triton beside it); the target then speaks that version.
 """
 
 import argparse
+import functools
 import json
 import os
 import random
 import sys
 import warnings
 from collections import Counter
-from typing import Dict, List, Optional, Tuple
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
 
 if os.environ.get("GRAPHBRIDGE_MEGATRON_CORE_PATH"):
     sys.path[:0] = os.environ["GRAPHBRIDGE_MEGATRON_CORE_PATH"].split(os.pathsep)
 
-from tests.layout_draw import Draw, draw, finished  # noqa: E402
+sys.path.append(str(Path(__file__).resolve().parents[1] / "benchmarks"))  # differential_draw, for --gpu-draws
+from tests.layout_draw import draw, finished  # noqa: E402
 from tests.rank_build import REFUSALS, build_rank, first_line, roles  # noqa: E402
 
 BOTH_ACCEPT, BOTH_REFUSE, OURS_ONLY, MEGATRON_ONLY = "both accept", "both refuse", "graphbridge refuses", \
@@ -105,9 +109,10 @@ def classify(ours: List[str], theirs: Optional[str]) -> str:
     return BOTH_REFUSE if theirs is not None else OURS_ONLY
 
 
-def judge(drawn: Draw, machine, all_roles: bool) -> Dict[str, object]:
+def judge(finish: Callable[[], object], machine, all_roles: bool) -> Dict[str, object]:
+    """Both verdicts on the config ``finish`` makes."""
     try:
-        cfg = finished(drawn)
+        cfg = finish()
     except Exception as error:  # a draw the schema refuses (a type or a missing value), as the CLI would in one line
         return {"class": "unresolvable", "error": f"{type(error).__name__}: {first_line(error)}"}
     ours = graphbridge_verdict(cfg, machine)
@@ -118,14 +123,24 @@ def judge(drawn: Draw, machine, all_roles: bool) -> Dict[str, object]:
             "roles": ranks}
 
 
-def run(seed: int, count: int, world_size: int, all_roles: bool = True) -> List[dict]:
+def run(seed: int, count: int, world_size: int, all_roles: bool = True, gpu_draws: bool = False) -> List[dict]:
+    """``gpu_draws``: the GPU differential's own draws (benchmarks/differential_draw.py: the tiny recipes with every
+    graph choice, precision and layout it trains) instead of tests/layout_draw.py's, to judge a GPU block's draws
+    here before the GPU trains them."""
     rng = random.Random(seed)
     machine = target_machine(world_size)
     records = []
     for index in range(count):
-        drawn = draw(rng, world_size)
-        record = {"index": index, "overrides": drawn.overrides(), **judge(drawn, machine, all_roles)}
-        records.append(record)
+        if gpu_draws:
+            import bridge
+            from differential_draw import draw as gpu_draw
+
+            overrides = gpu_draw(rng, world_size)
+            finish = functools.partial(bridge.load, overrides)
+        else:
+            drawn = draw(rng, world_size)
+            overrides, finish = drawn.overrides(), functools.partial(finished, drawn)
+        records.append({"index": index, "overrides": overrides, **judge(finish, machine, all_roles)})
     return records
 
 
@@ -147,9 +162,11 @@ def main() -> int:
     parser.add_argument("--world-size", type=int, default=1, help="ranks the drawn layouts span")
     parser.add_argument("--first-role-only", action="store_true",
                         help="build one rank of each accepted config instead of one of each role")
+    parser.add_argument("--gpu-draws", action="store_true",
+                        help="draw as the GPU differential does (benchmarks/differential_draw.py), with its seeds")
     parser.add_argument("--json", action="store_true", help="every record as JSON on stdout")
     args = parser.parse_args()
-    records = run(args.seed, args.count, args.world_size, all_roles=not args.first_role_only)
+    records = run(args.seed, args.count, args.world_size, all_roles=not args.first_role_only, gpu_draws=args.gpu_draws)
     if args.json:
         print(json.dumps(records))
         return 0

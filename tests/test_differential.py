@@ -1,7 +1,7 @@
 """Nothing megatron-core refuses is accepted, at any parallel layout: the differential of tests/differential.py, in
 its own process (megatron-core keeps global state). By default 50 seeded configs at each of 2, 4 and 8 ranks, one
 rank built a config; under -m slow 350 at each of 2, 4 and 8 ranks (1050 a release), every role built, with at
-least a third accepted and four in five of those built. Against the installed megatron-core, and against the release
+least a third accepted and four in five of those built, and the GPU differential's own two- and four-GPU draws. Against the installed megatron-core, and against the release
 GRAPHBRIDGE_MEGATRON_CORE_PATH makes importable (0.19.2 on this Python: its wheel unpacked, triton beside it)."""
 
 import json
@@ -70,12 +70,14 @@ RELEASES = [pytest.param(None, id="installed"),
                 not OTHER_RELEASE_PATH, reason="GRAPHBRIDGE_MEGATRON_CORE_PATH names no other release"))]
 
 
-def differential(seed: int, count: int, release_path, world_size: int, first_role_only: bool) -> list:
+def differential(seed: int, count: int, release_path, world_size: int, first_role_only: bool,
+                 gpu_draws: bool = False) -> list:
     env = {key: value for key, value in os.environ.items() if key != "GRAPHBRIDGE_MEGATRON_CORE_PATH"}
     if release_path:
         env["GRAPHBRIDGE_MEGATRON_CORE_PATH"] = release_path
     command = [sys.executable, "-m", "tests.differential", "--seed", str(seed), "--count", str(count),
-               "--world-size", str(world_size), "--json", *(["--first-role-only"] if first_role_only else [])]
+               "--world-size", str(world_size), "--json", *(["--first-role-only"] if first_role_only else []),
+               *(["--gpu-draws"] if gpu_draws else [])]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=7200,
                           env={**env, "PYTHONWARNINGS": "ignore"})
     assert done.returncode == 0, done.stderr[-3000:]
@@ -111,3 +113,13 @@ def test_the_catalogue_accepts_nothing_megatron_core_refuses_at_scale(release_pa
     accepted = [record for record in records if record["class"] == "both accept"]
     assert len(accepted) >= len(records) / 3, f"{len(accepted)} of {len(records)} accepted"
     assert sum(record["built"] for record in accepted) >= 0.8 * len(accepted)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("release_path", RELEASES)
+def test_the_gpu_differentials_two_and_four_gpu_draws_agree_with_megatron_core(release_path):
+    """The draws of the next GPU blocks (scripts/gpu/README.md: seed 31 at two GPUs, 41 at four), judged here
+    first: a configuration megatron-core refuses would be GPU time spent on a missing rule."""
+    check([record for world_size, seed in ((2, 31), (4, 41))
+           for record in differential(seed=seed, count=300, release_path=release_path, world_size=world_size,
+                                      first_role_only=False, gpu_draws=True)])
