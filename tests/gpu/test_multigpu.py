@@ -13,6 +13,7 @@ The runs also go through the real CLI once (graphbridge under torchrun): rank 0 
 result.json, with step times and memory taken over both ranks.
 """
 
+import functools
 import json
 import math
 import os
@@ -24,6 +25,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import bridge
+from bridge.validation.training_rules import data_parallel_size
 from tests.gpu.megatron_cases import (
     DROP_AND_PAD, HAVE_TE, ROOT, STEPS, TrainingCase, assert_captured_and_replayed, assert_matches_eager,
     job_environment, job_file, skip_reason,
@@ -75,25 +78,29 @@ def eager_of(case: TrainingCase) -> TrainingCase:
     return TrainingCase(case.recipe, "none", case.extra)
 
 
+@functools.lru_cache(maxsize=None)
+def config_of(case: TrainingCase):
+    """The finished config the case's job trains."""
+    return bridge.load(list(case.overrides))
+
+
 def gpus_of(case: TrainingCase) -> int:
-    return int(setting(case, "train.num_gpus", 1))
-
-
-def setting(case: TrainingCase, key: str, default):
-    return next((item.split("=", 1)[1] for item in case.extra if item.startswith(f"{key}=")), default)
+    return config_of(case).train.num_gpus
 
 
 def expected_graphs(case: TrainingCase):
-    """Graphs per rank on llama/tiny (8 layers, micro-batch 2): one for the whole iteration; else one per layer
-    of this rank, and under pipeline parallelism one per layer and microbatch (no data parallelism here)."""
+    """Graphs per rank on llama/tiny: one for the whole iteration; else one per layer of this rank, and under
+    pipeline parallelism one per layer and micro-batch."""
     if case.recipe != "llama/tiny":
         return None
     if case.cuda_graph == "full_iteration":
         return 1
-    stages = int(setting(case, "model.pipeline_model_parallel_size", 1))
-    if stages > 1:
-        return 8 // stages * (int(setting(case, "train.global_batch_size", 2)) // 2)
-    return 8
+    cfg = config_of(case)
+    stages = cfg.model.pipeline_model_parallel_size
+    layers = cfg.model.num_layers // stages
+    if stages == 1:
+        return layers
+    return layers * cfg.train.global_batch_size // (cfg.train.micro_batch_size * data_parallel_size(cfg))
 
 
 def runnable(case: TrainingCase):
