@@ -131,17 +131,24 @@ def run(seed: int, count: int, world_size: int, all_roles: bool = True, gpu_draw
     machine = target_machine(world_size)
     records = []
     for index in range(count):
-        if gpu_draws:
-            import bridge
-            from differential_draw import draw as gpu_draw
-
-            overrides = gpu_draw(rng, world_size)
-            finish = functools.partial(bridge.load, overrides)
-        else:
-            drawn = draw(rng, world_size)
-            overrides, finish = drawn.overrides(), functools.partial(finished, drawn)
+        overrides, finish = gpu_drawn(rng, world_size) if gpu_draws else layout_drawn(rng, world_size)
         records.append({"index": index, "overrides": overrides, **judge(finish, machine, all_roles)})
     return records
+
+
+def layout_drawn(rng: random.Random, world_size: int) -> Tuple[List[str], Callable[[], object]]:
+    """A draw of tests/layout_draw.py: its command line, and what makes its config."""
+    drawn = draw(rng, world_size)
+    return drawn.overrides(), functools.partial(finished, drawn)
+
+
+def gpu_drawn(rng: random.Random, world_size: int) -> Tuple[List[str], Callable[[], object]]:
+    """A draw of the GPU differential: its command line, and what makes its config (as the CLI does)."""
+    import bridge
+    from differential_draw import draw as gpu_draw
+
+    overrides = gpu_draw(rng, world_size)
+    return overrides, functools.partial(bridge.load, overrides)
 
 
 def summary(records: List[dict]) -> Dict[str, object]:
