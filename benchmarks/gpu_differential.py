@@ -39,6 +39,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 from bridge.atomic import write_json_atomic  # noqa: E402
 from differential_draw import draw  # noqa: E402
 from differential_witnesses import WITNESS_CASES, gpus_of  # noqa: E402
+from perf import preloaded  # noqa: E402
 
 GRAPHBRIDGE = [sys.executable, "-m", "perf.main"]
 UNCHECKED = [sys.executable, str(ROOT / "benchmarks" / "unchecked_run.py")]
@@ -162,8 +163,6 @@ class Launch:
         if self.launcher == "preloaded":
             from unchecked_run import train_unchecked
 
-            from perf import preloaded
-
             return preloaded.train(run_dir, log, env, ranks=config.train.num_gpus, timeout_s=self.timeout_s,
                                    entry=train_unchecked, entry_args=(set(run.unchecked_rules),),
                                    port=int(env["MASTER_PORT"]))
@@ -218,7 +217,7 @@ def failure_log_tail(log: Path, run_dir: Path) -> Optional[str]:
     output ends with its summary, perf.launch keeps each rank's output in the run's folder) or beside the run's
     log (the preloaded launcher's ranks after the first, perf.preloaded.rank_log), else the run's log."""
     logs = sorted(run_dir.rglob("*.log")) + sorted(run_dir.rglob("stderr*")) + [log]
-    logs += sorted(log.parent.glob(f"{log.stem}.rank*{log.suffix}"))
+    logs += preloaded.other_rank_logs(log)
     ranks = [path for path in logs if path.is_file() and "Traceback" in path.read_text(errors="replace")]
     source = ranks[0] if ranks else log
     if not source.exists():

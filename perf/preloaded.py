@@ -22,7 +22,7 @@ import sys
 import time
 from multiprocessing.connection import wait
 from pathlib import Path
-from typing import Callable, Dict, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from bridge.machine import free_port
 
@@ -78,6 +78,11 @@ def _wait(children: list, timeout_s: Optional[float]) -> Optional[int]:
 
 def rank_log(log: Path, rank: int) -> Path:
     return log if rank == 0 else log.with_name(f"{log.stem}.rank{rank}{log.suffix}")
+
+
+def other_rank_logs(log: Path) -> List[Path]:
+    """The logs ranks after the first left beside ``log`` (rank_log)."""
+    return sorted(log.parent.glob(f"{log.stem}.rank*{log.suffix}"))
 
 
 def rank_environment(rank: int, ranks: int, port: int) -> Dict[str, str]:

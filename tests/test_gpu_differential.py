@@ -151,5 +151,6 @@ def test_a_failed_runs_log_tail_is_the_failing_ranks_traceback(tmp_path):
     (tmp_path / "run2.log").write_text("one process: its traceback is in its log\n")
     assert gpu_differential.failure_log_tail(tmp_path / "run2.log", tmp_path / "run2").startswith("one process")
     (tmp_path / "run3.log").write_text("the preloaded launcher's rank 0, waiting for its peer\n")
-    (tmp_path / "run3.rank1.log").write_text("Traceback (most recent call last):\nValueError: rank 1's own\n")
+    second_rank = preloaded.rank_log(tmp_path / "run3.log", 1)
+    second_rank.write_text("Traceback (most recent call last):\nValueError: rank 1's own\n")
     assert gpu_differential.failure_log_tail(tmp_path / "run3.log", tmp_path / "run3").endswith("rank 1's own")
