@@ -16,6 +16,12 @@ def is_moe_model(model) -> bool:
     return model.num_moe_experts is not None and model.num_moe_experts > 1
 
 
+def expert_tensor_parallel_size(model) -> int:
+    """The experts' tensor parallelism: model.expert_tensor_parallel_size, which follows TP when unset (as
+    megatron-core's ModelParallelConfig fills it)."""
+    return model.expert_tensor_parallel_size or model.tensor_model_parallel_size
+
+
 def valid_moe_layer_freq(model) -> bool:
     freq = model.moe_layer_freq
     if isinstance(freq, bool):

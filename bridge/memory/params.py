@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import Dict
 
-from bridge.config.model_facts import moe_layer_pattern, padded_vocab_size
+from bridge.config.model_facts import expert_tensor_parallel_size, moe_layer_pattern, padded_vocab_size
 from bridge.machine import PRESET_GPUS
 
 ADAM_STATE_BYTES, MASTER_BYTES, FP32_BYTES = 8, 4, 4
@@ -100,7 +100,7 @@ def data_parallel_sizes(cfg):
     """(data-parallel size, expert-data-parallel size)."""
     model, gpus = cfg.model, cfg.train.num_gpus
     tp, pp, cp = model.tensor_model_parallel_size, model.pipeline_model_parallel_size, model.context_parallel_size
-    etp = model.expert_tensor_parallel_size or tp
+    etp = expert_tensor_parallel_size(model)
     return max(1, gpus // (tp * pp * cp)), max(1, gpus // (model.expert_model_parallel_size * etp * pp))
 
 
@@ -124,7 +124,7 @@ def parameters_per_gpu(cfg) -> Dict[str, float]:
     the embedding and output layer's)."""
     model = cfg.model
     tp, pp = model.tensor_model_parallel_size, model.pipeline_model_parallel_size
-    etp = model.expert_tensor_parallel_size or tp
+    etp = expert_tensor_parallel_size(model)
     pattern = moe_layer_pattern(model)
     moe_share = sum(pattern) / len(pattern)
     stage = layers_per_stage(cfg)

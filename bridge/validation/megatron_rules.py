@@ -2,7 +2,7 @@
 past: each one would otherwise surface as a bare exception in the training process."""
 
 from bridge.config.releases import in_range
-from bridge.config.model_facts import has_dense_layers, is_moe_model
+from bridge.config.model_facts import expert_tensor_parallel_size, has_dense_layers, is_moe_model
 from bridge.validation.registry import rule, violation
 
 
@@ -58,7 +58,7 @@ def expert_bias_tensor_parallel(cfg, target):
     # TransformerConfig asserts it once ModelParallelConfig has filled ETP from TP (0.16.1 and 0.19.2): GPT-OSS's
     # biased experts at TP2 failed so at model build. Megatron-Bridge's GPT-OSS recipes set ETP=1 for this.
     model = cfg.model
-    expert_tp = model.expert_tensor_parallel_size or model.tensor_model_parallel_size
+    expert_tp = expert_tensor_parallel_size(model)
     if is_moe_model(model) and model.add_bias_linear and expert_tp != 1:
         unset = "" if model.expert_tensor_parallel_size else f" (unset, it follows TP={expert_tp})"
         return violation(

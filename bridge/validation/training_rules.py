@@ -2,7 +2,7 @@
 megatron-core would reject later, or what would only show once a job is running at scale. Value
 types and ranges are in value_rules.py."""
 
-from bridge.config.model_facts import is_moe_model, valid_moe_layer_freq
+from bridge.config.model_facts import expert_tensor_parallel_size, is_moe_model, valid_moe_layer_freq
 from bridge.validation.registry import rule, violation
 
 def model_parallel_size(cfg) -> int:
@@ -73,7 +73,7 @@ def gpu_count(cfg, target):
             f"train.num_gpus={cfg.train.num_gpus} is not a multiple of TP x PP x CP = {size}; "
             "change train.num_gpus or the parallel sizes",
         )
-    expert_tp = model.expert_tensor_parallel_size or model.tensor_model_parallel_size
+    expert_tp = expert_tensor_parallel_size(model)
     if model.expert_model_parallel_size < 1 or expert_tp < 1:
         return None  # positive_sizes reports it
     expert_world = cfg.train.num_gpus // model.pipeline_model_parallel_size
