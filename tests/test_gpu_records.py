@@ -16,7 +16,7 @@ import bridge
 from tests.gpu_witnesses import RESULTS, record_machine
 
 sys.path.insert(0, str(RESULTS.parents[0]))
-from gpu_differential import RESOURCE_ERRORS  # noqa: E402  (benchmarks/ is a directory of scripts)
+from differential_launch import RESOURCE_ERRORS  # noqa: E402  (benchmarks/ is a directory of scripts)
 
 RECORDS = sorted(path.relative_to(RESULTS).as_posix() for path in RESULTS.glob("*/mcore-*/gpu_differential*.json"))
 WITNESS_RECORDS = sorted(path.relative_to(RESULTS).as_posix() for path in RESULTS.glob("*/mcore-*/gpu_witnesses*.json"))
@@ -39,10 +39,12 @@ REFUSES_WHAT_TRAINS = {
     "optimizer_graph_distributed": "at one GPU graphbridge's capturable AdamW steps the single shard whole, so it "
                                    "trains, but with whole, unsharded optimizer state, and it shards nothing at two "
                                    "GPUs or more; megatron-core 0.19's own optimizer graph does (docs/gpu_differential.md)",
-    "mla_recompute_in_layer_graphs": "attention graphs alone with mla_up_proj recomputed trained at one micro-batch a "
-                                     "step (gpu_witnesses_2gpu_cfa782d.json, deepseek_v3_gb200_recompute_attn), while "
-                                     "0.16.1 run 283 of gpu_differential.json failed at four and the GB200 preset's "
-                                     "graphs failed at one; it stays until a run at several micro-batches trains",
+    "mla_recompute_in_layer_graphs": "attention graphs alone with mla_up_proj recomputed train at one micro-batch a "
+                                     "step (deepseek_v3_gb200_recompute_attn in gpu_witnesses_2gpu_cfa782d.json and "
+                                     "gpu_differential_2gpu_5bba762.json), but the same at four micro-batches aborted "
+                                     "on both releases (mla_up_proj_recompute_attn_four_microbatches, 5bba762; 0.16.1 "
+                                     "run 283 of gpu_differential.json), as did the GB200 preset's graphs at one: no "
+                                     "real step has a single micro-batch",
 }
 """Rules that stay although a configuration they refuse trained on a GPU with them unasked, and why."""
 
