@@ -31,6 +31,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
+import differential_launch  # noqa: E402
 import gpu_differential  # noqa: E402
 import suite  # noqa: E402
 
@@ -58,7 +59,7 @@ ROUNDING_MARGIN = 2
 seeds measured are a few draws of that noise and only hint at its spread: on issue #29's H100 run the
 in-graph optimizer's gap (+0.30 %) was larger than the one rounding-only gap measured (+0.24 %) and
 within twice it."""
-LAUNCH = gpu_differential.Launch("process", {}, port_base=21000, timeout_s=900)
+LAUNCH = differential_launch.Launch("process", {}, port_base=21000, timeout_s=900)
 """Each run through the CLI in a fresh process; 100 steps of several runs sharing the GPU take longer than the
 differential's six."""
 
@@ -110,7 +111,7 @@ def refusal(overrides: Tuple[str, ...]) -> Optional[dict]:
 def train(overrides: Tuple[str, ...], workdir: Path, index: int) -> dict:
     """One training through the CLI, as the GPU differential trains (its own rendezvous port, once more after a
     failure for want of the GPU's shared resources): its status and per-step losses (or why it failed)."""
-    run = gpu_differential.train(gpu_differential.Run(index, list(overrides)), workdir, LAUNCH)
+    run = differential_launch.train(gpu_differential.Run(index, list(overrides)), workdir, LAUNCH)
     return {"status": run.status, "reason": run.error, "losses": run.losses}
 
 

@@ -17,7 +17,6 @@ off by its time limit still leaves what it finished, and --deadline-s stops star
 """
 
 import argparse
-import json
 import multiprocessing
 import os
 import random
@@ -25,7 +24,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -38,23 +36,15 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from bridge.atomic import write_json_atomic  # noqa: E402
 from differential_draw import draw  # noqa: E402
+from differential_launch import Launch, port_range_problem, train  # noqa: E402
 from differential_witnesses import WITNESS_CASES, gpus_of  # noqa: E402
-from perf import preloaded  # noqa: E402
 
-GRAPHBRIDGE = [sys.executable, "-m", "perf.main"]
-UNCHECKED = [sys.executable, str(ROOT / "benchmarks" / "unchecked_run.py")]
 STEPS = 6
 """Enough for the default three eager warmup steps, the capture and two replays."""
-RUN_TIMEOUT_S = 300
 LOSS_TOLERANCE = 0.02
 """Largest relative gap, at any of the first STEPS steps, between a graphed run's loss and its eager twin's.
 A graph that replays stale inputs or skips an update leaves its twin by far more; rounding (graphs and eager
 kernels sum in other orders) by far less over six steps."""
-RESOURCE_ERRORS = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "ncclUnhandledCudaError", "EADDRINUSE")
-"""Failures of one run among --workers on one GPU whose cause is the others: memory taken by them, or a port
-another run took. A run that fails so is trained once more, and counts by that second attempt."""
-LOG_TAIL = 40
-COMPOSING = threading.Lock()
 ACCEPTED, BYPASS, EAGER_TWIN, WITNESS = "accepted", "bypass", "eager_twin", "witness"
 
 
@@ -75,7 +65,7 @@ class Run:
     retried_after: Optional[str] = None
     """The first attempt's error, when it was the GPU's resources shared with the other runs (RESOURCE_ERRORS)."""
     log_tail: Optional[str] = None
-    """The last LOG_TAIL lines of a failed run's traceback (failure_log_tail), since the run's folder is temporary."""
+    """The end of the log that says why a run failed (differential_launch.failure_log_tail): its folder is temporary."""
 
 
 def plan_verdict(overrides: List[str]) -> Dict[str, object]:
@@ -129,107 +119,16 @@ def samples(runs: List[Run], rng: random.Random, per_rule: int, twins: int, next
     return extra
 
 
-def witnesses(first_index: int, gpus: int) -> List[Run]:
-    """The witness cases that train on ``gpus`` GPUs."""
+def witnesses(first_index: int, gpus: int, labels: List[str]) -> List[Run]:
+    """The witness cases named by ``labels``, or with none named every one that trains on ``gpus`` GPUs."""
     runs = []
-    cases = [(label, overrides) for label, overrides in WITNESS_CASES.items() if gpus_of(overrides) == gpus]
+    cases = [(label, overrides) for label, overrides in WITNESS_CASES.items()
+             if label in labels or not labels and gpus_of(overrides) == gpus]
     for index, (label, overrides) in enumerate(cases, first_index):
         overrides = [*overrides, f"train.train_iters={STEPS}"]
         verdict = plan_verdict(overrides)
         runs.append(Run(index, overrides, WITNESS, verdict, refused_rules(verdict), label=label))
     return runs
-
-
-@dataclass
-class Launch:
-    """How each run's training process starts: ``process``, the CLI in a fresh process as a user types it (the
-    bypass: benchmarks/unchecked_run.py); ``preloaded``, the job the CLI would write, trained in children (a rank
-    each) forked from one that imported torch, TE and megatron-core once (perf/preloaded.py)."""
-    launcher: str
-    run_env: Dict[str, str]
-    port_base: int
-    timeout_s: float = RUN_TIMEOUT_S
-
-    def command(self, run: Run, run_dir: Path, log: Path, retry: bool) -> Optional[int]:
-        # Each run its own rendezvous port: ports picked free by concurrent processes collided (EADDRINUSE).
-        env = {**self.run_env, "PYTHONUNBUFFERED": "1", "MASTER_PORT": str(self.port_base + 2 * run.index + retry)}
-        if run.unchecked_rules or self.launcher == "preloaded":
-            import bridge
-            from perf.launch import job_record, write_job
-
-            with COMPOSING:  # Hydra's compose holds one global state
-                config = bridge.plan(run.overrides).config
-            write_job(config, run_dir, job_record({}, run.overrides))
-        if self.launcher == "preloaded":
-            from unchecked_run import train_unchecked
-
-            return preloaded.train(run_dir, log, env, ranks=config.train.num_gpus, timeout_s=self.timeout_s,
-                                   entry=train_unchecked, entry_args=(set(run.unchecked_rules),),
-                                   port=int(env["MASTER_PORT"]))
-        if run.unchecked_rules:
-            # One process a GPU, as the CLI's launcher starts a job (perf.launch.training_command): torchrun's own
-            # rendezvous on this host, so the harness's MASTER_PORT is not asked for twice.
-            processes = config.train.num_gpus
-            launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
-            command = [*(launcher if processes > 1 else [sys.executable]), *UNCHECKED[1:], str(run_dir),
-                       ",".join(run.unchecked_rules)]
-        else:
-            command = [*GRAPHBRIDGE, *run.overrides, f"hydra.run.dir={run_dir}"]
-        with open(log, "w") as output:
-            try:
-                return subprocess.run(command, cwd=ROOT, env={**os.environ, **env}, stdout=output,
-                                      stderr=subprocess.STDOUT, timeout=self.timeout_s).returncode
-            except subprocess.TimeoutExpired:
-                return None
-
-
-def train(run: Run, workdir: Path, launch: Launch) -> Run:
-    """Train ``run`` (a second time when the first attempt failed for want of the GPU's shared resources)."""
-    attempt(run, workdir, launch)
-    if run.status != "completed" and any(text in (run.error or "") for text in RESOURCE_ERRORS):
-        run.retried_after, run.status = run.error, None
-        attempt(run, workdir, launch, retry=True)
-    return run
-
-
-def attempt(run: Run, workdir: Path, launch: Launch, retry: bool = False) -> None:
-    """Train ``run`` in its own directory and read its result.json."""
-    name = f"run{run.index}{'_retry' if retry else ''}"
-    run_dir = workdir / name
-    start = time.monotonic()
-    if launch.command(run, run_dir, workdir / f"{name}.log", retry) is None:
-        run.status, run.error = "timeout", f"no result within {launch.timeout_s:.0f} s"
-    run.seconds = round(time.monotonic() - start, 1)
-    result_file = run_dir / "result.json"
-    if run.status is None:
-        if result_file.exists():
-            result = json.loads(result_file.read_text())
-            run.status, run.error, run.losses = result.get("status"), result.get("reason"), result.get("loss", [])
-            run.peak_reserved_gb = (result.get("memory") or {}).get("peak_reserved_gb")
-        else:
-            run.status, run.error = "failed", last_line(workdir / f"{name}.log")
-    if run.status != "completed":
-        run.log_tail = failure_log_tail(workdir / f"{name}.log", run_dir)
-
-
-def failure_log_tail(log: Path, run_dir: Path) -> Optional[str]:
-    """The last LOG_TAIL lines of the traceback a failed run left: a rank's own log under torchrun (the launcher's
-    output ends with its summary, perf.launch keeps each rank's output in the run's folder) or beside the run's
-    log (the preloaded launcher's ranks after the first, perf.preloaded.rank_log), else the run's log."""
-    logs = sorted(run_dir.rglob("*.log")) + sorted(run_dir.rglob("stderr*")) + [log]
-    logs += preloaded.other_rank_logs(log)
-    ranks = [path for path in logs if path.is_file() and "Traceback" in path.read_text(errors="replace")]
-    source = ranks[0] if ranks else log
-    if not source.exists():
-        return None
-    return "\n".join(source.read_text(errors="replace").splitlines()[-LOG_TAIL:])
-
-
-def last_line(log: Path) -> str:
-    if not log.exists():  # a preloaded child that died before opening its log (its error is on the harness's stderr)
-        return "no output"
-    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    return lines[-1][:300] if lines else "no output"
 
 
 def failure_class(error: Optional[str]) -> str:
@@ -313,7 +212,8 @@ def arguments() -> argparse.Namespace:
                         help="runs sharing the GPUs at once (default: the cores over --gpus, a process a GPU)")
     parser.add_argument("--bypass-per-rule", type=int, default=2, help="refused runs trained unchecked, per rule")
     parser.add_argument("--eager-twins", type=int, default=30)
-    parser.add_argument("--witnesses", action="store_true", help="first train WITNESS_CASES, rules unasked")
+    parser.add_argument("--witnesses", nargs="*", default=None, metavar="LABEL",
+                        help="first train WITNESS_CASES, rules unasked: those of --gpus GPUs, or the LABELs named")
     parser.add_argument("--deadline-s", type=float, default=None, help="start no run after this many seconds")
     parser.add_argument("--run-env", action="append", default=[], metavar="NAME=VALUE",
                         help="set in every training process (benchmarks/run_footprint.py measures what pays off)")
@@ -321,10 +221,17 @@ def arguments() -> argparse.Namespace:
                         help="preloaded: fork each training process from one that imported torch, TE and megatron-core "
                         "(perf/preloaded.py); process: the CLI in a fresh process, as a user runs it")
     parser.add_argument("--port-base", type=int, default=20000,
-                        help="first rendezvous port (two differentials on one machine need ranges apart)")
+                        help="first rendezvous port, two a run (two differentials on one machine need ranges apart, "
+                        "and both below the kernel's ephemeral ports)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.workers = args.workers or max(1, (os.cpu_count() or 1) // args.gpus)
+    for label in args.witnesses or []:
+        if label not in WITNESS_CASES:
+            parser.error(f"--witnesses {label}: no such case; the cases are in benchmarks/differential_witnesses.py")
+        if gpus_of(WITNESS_CASES[label]) != args.gpus:
+            parser.error(f"--witnesses {label}: it trains on {gpus_of(WITNESS_CASES[label])} GPUs; "
+                         f"run it with --gpus {gpus_of(WITNESS_CASES[label])}")
     return args
 
 
@@ -337,7 +244,7 @@ def main() -> int:
     os.environ.update({"OMP_NUM_THREADS": "2", **run_env})
     env = environment(["python", "benchmarks/gpu_differential.py", *sys.argv[1:]])
     runs = drawn_runs(args.seed, args.count, args.workers, args.gpus)
-    first = witnesses(len(runs), args.gpus) if args.witnesses else []
+    first = witnesses(len(runs), args.gpus, args.witnesses) if args.witnesses is not None else []
     rest = [run for run in runs if run.plan["runnable_here"]]
     rest += samples(runs, random.Random(args.seed), args.bypass_per_rule, args.eager_twins, len(runs) + len(first))
     # Mixed, so that the refused samples and eager twins train before --deadline-s as the accepted ones do (queued
@@ -352,6 +259,10 @@ def main() -> int:
         write_json_atomic(args.out, {"summary": summary(all_runs, args, env, time.monotonic() - start),
                                      "runs": [asdict(run) for run in all_runs]})
 
+    ports = port_range_problem(args.port_base, 2 * len(all_runs))  # Launch.port: two a run, for its retry
+    if ports:
+        print(ports, file=sys.stderr)
+        return 2
     record()  # what was drawn and accepted, before the first run ends
     launch = Launch(args.launcher, run_env, args.port_base)
     workdir = Path(tempfile.mkdtemp(prefix="gpu_differential_"))

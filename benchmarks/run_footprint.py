@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from bridge.atomic import write_json_atomic  # noqa: E402
-from gpu_differential import GRAPHBRIDGE, environment  # noqa: E402
+from differential_launch import GRAPHBRIDGE  # noqa: E402
+from gpu_differential import environment  # noqa: E402
 
 PHASES_FILE = "footprint_phases.json"
 SAMPLE_S = 0.2

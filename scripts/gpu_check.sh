@@ -78,6 +78,7 @@ case "${1:-tests}" in
     kill %1
     ;;
   differentials|differentials2)  # a differential a release, side by side on GPUs of their own, rendezvous ports apart
+    # (both ranges below 32768, where Linux's ephemeral ports begin: gpu_differential.py refuses a range that reaches them)
     # differentials: GPU 0 and GPU 1 (nvidia-h100-x2); differentials2: GPUs 0,1 and 2,3 (nvidia-h100-x4)
     mode=${1/differentials/differential}; shift  # differentials2 -> differential2
     per_run=1; [ "$mode" = differential2 ] && per_run=2
@@ -85,7 +86,7 @@ case "${1:-tests}" in
     devices=(0 1); [ "$per_run" = 2 ] && devices=(0,1 2,3)
     CUDA_VISIBLE_DEVICES=${devices[0]} MCORE=0.16.1 bash "$0" "$mode" --workers "$workers" --port-base 20000 "$@" \
       > "$out/${mode}s_0.16.1.log" 2>&1 &
-    CUDA_VISIBLE_DEVICES=${devices[1]} MCORE=0.19.2 bash "$0" "$mode" --workers "$workers" --port-base 40000 "$@" \
+    CUDA_VISIBLE_DEVICES=${devices[1]} MCORE=0.19.2 bash "$0" "$mode" --workers "$workers" --port-base 26000 "$@" \
       > "$out/${mode}s_0.19.2.log" 2>&1 &
     wait
     tail -n 3 "$out"/${mode}s_*.log

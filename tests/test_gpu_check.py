@@ -16,7 +16,7 @@ def test_both_releases_two_gpu_differentials_start_the_harness_once_each(tmp_pat
     stand_in.write_text("# the releases are whatever this Python has\n")
     env = {**os.environ, "GPU_ENV": str(stand_in), "OUT": str(tmp_path / "out")}
     command = ["bash", "scripts/gpu_check.sh", "differentials2", "--seed", "3", "--count", "2", "--eager-twins", "0",
-               "--deadline-s", "0"]
+               "--witnesses", "timeout_b15bb2a_320", "--deadline-s", "0"]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     for release in ("0.16.1", "0.19.2"):
@@ -24,3 +24,4 @@ def test_both_releases_two_gpu_differentials_start_the_harness_once_each(tmp_pat
         summary = json.loads(record.read_text())["summary"]
         assert summary["drawn"] == 2 and summary["num_gpus"] == 2
         assert "--gpus 2 --workers" in summary["command"] and "--seed 3 --count 2" in summary["command"]
+        assert [witness["label"] for witness in summary["witnesses"]] == ["timeout_b15bb2a_320"]

@@ -15,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import differential_launch  # noqa: E402
 import gpu_differential  # noqa: E402
 from differential_draw import draw  # noqa: E402
 from gpu_differential import EAGER_TWIN, Run, eager_agreement, failure_class, plan_verdict  # noqa: E402
@@ -71,12 +72,12 @@ def test_the_preloaded_launcher_trains_a_job_as_the_cli_would_and_says_why_one_f
     # On the CPU with the torch engine: the forkserver's child writes result.json as `python -m bridge.run` does,
     # and a run it cannot start leaves its last line as the error.
     overrides = ["recipe=llama/tiny", "device=cpu", "engine=torch", "train.train_iters=2"]
-    launch = gpu_differential.Launch("preloaded", {}, 21000)
+    launch = differential_launch.Launch("preloaded", {}, 21000)
     trained = Run(0, overrides)
-    gpu_differential.attempt(trained, tmp_path, launch)
+    differential_launch.attempt(trained, tmp_path, launch)
     assert trained.status == "completed" and len(trained.losses) == 2
     refused = Run(1, [*overrides[:-1], "train.train_iters=0"])
-    gpu_differential.attempt(refused, tmp_path, launch)
+    differential_launch.attempt(refused, tmp_path, launch)
     assert refused.status != "completed" and refused.error
     # A run of two GPUs: a child a rank, told its rank and the run's own rendezvous port as torchrun would.
     code = preloaded.train(tmp_path / "job", tmp_path / "ranks.log", {}, ranks=2, entry=report_rank,
@@ -147,10 +148,54 @@ def test_a_failed_runs_log_tail_is_the_failing_ranks_traceback(tmp_path):
     rank_log.parent.mkdir(parents=True)
     (tmp_path / "run1.log").write_text("torchrun's summary: bridge.run FAILED\n")
     rank_log.write_text("started\nTraceback (most recent call last):\nAssertionError: the rank's own error\n")
-    assert gpu_differential.failure_log_tail(tmp_path / "run1.log", run_dir).endswith("the rank's own error")
+    assert differential_launch.failure_log_tail(tmp_path / "run1.log", run_dir).endswith("the rank's own error")
     (tmp_path / "run2.log").write_text("one process: its traceback is in its log\n")
-    assert gpu_differential.failure_log_tail(tmp_path / "run2.log", tmp_path / "run2").startswith("one process")
+    assert differential_launch.failure_log_tail(tmp_path / "run2.log", tmp_path / "run2").startswith("one process")
     (tmp_path / "run3.log").write_text("the preloaded launcher's rank 0, waiting for its peer\n")
     second_rank = preloaded.rank_log(tmp_path / "run3.log", 1)
     second_rank.write_text("Traceback (most recent call last):\nValueError: rank 1's own\n")
-    assert gpu_differential.failure_log_tail(tmp_path / "run3.log", tmp_path / "run3").endswith("rank 1's own")
+    assert differential_launch.failure_log_tail(tmp_path / "run3.log", tmp_path / "run3").endswith("rank 1's own")
+
+
+def test_a_rank_that_aborted_in_cuda_is_the_reason_not_torchruns_own_traceback(tmp_path):
+    # A rank that aborts in C++ leaves no Python traceback; the launcher's log ends with torchrun's own.
+    (tmp_path / "run4.log").write_text("Traceback (most recent call last):\n  File \"torch/distributed/run.py\"\n"
+                                       "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+                                       "=====\nunchecked_run.py FAILED\n=====\n")
+    rank_log = tmp_path / "run4" / "ranks" / "run_x" / "attempt_0" / "0" / "stderr.log"
+    rank_log.parent.mkdir(parents=True)
+    rank_log.write_text("terminate called after throwing an instance of 'c10::Error'\n"
+                        "  what():  CUDA error: an illegal memory access was encountered\n"
+                        "Exception raised from c10_cuda_check_implementation at c10/cuda/CUDAException.cpp:44\n"
+                        "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x98\n")
+    tail = differential_launch.failure_log_tail(tmp_path / "run4.log", tmp_path / "run4")
+    assert tail.startswith("terminate called")
+    assert differential_launch.failure_reason(tail) == "what():  CUDA error: an illegal memory access was encountered"
+    assert differential_launch.failure_reason("started\nTraceback (most recent call last):\nValueError: bad\n"
+                                              "  during handling\n") == "ValueError: bad"
+    assert differential_launch.failure_reason(None) == "no output"
+
+
+def test_rendezvous_ports_stay_below_the_kernels_ephemeral_ports(tmp_path):
+    ephemeral = tmp_path / "ip_local_port_range"
+    ephemeral.write_text("32768\t60999\n")
+    assert differential_launch.port_range_problem(26000, 3000, ephemeral) is None
+    assert "pick a base from 1024 to 29768" in differential_launch.port_range_problem(40000, 3000, ephemeral)
+    assert differential_launch.port_range_problem(31000, 3000, ephemeral)  # its last ports reach 32768
+    assert differential_launch.port_range_problem(40000, 3000, tmp_path / "not_linux") is None
+
+
+@pytest.mark.parametrize("arguments, says", [
+    (["--port-base", "40000"], "--port-base 40000: its 4 ports reach the kernel's ephemeral ports"),
+    (["--witnesses", "no_such_case"], "--witnesses no_such_case: no such case"),
+    (["--witnesses", "moe_tp_with_sp"], "--witnesses moe_tp_with_sp: it trains on 2 GPUs; run it with --gpus 2"),
+])
+def test_the_harness_refuses_what_it_cannot_run_in_one_line_and_exit_2(tmp_path, arguments, says):
+    if arguments[0] == "--port-base" and not differential_launch.EPHEMERAL_PORTS.exists():
+        pytest.skip("no ephemeral port range to check against (not Linux)")
+    out = tmp_path / "record.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_differential.py"), "--count", "2",
+                           "--eager-twins", "0", "--workers", "1", *arguments, "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and says in done.stderr.strip().splitlines()[-1], done.stderr[-2000:]
+    assert not out.exists()
