@@ -25,3 +25,20 @@ def test_both_releases_two_gpu_differentials_start_the_harness_once_each(tmp_pat
         assert summary["drawn"] == 2 and summary["num_gpus"] == 2
         assert "--gpus 2 --workers" in summary["command"] and "--seed 3 --count 2" in summary["command"]
         assert [witness["label"] for witness in summary["witnesses"]] == ["timeout_b15bb2a_320"]
+
+
+def test_the_launchers_mode_starts_both_launchers_on_gpus_of_their_own_and_fails_without_evidence(tmp_path):
+    """launchers2 trains the cases named by fresh processes and by the preloaded launcher; with nothing trained
+    (--deadline-s 0) there is nothing to rely on, so it exits 1, and a block falls back to fresh processes."""
+    stand_in = tmp_path / "env.sh"
+    stand_in.write_text("# the releases are whatever this Python has\n")
+    env = {**os.environ, "GPU_ENV": str(stand_in), "OUT": str(tmp_path / "out"), "MCORE": "0.16.1"}
+    command = ["bash", "scripts/gpu_check.sh", "launchers2", "moe_tp_with_sp", "--deadline-s", "0"]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    out = tmp_path / "out" / "mcore-0.16.1"
+    for launcher, port in (("process", 20000), ("preloaded", 26000)):
+        summary = json.loads((out / f"launcher_{launcher}_2gpu.json").read_text())["summary"]
+        assert f"--launcher {launcher} --port-base {port}" in summary["command"] and summary["num_gpus"] == 2
+        assert [witness["label"] for witness in summary["witnesses"]] == ["moe_tp_with_sp"]
+    assert json.loads((out / "launchers_2gpu.json").read_text())["holds"] is False

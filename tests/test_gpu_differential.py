@@ -199,3 +199,24 @@ def test_the_harness_refuses_what_it_cannot_run_in_one_line_and_exit_2(tmp_path,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and says in done.stderr.strip().splitlines()[-1], done.stderr[-2000:]
     assert not out.exists()
+
+
+def test_the_launchers_comparison_holds_only_where_the_preloaded_runs_end_and_train_as_the_fresh_ones():
+    import launchers
+
+    def record(*runs):
+        return {"runs": [{"kind": "witness", "label": label, "status": status, "seconds": seconds, "losses": losses}
+                         for label, status, seconds, losses in runs]}
+
+    fresh = record(("a", "completed", 60.0, [10.0, 9.0]), ("b", "completed", 40.0, [8.0, 7.0]),
+                   ("c", "failed", 30.0, []))
+    same = launchers.compared({"process": fresh, "preloaded": record(
+        ("a", "completed", 20.0, [10.0, 9.0]), ("b", "completed", 10.0, [8.0, 7.0]), ("c", "failed", 5.0, []))})
+    assert same["holds"] and same["trained_by_both"] == 2
+    assert same["median_seconds"] == {"process": 50.0, "preloaded": 15.0} and same["speedup"] == 50.0 / 15.0
+    crashed = launchers.compared({"process": fresh, "preloaded": record(
+        ("a", "failed", 20.0, []), ("b", "completed", 10.0, [8.0, 7.0]), ("c", "failed", 5.0, []))})
+    assert not crashed["holds"] and crashed["preloaded_differs"] == ["a"]
+    drifted = launchers.compared({"process": fresh, "preloaded": record(
+        ("a", "completed", 20.0, [10.0, 9.5]), ("b", "completed", 10.0, [8.0, 7.0]), ("c", "failed", 5.0, []))})
+    assert drifted["preloaded_differs"] == ["a"] and not drifted["holds"]
