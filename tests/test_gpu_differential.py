@@ -79,17 +79,20 @@ def test_the_preloaded_launcher_trains_a_job_as_the_cli_would_and_says_why_one_f
     refused = Run(1, [*overrides[:-1], "train.train_iters=0"])
     differential_launch.attempt(refused, tmp_path, launch)
     assert refused.status != "completed" and refused.error
-    # A run of two GPUs: a child a rank, told its rank and the run's own rendezvous port as torchrun would.
+    # A run of two GPUs: a child a rank, told its rank and the run's own rendezvous port as torchrun would, and
+    # forked from a server whose imports asked NVML, not the CUDA driver, whether there is a GPU (a driver
+    # initialised before fork fails in every child; perf/training_imports.py).
     code = preloaded.train(tmp_path / "job", tmp_path / "ranks.log", {}, ranks=2, entry=report_rank,
                            entry_args=(str(tmp_path),), port=23456)
     assert code == 0
     assert [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)] == [
-        {"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_PORT": "23456"} for rank in (0, 1)]
+        {"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_PORT": "23456", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+        for rank in (0, 1)]
 
 
 def report_rank(job_dir: str, out: str) -> int:
     """A preloaded child's work in the test above: what it was told."""
-    told = {key: os.environ[key] for key in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+    told = {key: os.environ.get(key) for key in ("RANK", "WORLD_SIZE", "MASTER_PORT", "PYTORCH_NVML_BASED_CUDA_CHECK")}
     (Path(out) / f"rank{told['RANK']}.json").write_text(json.dumps(told))
     return 0
 
