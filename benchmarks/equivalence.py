@@ -59,7 +59,7 @@ ROUNDING_MARGIN = 2
 seeds measured are a few draws of that noise and only hint at its spread: on issue #29's H100 run the
 in-graph optimizer's gap (+0.30 %) was larger than the one rounding-only gap measured (+0.24 %) and
 within twice it."""
-LAUNCH = differential_launch.Launch("process", {}, port_base=21000, timeout_s=900)
+RUN_TIMEOUT_S = 900
 """Each run through the CLI in a fresh process; 100 steps of several runs sharing the GPU take longer than the
 differential's six."""
 
@@ -108,10 +108,10 @@ def refusal(overrides: Tuple[str, ...]) -> Optional[dict]:
     return {"status": "refused", "reason": "; ".join(str(v) for v in plan.refused_here), "losses": []}
 
 
-def train(overrides: Tuple[str, ...], workdir: Path, index: int) -> dict:
+def train(overrides: Tuple[str, ...], workdir: Path, index: int, launch: differential_launch.Launch) -> dict:
     """One training through the CLI, as the GPU differential trains (its own rendezvous port, once more after a
     failure for want of the GPU's shared resources): its status and per-step losses (or why it failed)."""
-    run = differential_launch.train(gpu_differential.Run(index, list(overrides)), workdir, LAUNCH)
+    run = differential_launch.train(gpu_differential.Run(index, list(overrides)), workdir, launch)
     return {"status": run.status, "reason": run.error, "losses": run.losses}
 
 
@@ -127,15 +127,16 @@ def with_gaps(run: dict) -> dict:
             if len(run["losses"]) >= LATE_WINDOW[1] else None, "largest_step_gap": max(gaps)}
 
 
-def measure(runs: List[dict], workers: int) -> List[dict]:
+def measure(runs: List[dict], workers: int, port_base: int) -> List[dict]:
     """Train every distinct configuration once (twins are shared) and put each twin's losses beside its run's."""
     distinct = sorted({tuple(run["overrides"]) for run in runs} | {tuple(run["eager_overrides"]) for run in runs})
     # Planned here, one after the other: composition is not thread-safe (Hydra's global state).
     results = {overrides: refusal(overrides) for overrides in distinct}
     runnable = [overrides for overrides in distinct if results[overrides] is None]
     workdir = Path(tempfile.mkdtemp(prefix="equivalence_"))
+    launch = differential_launch.Launch("process", {}, port_base, timeout_s=RUN_TIMEOUT_S)
     with ThreadPoolExecutor(workers) as pool:
-        results.update(zip(runnable, pool.map(lambda index: train(runnable[index], workdir, index),
+        results.update(zip(runnable, pool.map(lambda index: train(runnable[index], workdir, index, launch),
                                               range(len(runnable)))))
     measured = []
     for run in runs:
@@ -162,11 +163,17 @@ def main(argv=None) -> int:
                         "recipe's)")
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--workers", type=int, default=6, help="runs sharing the GPU at once")
+    parser.add_argument("--port-base", type=int, default=21000, help="first rendezvous port, two a run (two "
+                        "releases at once on one machine need ranges apart, below the kernel's ephemeral ports)")
     args = parser.parse_args(argv)
     if args.steps < WINDOW[1]:
         parser.error(f"--steps must reach the window's end, {WINDOW[1]}")
+    to_make = runs_to_make(args.seeds, args.steps)
+    ports = differential_launch.port_range_problem(args.port_base, 2 * 2 * len(to_make))  # each run and its twin
+    if ports:
+        parser.error(ports)
     env = environment(["python", "benchmarks/equivalence.py", *(argv if argv is not None else sys.argv[1:])])
-    runs = measure(runs_to_make(args.seeds, args.steps), args.workers)
+    runs = measure(to_make, args.workers, args.port_base)
     gap = rounding_gap({"runs": runs})
     record = {**env, "steps": args.steps, "window": list(WINDOW), "late_window": list(LATE_WINDOW),
               "seeds": args.seeds, "variants": VARIANTS,

@@ -49,7 +49,7 @@ def losses(level: float, late: float = 7.0, steps: int = equivalence.STEPS) -> l
 def test_runs_are_measured_once_each_with_their_twins_losses_beside_them(monkeypatch):
     trained = []
 
-    def train(overrides, workdir, index):
+    def train(overrides, workdir, index, launch):
         trained.append(overrides)
         graph = next(item for item in overrides if item.startswith("cuda_graph="))
         split = "train.micro_batch_size=1" in overrides
@@ -59,7 +59,7 @@ def test_runs_are_measured_once_each_with_their_twins_losses_beside_them(monkeyp
     monkeypatch.setattr(equivalence, "refusal", lambda overrides: None)
     monkeypatch.setattr(equivalence, "train", train)
     runs = [run for run in RUNS if run["spec"] == "local"]
-    measured = equivalence.measure(runs, workers=2)
+    measured = equivalence.measure(runs, workers=2, port_base=21000)
     assert len(trained) == len(set(trained)) == len({tuple(r["overrides"]) for r in runs} |
                                                      {tuple(r["eager_overrides"]) for r in runs})
     by_variant = {run["variant"]: run for run in measured}

@@ -23,7 +23,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from equivalence import ROUNDING_MARGIN, STEPS, WINDOW, rounding_gap, window_gap  # noqa: E402
 
 CONCURRENT_JOBS = 6
-FIRST_PORT = 29517
+FIRST_PORT = int(os.environ.get("GRAPHBRIDGE_TEST_FIRST_PORT", "29517"))
+"""The GPU tests' rendezvous ports, a job each: the megatron cases from here, the distributed optimizer's from +80,
+the multigpu tests' from +100, the optimizer equivalence's from +200. Two runs of the tests on one machine at once
+(a release on each GPU or pair) take bases 1000 apart, and below 32768, where the kernel's ephemeral ports begin
+(a port there may be an outgoing connection's: benchmarks/differential_launch.py)."""
 HAVE_TE = importlib.util.find_spec("transformer_engine") is not None
 LOCAL_SPEC = "model.transformer_impl=local"
 OPTIMIZER_IN_GRAPH = "optimizer.optimizer_in_graph=true"

@@ -16,7 +16,6 @@ result.json, with step times and memory taken over both ranks.
 import functools
 import json
 import math
-import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +26,7 @@ import torch
 
 import bridge
 from bridge.validation.training_rules import data_parallel_size
+from tests.gpu import megatron_cases
 from tests.gpu.megatron_cases import (
     DROP_AND_PAD, HAVE_TE, ROOT, STEPS, TrainingCase, assert_captured_and_replayed, assert_matches_eager,
     job_environment, job_file, skip_reason,
@@ -35,9 +35,8 @@ from tests.gpu.megatron_cases import (
 pytestmark = [pytest.mark.gpu, pytest.mark.multigpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")]
 CONCURRENT_JOBS = 4
-FIRST_PORT = int(os.environ.get("GRAPHBRIDGE_TEST_FIRST_PORT", "29617"))
-"""Rendezvous ports from here up, a job each: two runs of these tests on one machine (a release on each pair of
-GPUs) take ports apart."""
+FIRST_PORT = megatron_cases.FIRST_PORT + 100
+"""Rendezvous ports from here up, a job each (GRAPHBRIDGE_TEST_FIRST_PORT moves them: megatron_cases)."""
 # Two ranks of data parallel with the distributed optimizer overlapping grad reduce and param
 # gather: exercises the forward pre-hook toggling around TE capture.
 DP2 = ("train.num_gpus=2", "train.global_batch_size=4", "ddp.use_distributed_optimizer=true",

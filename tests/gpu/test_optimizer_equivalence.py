@@ -20,11 +20,12 @@ import pytest
 import torch
 
 import bridge
+from tests.gpu import megatron_cases
 from tests.gpu.megatron_cases import HAVE_TE, LOCAL_SPEC, ROOT, job_environment
 from tests.optimizer_equivalence import CHECKPOINTS, violations
 
 pytestmark = pytest.mark.gpu
-FIRST_PORT = 29717
+FIRST_PORT = megatron_cases.FIRST_PORT + 200
 SPECS = {"local": (LOCAL_SPEC,), "transformer_engine": ()}
 CANDIDATES = {"capturable_adamw": (), "megatron_optimizer_graph": ("ddp.use_distributed_optimizer=true",)}
 CASES = [(spec, candidate) for spec in SPECS for candidate in CANDIDATES]
