@@ -138,6 +138,11 @@ def failure_class(error: Optional[str]) -> str:
     return text[:200]
 
 
+def max_relative_gap(losses: List[float], reference: List[float]) -> Optional[float]:
+    """The largest relative gap between two runs' losses at the same steps; None without a step in common."""
+    return max((abs(a - b) / max(abs(b), 1e-6) for a, b in zip(losses, reference)), default=None)
+
+
 def eager_agreement(runs: List[Run]) -> Dict[str, object]:
     """Each completed twin pair: the largest relative loss gap over the first steps."""
     by_index = {run.index: run for run in runs}
@@ -146,8 +151,8 @@ def eager_agreement(runs: List[Run]) -> Dict[str, object]:
         graphed = by_index.get(twin.twin_of) if twin.kind == EAGER_TWIN else None
         if graphed is None or twin.status != "completed" or graphed.status != "completed":
             continue
-        gaps = [abs(a - b) / max(abs(b), 1e-6) for a, b in zip(graphed.losses, twin.losses)]
-        pairs.append({"graphed": graphed.index, "twin": twin.index, "max_relative_gap": max(gaps, default=0.0),
+        gap = max_relative_gap(graphed.losses, twin.losses)
+        pairs.append({"graphed": graphed.index, "twin": twin.index, "max_relative_gap": 0.0 if gap is None else gap,
                       "cuda_graph": next(o for o in graphed.overrides if o.startswith("cuda_graph="))})
     differ = [pair for pair in pairs if pair["max_relative_gap"] > LOSS_TOLERANCE]
     return {"compared": len(pairs), "tolerance": LOSS_TOLERANCE, "differ": differ,

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from bridge.atomic import write_json_atomic  # noqa: E402
-from gpu_differential import LOSS_TOLERANCE  # noqa: E402
+from gpu_differential import LOSS_TOLERANCE, max_relative_gap  # noqa: E402
 
 LAUNCHERS = {"process": 20000, "preloaded": 26000}
 """Each launcher's first rendezvous port: apart, and below the kernel's ephemeral ports (differential_launch)."""
@@ -35,10 +35,9 @@ def compared(records: Dict[str, dict]) -> dict:
     cases = []
     for label, fresh in runs["process"].items():
         forked = runs["preloaded"].get(label, {})
-        gaps = [abs(a - b) / max(abs(b), 1e-6) for a, b in zip(forked.get("losses", []), fresh["losses"])]
         cases.append({"label": label, "process": [fresh["status"], fresh["seconds"]],
                       "preloaded": [forked.get("status"), forked.get("seconds")],
-                      "max_relative_loss_gap": max(gaps, default=None)})
+                      "max_relative_loss_gap": max_relative_gap(forked.get("losses", []), fresh["losses"])})
     both = [case for case in cases if case["process"][0] == case["preloaded"][0] == "completed"]
     differ = [case["label"] for case in cases
               if case["process"][0] == "completed" and case["preloaded"][0] != "completed"

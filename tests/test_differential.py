@@ -1,8 +1,9 @@
 """Nothing megatron-core refuses is accepted, at any parallel layout: the differential of tests/differential.py, in
 its own process (megatron-core keeps global state). By default 50 seeded configs at each of 2, 4 and 8 ranks, one
 rank built a config; under -m slow 350 at each of 2, 4 and 8 ranks (1050 a release), every role built, with at
-least a third accepted and four in five of those built, and the GPU differential's own two- and four-GPU draws. Against the installed megatron-core, and against the release
-GRAPHBRIDGE_MEGATRON_CORE_PATH makes importable (0.19.2 on this Python: its wheel unpacked, triton beside it)."""
+least a third accepted and four in five of those built, and the GPU differential's own two- and four-GPU draws.
+Against the installed megatron-core, and against the release GRAPHBRIDGE_MEGATRON_CORE_PATH makes importable
+(0.19.2 on this Python: its wheel unpacked, triton beside it)."""
 
 import json
 import os
