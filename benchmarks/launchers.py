@@ -1,6 +1,7 @@
 """The GPU differential's two launchers side by side: the same witness cases (benchmarks/differential_witnesses.py)
 trained at the same time by fresh processes (the CLI, as a user runs it) on some GPUs and by the preloaded launcher
-(forked from one process that imported torch, TE and megatron-core: perf/preloaded.py) on others. Says how long each
+(forked from one process that imported torch, TE and megatron-core: perf/preloaded.py) on others, or on the
+same ones where the machine has too few (at once, so that each meets the other's load). Says how long each
 case took under each, whether the preloaded runs ended as the fresh ones did with the same losses, and exits 1
 where they did not, so that a GPU block uses the preloaded launcher only where it holds:
 

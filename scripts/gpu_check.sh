@@ -14,7 +14,8 @@
 #   bash scripts/gpu_check.sh differentials [ARGS] # two GPUs: 0.16.1 on GPU 0 and 0.19.2 on GPU 1 at once (TE 2.10.0),
 #                                        # each with half the cores (nvidia-h100-x2: both releases in one session)
 #   bash scripts/gpu_check.sh launchers2 LABEL... # witness cases by fresh processes and the preloaded launcher at once
-#                                        # (launchers: a GPU each); exit 1 unless the preloaded one trains them the same
+#                                        # (launchers: a GPU each; launchers2: a pair each, or one pair shared on
+#                                        # two GPUs); exit 1 unless the preloaded one trains them the same
 #   bash scripts/gpu_check.sh equivalence [ARGS]  # graphed training against eager: benchmarks/equivalence.py ARGS
 #                                        # (before tests: the loss tests read its rounding-only gap)
 #   bash scripts/gpu_check.sh overhead   # trainer vs minimal megatron-core loop; torch engine vs torch.compile
@@ -94,8 +95,13 @@ case "${1:-tests}" in
     tail -n 3 "$out"/${mode}s_*.log
     ;;
   launchers|launchers2)  # LABEL... [ARGS]: witness cases trained by both launchers at once, each on GPUs of its own
-    # (launchers: GPU 0 and GPU 1; launchers2: pairs 0,1 and 2,3); exits 1 unless the preloaded one holds
-    gpus=1; devices=(0 1); [ "$1" = launchers2 ] && gpus=2 && devices=(0,1 2,3)
+    # (launchers: GPU 0 and GPU 1; launchers2: pairs 0,1 and 2,3, or both on 0,1 where there are two GPUs: at once,
+    # so that each meets the other's load); exits 1 unless the preloaded one holds
+    gpus=1; devices=(0 1)
+    if [ "$1" = launchers2 ]; then
+      gpus=2; devices=(0,1 2,3)
+      [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -lt 4 ] && devices=(0,1 0,1)
+    fi
     shift
     python3 benchmarks/launchers.py --gpus "$gpus" --devices "${devices[@]}" --witnesses "$@" \
       --out "$out/launchers_${gpus}gpu.json" 2>&1 | tee "$out/launchers_${gpus}gpu.log" | tail -20
