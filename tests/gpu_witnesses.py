@@ -30,6 +30,7 @@ TWO_GPUS_0161 = "h100/mcore-0.16.1/gpu_differential_e15f81f.json"
 TWO_GPU_RUNS_0161 = "h200/mcore-0.16.1/gpu_differential_2gpu_b15bb2a.json"
 WITNESSES_2GPU_0161 = "h200/mcore-0.16.1/gpu_witnesses_2gpu_cfa782d.json"
 WITNESSES_2GPU_0192 = "h200/mcore-0.19.2/gpu_witnesses_2gpu_cfa782d.json"
+TWO_GPU_RUNS_0192 = "h200/mcore-0.19.2/gpu_differential_2gpu_4ebf167.json"
 """Runs of two GPUs each (num_gpus 2 in their summaries), on two H200s."""
 GPU_WITNESSES = {
     "allgather_dispatch_capture": GpuWitness(ON_0161, 706, "Cannot copy between CPU and CUDA tensors during CUDA graph"),
@@ -58,6 +59,8 @@ GPU_WITNESSES = {
                                                       "does not support sliding window attention"),
     "context_parallel_local_attention": GpuWitness(TWO_GPU_RUNS_0161, 367, "only supported by TEDotProductAttention"),
     "virtual_pipeline_microbatches": GpuWitness(TWO_GPU_RUNS_0161, 102, "contiguous micro-batches"),
+    "quantized_experts_fp64_probs": GpuWitness(TWO_GPU_RUNS_0192, 944, "GetTransformerEngineDType: Invalid type"),
+    "te_graphs_every_pipeline_rank": GpuWitness(TWO_GPU_RUNS_0192, 548, "no result within"),  # a hang
 }
 
 

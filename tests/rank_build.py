@@ -269,12 +269,34 @@ def _build_and_step(cfg, result: RankBuild, step: bool) -> None:
     result.stage = "optimizer"
     optimizer = get_megatron_optimizer(configs["optimizer_config"], chunks)
     engine.set_model_config_hooks(transformer_config, chunks, cfg.ddp.overlap_grad_reduce)
+    if cfg.model.cuda_graph_impl == "transformer_engine" and not graphable_layers(chunks, transformer_config):
+        raise ValueError("the engine's TransformerEngineGraphs finds no layer matching model.cuda_graph_modules on "
+                         "this rank")
     if not (step and steppable(cfg)):
         result.stage = "built"
         return
     result.stage = "step"
     _train_one_step(cfg, chunks, optimizer)
     result.stage, result.stepped = "stepped", True
+
+
+def graphable_layers(chunks, transformer_config) -> int:
+    """The layers megatron-core's TECudaGraphHelper would graph on this rank, counted as its constructor counts them
+    (which needs Transformer Engine): the engine refuses a rank without any while the other ranks wait for it."""
+    from megatron.core.transformer.cuda_graphs import _layer_is_graphable
+    from megatron.core.utils import get_attr_wrapped_model
+
+    count = 0
+    for chunk in chunks:
+        try:
+            model = get_attr_wrapped_model(chunk, "decoder", allow_none=False, return_model_obj=True)
+        except RuntimeError:  # a chunk without a decoder, as the helper allows
+            continue
+        layers = list(model.decoder.layers)
+        if getattr(model, "mtp", None) is not None:  # the MTP block's layer: mtp_model_layer on 0.19, before that
+            layers += [getattr(layer, "mtp_model_layer", None) or layer.transformer_layer for layer in model.mtp.layers]
+        count += sum(bool(_layer_is_graphable(layer, transformer_config)) for layer in layers)
+    return count
 
 
 def steppable(cfg) -> bool:

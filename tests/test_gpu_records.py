@@ -28,13 +28,10 @@ TRAINS_NOW: Dict[Tuple[str, int], str] = {
                           ("h100/mcore-0.16.1/gpu_differential_610e521.json", 219))
 }
 """Crashes after an accepting plan that no rule refuses, because graphbridge now makes the configuration train."""
-UNDECIDED: Dict[Tuple[str, int], str] = {
-    ("h200/mcore-0.16.1/gpu_differential_2gpu_b15bb2a.json", 320):
-        "no result within 300 s, no error: fp8 with grouped GEMM, the fused router and TE's MLP graphs at PP2 while "
-        "nine other two-GPU runs shared the machine; to be trained alone by the next two-GPU block (issue 38)",
-}
+UNDECIDED: Dict[Tuple[str, int], str] = {}
 """Crashes after an accepting plan whose cause no record shows yet (a timeout without an error), each with what will
-decide it."""
+decide it. None now: the last, b15bb2a's run 320, hung as five runs of 4ebf167 did, each with a pipeline rank that had
+no layer to graph (te_graphs_every_pipeline_rank)."""
 REFUSES_WHAT_TRAINS = {
     "optimizer_graph_distributed": "at one GPU graphbridge's capturable AdamW steps the single shard whole, so it "
                                    "trains, but with whole, unsharded optimizer state, and it shards nothing at two "

@@ -18,6 +18,7 @@ from bridge.validation import (  # noqa: F401  (importing registers the rules)
     memory_rules,
     megatron_rules,
     moe_graph_rules,
+    moe_quantization_rules,
     recompute_rules,
     resolution_rules,
     training_rules,
