@@ -249,6 +249,7 @@ def _build_and_step(cfg, result: RankBuild, step: bool) -> None:
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     from bridge.config.graphs import graph_impl
+    from bridge.config.schema import CudaGraphImpl
     from bridge.engines.megatron import engine
     from bridge.engines.megatron.model_build import build_model_chunks
     from bridge.translate import build_megatron_configs
@@ -269,9 +270,9 @@ def _build_and_step(cfg, result: RankBuild, step: bool) -> None:
     result.stage = "optimizer"
     optimizer = get_megatron_optimizer(configs["optimizer_config"], chunks)
     engine.set_model_config_hooks(transformer_config, chunks, cfg.ddp.overlap_grad_reduce)
-    if cfg.model.cuda_graph_impl == "transformer_engine" and not graphable_layers(chunks, transformer_config):
-        raise ValueError("the engine's TransformerEngineGraphs finds no layer matching model.cuda_graph_modules on "
-                         "this rank")
+    if cfg.model.cuda_graph_impl in ("transformer_engine", "local") and not graphed_layers(chunks, transformer_config):
+        raise ValueError(f"the engine's {CudaGraphImpl(cfg.model.cuda_graph_impl).value} per-layer graphs find no "
+                         "layer on this rank")
     if not (step and steppable(cfg)):
         result.stage = "built"
         return
@@ -280,12 +281,16 @@ def _build_and_step(cfg, result: RankBuild, step: bool) -> None:
     result.stage, result.stepped = "stepped", True
 
 
-def graphable_layers(chunks, transformer_config) -> int:
-    """The layers megatron-core's TECudaGraphHelper would graph on this rank, counted as its constructor counts them
-    (which needs Transformer Engine): the engine refuses a rank without any while the other ranks wait for it."""
-    from megatron.core.transformer.cuda_graphs import _layer_is_graphable
+def graphed_layers(chunks, transformer_config) -> int:
+    """The layers this rank's per-layer graphs take, counted as the engine finds them: under local graphs the
+    CudaGraphManagers megatron-core built into them (LocalLayerGraphs), under Transformer Engine's those that
+    megatron-core's TECudaGraphHelper would take, as its constructor counts them (it needs Transformer Engine). The
+    engine refuses a rank without any, while the other ranks wait for it."""
+    from megatron.core.transformer.cuda_graphs import CudaGraphManager, _layer_is_graphable
     from megatron.core.utils import get_attr_wrapped_model
 
+    if transformer_config.cuda_graph_impl == "local":
+        return sum(isinstance(module, CudaGraphManager) for chunk in chunks for module in chunk.modules())
     count = 0
     for chunk in chunks:
         try:

@@ -349,13 +349,15 @@ def local_graphs_pipeline_microbatches(cfg, target):
 
 @rule("te_graphs_every_pipeline_rank", engine="megatron",
       rejects="Transformer Engine per-layer graphs under pipeline parallelism where a pipeline rank holds no layer "
-              "of the scope, while others do (`cuda_graph=te_mlp` on an MoE model whose dense layers sit on one stage)",
-      fix="a scope every rank holds (`cuda_graph=te_attn`), or a split (`model.pipeline_model_parallel_layout`) that "
-          "gives each rank such a layer")
+              "of the scope while others do: `cuda_graph=te_mlp` on an MoE model whose dense layers sit on one stage, "
+              "or a layout with a stage of the embedding or the loss alone",
+      fix="a scope every rank holds (`cuda_graph=te_attn`), a layout (`model.pipeline_model_parallel_layout`) that "
+          "gives each rank such a layer, or `cuda_graph=full_iteration`")
 def te_graphs_every_pipeline_rank(cfg, target):
     # The engine refuses to build TE graphs where its rank has no layer to graph (TECudaGraphHelper's callables are
     # per rank), and the ranks that have one then wait for it: deepseek/tiny (dense layer 0, MoE 1-3, the MoE MTP
-    # layer on the last stage) with cuda_graph=te_mlp at PP2 hung until the time limit on both releases.
+    # layer on the last stage) with cuda_graph=te_mlp at PP2 hung until the time limit on both releases. (Local
+    # graphs keep a manager on every rank's block, layers or not: the engine builds them there.)
     model = cfg.model
     if impl_of(cfg) != TE or model.pipeline_model_parallel_size <= 1 or not isinstance(model.num_layers, int):
         return None
@@ -369,12 +371,13 @@ def te_graphs_every_pipeline_rank(cfg, target):
              and not (rank.mtp and graphs_layer(modules, pattern[-1]))]
     if not empty or len(empty) == len(ranks):
         return None  # no rank graphs a layer: mlp_needs_dense_layers and its kin say why
+    taken = f"model.cuda_graph_modules={sorted(modules)}" if modules else "graphing whole layers"
     return violation(
         "te_graphs_every_pipeline_rank", [MODULES, "model.pipeline_model_parallel_size"],
-        f"model.cuda_graph_modules={sorted(modules)} finds no layer to graph on pipeline rank(s) "
-        f"{', '.join(map(str, empty))}, and a rank without one cannot build Transformer Engine graphs while the "
-        "others wait for it; use a scope every rank holds (cuda_graph=te_attn) or a pipeline split "
-        "(model.pipeline_model_parallel_layout) that gives each rank such a layer",
+        f"{taken} finds no layer on pipeline rank(s) {', '.join(map(str, empty))}, and a rank without one cannot "
+        "build Transformer Engine graphs while the others wait for it; use a scope every rank holds "
+        "(cuda_graph=te_attn), a layout (model.pipeline_model_parallel_layout) that gives each rank such a layer, or "
+        "cuda_graph=full_iteration",
     )
 
 
