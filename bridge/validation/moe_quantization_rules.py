@@ -34,7 +34,8 @@ def quantized_experts_fp64_probs(cfg, target):
                                               and model.moe_flex_dispatcher_backend in ROUTER_PADDING_DISPATCHERS):
         return None
     return violation(
-        "quantized_experts_fp64_probs", ["model.moe_router_dtype", "model.moe_grouped_gemm", "model.fp8"],
+        "quantized_experts_fp64_probs", ["model.moe_router_dtype", "model.moe_grouped_gemm",
+                                         "model.fp8" if model.fp8 else "model.fp4"],
         "Transformer Engine's grouped experts pad the router's probabilities for fp8/fp4 with a kernel that takes no "
         "fp64; set model.moe_router_dtype=fp32, or model.moe_grouped_gemm=false"
         + ("" if in_range(target.megatron_core, "<0.19") else
