@@ -100,7 +100,7 @@ case "${1:-tests}" in
     gpus=1; devices=(0 1)
     if [ "$1" = launchers2 ]; then
       gpus=2; devices=(0,1 2,3)
-      [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -lt 4 ] && devices=(0,1 0,1)
+      [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -lt 4 ] && devices=(0,1 0,1)
     fi
     shift
     python3 benchmarks/launchers.py --gpus "$gpus" --devices "${devices[@]}" --witnesses "$@" \
