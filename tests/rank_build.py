@@ -270,9 +270,9 @@ def _build_and_step(cfg, result: RankBuild, step: bool) -> None:
     result.stage = "optimizer"
     optimizer = get_megatron_optimizer(configs["optimizer_config"], chunks)
     engine.set_model_config_hooks(transformer_config, chunks, cfg.ddp.overlap_grad_reduce)
-    if cfg.model.cuda_graph_impl in ("transformer_engine", "local") and not graphed_layers(chunks, transformer_config):
-        raise ValueError(f"the engine's {CudaGraphImpl(cfg.model.cuda_graph_impl).value} per-layer graphs find no "
-                         "layer on this rank")
+    impl = CudaGraphImpl(cfg.model.cuda_graph_impl)
+    if impl in (CudaGraphImpl.transformer_engine, CudaGraphImpl.local) and not graphed_layers(chunks, transformer_config):
+        raise ValueError(f"the engine's {impl.value} per-layer graphs find no layer on this rank")
     if not (step and steppable(cfg)):
         result.stage = "built"
         return

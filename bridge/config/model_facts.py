@@ -95,8 +95,10 @@ def virtual_stage_contents(model) -> List[Tuple[int, int]]:
         middle_ranks = ranks - (first is not None) - (last is not None)
         middle = (model.num_layers - (first or 0) - (last or 0)) // middle_ranks if middle_ranks > 0 else 0
         per_rank = [middle] * ranks
-        per_rank[0] = first if first is not None else per_rank[0]
-        per_rank[-1] = last if last is not None else per_rank[-1]
+        if first is not None:
+            per_rank[0] = first
+        if last is not None:
+            per_rank[-1] = last
     else:
         accounted = int(model.account_for_embedding_in_pipeline_split) + int(model.account_for_loss_in_pipeline_split)
         per_rank = [(model.num_layers + accounted) // ranks] * ranks

@@ -27,7 +27,8 @@ def quantized_experts_fp64_probs(cfg, target):
     if not (is_moe_model(model) and (model.fp8 or model.fp4) and model.moe_router_dtype == "fp64"
             and model.moe_grouped_gemm and not builds_local_spec(cfg, target)):
         return None
-    if in_range(target.megatron_core, "<0.19"):
+    before_019 = in_range(target.megatron_core, "<0.19")
+    if before_019:
         if model.moe_use_legacy_grouped_gemm:
             return None  # the legacy GroupedMLP (grouped_gemm_package says where it builds) pads nothing
     elif model.moe_router_padding_for_fp8 or (model.moe_token_dispatcher_type == "flex"
@@ -38,6 +39,6 @@ def quantized_experts_fp64_probs(cfg, target):
                                          "model.fp8" if model.fp8 else "model.fp4"],
         "Transformer Engine's grouped experts pad the router's probabilities for fp8/fp4 with a kernel that takes no "
         "fp64; set model.moe_router_dtype=fp32, or model.moe_grouped_gemm=false"
-        + ("" if in_range(target.megatron_core, "<0.19") else
+        + ("" if before_019 else
            ", or model.moe_router_padding_for_fp8=true (the router pads; alltoall or flex dispatcher)"),
     )
