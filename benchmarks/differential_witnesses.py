@@ -108,6 +108,16 @@ WITNESS_CASES = {
                             "model.moe_grouped_gemm=true", "model.moe_router_fusion=true", "train.micro_batch_size=1",
                             "train.global_batch_size=2", "model.cuda_graph_use_single_mempool=true",
                             "model.pipeline_model_parallel_size=2"),
+    # 4ebf167's five hangs: a pipeline rank with no layer of the TE scope (deepseek/tiny's one dense layer sits on the
+    # first stage) now meets the other rank's capture instead of refusing to build graphs. With and without VPP, and a
+    # layout stage of the embedding alone (no layer at all there).
+    **{f"te_mlp_pp2_moe_stage{vpp}": (*TWO_GPUS, "recipe=deepseek/tiny", "cuda_graph=te_mlp",
+                                      "model.pipeline_model_parallel_size=2", "train.micro_batch_size=1",
+                                      "train.global_batch_size=2", *overrides)
+       for vpp, overrides in (("", ()), ("_vpp", ("model.virtual_pipeline_model_parallel_size=2",)))},
+    "te_attn_embedding_stage": (*TWO_GPUS, "recipe=llama/tiny", "cuda_graph=te_attn",
+                                "model.pipeline_model_parallel_size=2", "model.pipeline_model_parallel_layout='E|t*8L'",
+                                "train.global_batch_size=4"),
 }
 
 

@@ -271,7 +271,11 @@ def _build_and_step(cfg, result: RankBuild, step: bool) -> None:
     optimizer = get_megatron_optimizer(configs["optimizer_config"], chunks)
     engine.set_model_config_hooks(transformer_config, chunks, cfg.ddp.overlap_grad_reduce)
     impl = CudaGraphImpl(cfg.model.cuda_graph_impl)
-    if impl in (CudaGraphImpl.transformer_engine, CudaGraphImpl.local) and not graphed_layers(chunks, transformer_config):
+    # Local graphs need a layer on every rank; Transformer Engine's on some pipeline rank, which one rank's build
+    # tells only without pipeline parallelism (with it, mlp_needs_dense_layers and its kin refuse a scope no layer has).
+    per_rank = impl == CudaGraphImpl.local or cfg.model.pipeline_model_parallel_size == 1
+    if impl in (CudaGraphImpl.transformer_engine, CudaGraphImpl.local) and per_rank \
+            and not graphed_layers(chunks, transformer_config):
         raise ValueError(f"the engine's {impl.value} per-layer graphs find no layer on this rank")
     if not (step and steppable(cfg)):
         result.stage = "built"
@@ -284,8 +288,7 @@ def _build_and_step(cfg, result: RankBuild, step: bool) -> None:
 def graphed_layers(chunks, transformer_config) -> int:
     """The layers this rank's per-layer graphs take, counted as the engine finds them: under local graphs the
     CudaGraphManagers megatron-core built into them (LocalLayerGraphs), under Transformer Engine's those that
-    megatron-core's TECudaGraphHelper would take, as its constructor counts them (it needs Transformer Engine). The
-    engine refuses a rank without any, while the other ranks wait for it."""
+    megatron-core's TECudaGraphHelper would take, as its constructor counts them (it needs Transformer Engine)."""
     from megatron.core.transformer.cuda_graphs import CudaGraphManager, _layer_is_graphable
     from megatron.core.utils import get_attr_wrapped_model
 

@@ -312,9 +312,6 @@ RULE_CASES.update({
     "quantized_experts_fp64_probs": (
         Case({**MOE, **ALLTOALL, "model.fp8": "e4m3", "model.moe_grouped_gemm": True, "model.moe_router_dtype": "fp64"}),
         Case({**MOE, **ALLTOALL, "model.fp8": "e4m3", "model.moe_grouped_gemm": True, "model.moe_router_dtype": "fp32"})),
-    # A dense first layer and an MoE second, one a stage: under te_mlp the second stage has nothing to graph.
-    "te_graphs_every_pipeline_rank": (Case({**MOE, **PP2, **te("mlp"), "model.moe_layer_freq": [0, 1]}),
-                                      Case({**MOE, **PP2, **te("attn"), "model.moe_layer_freq": [0, 1]})),
     "router_fusion_fp64": (Case({**MOE, "model.moe_router_fusion": True, "model.moe_router_dtype": "fp64"}),
                            Case({**MOE, "model.moe_router_fusion": True, "model.moe_router_dtype": "fp32"})),
     "router_topk_one": (Case({**MOE, "model.moe_router_topk": 1}, megatron=True),

@@ -26,12 +26,19 @@ TRAINS_NOW: Dict[Tuple[str, int], str] = {
                      "translation hands its own now (witness gpt_oss_bias_activation_fusion, completed since)"
     for record, index in (("h100/mcore-0.16.1/gpu_differential_610e521.json", 96),
                           ("h100/mcore-0.16.1/gpu_differential_610e521.json", 219))
+} | {
+    (record, index): "a pipeline rank with no layer of the TE scope (deepseek/tiny's MoE stage under te_mlp at PP2): "
+                     "the engine refused to build graphs there while the other rank waited; it meets their capture "
+                     "now (witnesses te_mlp_pp2_moe_stage, te_mlp_pp2_moe_stage_vpp and timeout_b15bb2a_320)"
+    for record, index in (("h200/mcore-0.16.1/gpu_differential_2gpu_b15bb2a.json", 320),
+                          *(("h200/mcore-0.19.2/gpu_differential_2gpu_4ebf167.json", run)
+                            for run in (548, 679, 910, 945)))
 }
 """Crashes after an accepting plan that no rule refuses, because graphbridge now makes the configuration train."""
 UNDECIDED: Dict[Tuple[str, int], str] = {}
 """Crashes after an accepting plan whose cause no record shows yet (a timeout without an error), each with what will
 decide it. None now: the last, b15bb2a's run 320, hung as five runs of 4ebf167 did, each with a pipeline rank that had
-no layer to graph (te_graphs_every_pipeline_rank)."""
+no layer to graph (TRAINS_NOW)."""
 REFUSES_WHAT_TRAINS = {
     "optimizer_graph_distributed": "at one GPU graphbridge's capturable AdamW steps the single shard whole, so it "
                                    "trains, but with whole, unsharded optimizer state, and it shards nothing at two "

@@ -6,7 +6,6 @@ keep the upstream wording where there is one and add the override that fixes it.
 
 import difflib
 
-from bridge.config.model_facts import moe_layer_pattern, pipeline_rank_layers
 from bridge.config.releases import in_range
 from bridge.config.schema import CUDA_GRAPH_MODULES, PlanFormat
 from bridge.validation.graph_facts import (
@@ -345,45 +344,3 @@ def local_graphs_pipeline_microbatches(cfg, target):
         f"{train.global_batch_size // per_step} micro-batches a step; set train.global_batch_size={per_step} (one "
         "micro-batch), or use cuda_graph=full_iteration, or megatron-core 0.16.1",
     )
-
-
-@rule("te_graphs_every_pipeline_rank", engine="megatron",
-      rejects="Transformer Engine per-layer graphs under pipeline parallelism where a pipeline rank holds no layer "
-              "of the scope while others do: `cuda_graph=te_mlp` on an MoE model whose dense layers sit on one stage, "
-              "or a layout with a stage of the embedding or the loss alone",
-      fix="a scope every rank holds (`cuda_graph=te_attn`), a layout (`model.pipeline_model_parallel_layout`) that "
-          "gives each rank such a layer, or `cuda_graph=full_iteration`")
-def te_graphs_every_pipeline_rank(cfg, target):
-    # The engine refuses to build TE graphs where its rank has no layer to graph (TECudaGraphHelper's callables are
-    # per rank), and the ranks that have one then wait for it: deepseek/tiny (dense layer 0, MoE 1-3, the MoE MTP
-    # layer on the last stage) with cuda_graph=te_mlp at PP2 hung until the time limit on both releases. (Local
-    # graphs keep a manager on every rank's block, layers or not: the engine builds them there.)
-    model = cfg.model
-    if impl_of(cfg) != TE or model.pipeline_model_parallel_size <= 1 or not isinstance(model.num_layers, int):
-        return None
-    ranks = pipeline_rank_layers(model)
-    pattern = moe_layer_pattern(model)
-    if sum(len(rank.decoder) for rank in ranks) != len(pattern):
-        return None  # pipeline_split or megatron-core's layout check reports a split that does not add up
-    modules = active_modules(cfg)
-    empty = [index for index, rank in enumerate(ranks)
-             if not any(graphs_layer(modules, pattern[layer]) for layer in rank.decoder)
-             and not (rank.mtp and graphs_layer(modules, pattern[-1]))]
-    if not empty or len(empty) == len(ranks):
-        return None  # no rank graphs a layer: mlp_needs_dense_layers and its kin say why
-    taken = f"model.cuda_graph_modules={sorted(modules)}" if modules else "graphing whole layers"
-    return violation(
-        "te_graphs_every_pipeline_rank", [MODULES, "model.pipeline_model_parallel_size"],
-        f"{taken} finds no layer on pipeline rank(s) {', '.join(map(str, empty))}, and a rank without one cannot "
-        "build Transformer Engine graphs while the others wait for it; use a scope every rank holds "
-        "(cuda_graph=te_attn), a layout (model.pipeline_model_parallel_layout) that gives each rank such a layer, or "
-        "cuda_graph=full_iteration",
-    )
-
-
-def graphs_layer(modules: set, moe_layer: bool) -> bool:
-    """Whether Transformer Engine graphs of ``modules`` take a layer (megatron-core's _layer_is_graphable): every
-    layer for the whole layer or attention, MoE layers for the MoE modules, dense ones for mlp."""
-    if not modules or "attn" in modules:
-        return True
-    return bool(modules & {"moe", "moe_router", "moe_preprocess"}) if moe_layer else "mlp" in modules

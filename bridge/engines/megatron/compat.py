@@ -10,7 +10,8 @@ How each release spells the config is translation's business (bridge.config.rele
 - the per-layer module list lives in ``cuda_graph_modules`` (``cuda_graph_scope`` before);
 - the local graphs keep a layer's boundary buffers alive from forward to backward only when the
   eager first step saw them saved for backward (native_saves_observed says why that needs help);
-- megatron-core has its own optimizer graph, OptimizerCudaGraphWrapper (None before).
+- megatron-core has its own optimizer graph, OptimizerCudaGraphWrapper (None before);
+- TECudaGraphHelper skips capture on a rank without graphable layers (capture_layer_graphs).
 """
 
 from contextlib import nullcontext
@@ -52,6 +53,18 @@ def graph_module_names(transformer_config) -> List[str]:
     """The per-layer modules the config captures, as names (the catalogue refused an unsupported release)."""
     field = table_row(release(MEGATRON_CORE_VERSION)).modules_field
     return [module.name for module in getattr(transformer_config, field)]
+
+
+def capture_layer_graphs(helper) -> None:
+    """Capture a TECudaGraphHelper's layers, also where this pipeline rank has none while others do. 0.19's helper
+    skips capture there and calls no collective. 0.16.1's has no such case (it would hand Transformer Engine's
+    make_graphed_callables an empty tuple), and its capture meets every rank at a barrier before and after: a rank
+    without layers meets the others at both."""
+    if helper.flattened_callables or SINCE_0_19:
+        helper.create_cudagraphs()
+    else:
+        torch.distributed.barrier()  # where the helper's capture starts on the other ranks
+        torch.distributed.barrier()  # where it finishes
 
 
 def clear_manager_lookup(manager) -> None:

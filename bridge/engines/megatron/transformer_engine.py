@@ -7,6 +7,10 @@ buffers and optimizer grads it dirtied. When the distributed optimizer overlaps 
 all-gather with the forward, DDP's forward pre-hooks are switched off around the capture
 (hooks are not captured) and re-registered as manual hooks that the graphed layers call.
 
+A pipeline rank can hold no layer of the scope while the others do (deepseek/tiny under te_mlp at PP2: its one
+dense layer sits on the first stage). It builds no graph and meets the others' capture (compat.capture_layer_graphs);
+only a pipeline with no such layer on any rank is refused.
+
 A YaRN model's graphed attention gets its rotary embedding as a captured input (``rotary_inputs``):
 megatron-core's helper hands it only to ``rope`` models.
 """
@@ -15,10 +19,11 @@ from functools import partial
 from typing import Callable, List, Optional, Set
 
 import torch
+from megatron.core import parallel_state
 from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
 
 from bridge.diagnosis import graph_region
-from bridge.engines.megatron.compat import graph_module_names
+from bridge.engines.megatron.compat import capture_layer_graphs, graph_module_names
 from bridge.engines.megatron.lifecycle import FirstStep
 
 
@@ -30,9 +35,10 @@ class TransformerEngineGraphs:
         self.model_chunks = model_chunks
         self.helper = TECudaGraphHelper(model=model_chunks, config=transformer_config, seq_length=seq_length,
                                         micro_batch_size=micro_batch_size, optimizers=[optimizer])
-        if not self.helper.flattened_callables:
+        if not layers_in_pipeline(len(self.helper.flattened_callables)):
             raise ValueError("model.cuda_graph_impl=transformer_engine found no layer matching "
-                             f"model.cuda_graph_modules={graph_module_names(transformer_config)}; "
+                             f"model.cuda_graph_modules={graph_module_names(transformer_config)} on any pipeline "
+                             "rank; "
                              "pick modules the model has (attn, mlp for dense layers, moe_router for MoE)")
         self.rotary_layers = rotary_inputs(model_chunks, self.helper.flattened_callables)
         self.warmup_steps = transformer_config.cuda_graph_warmup_steps
@@ -50,7 +56,7 @@ class TransformerEngineGraphs:
             for chunk in self.model_chunks:
                 chunk.disable_forward_pre_hook(param_sync=False)
         with graph_region(self.region, "capture"):
-            self.helper.create_cudagraphs()
+            capture_layer_graphs(self.helper)
         if self.toggle_forward_pre_hook:
             for chunk in self.model_chunks:
                 chunk.enable_forward_pre_hook()
@@ -72,6 +78,15 @@ class TransformerEngineGraphs:
         for layer in self.rotary_layers:
             del layer.get_layer_static_inputs  # the class's again
         self.rotary_layers = []
+
+
+def layers_in_pipeline(count: int) -> int:
+    """The graphable layers of every pipeline rank together, given this rank's ``count``."""
+    if parallel_state.get_pipeline_model_parallel_world_size() == 1:
+        return count
+    total = torch.tensor([count], device=torch.cuda.current_device())
+    torch.distributed.all_reduce(total, group=parallel_state.get_pipeline_model_parallel_group())
+    return int(total.item())
 
 
 def rotary_inputs(model_chunks: List[torch.nn.Module], graphed_layers) -> List[torch.nn.Module]:
