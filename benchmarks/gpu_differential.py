@@ -13,10 +13,14 @@ Besides the accepted configurations it trains two samples:
   its twin's by more than LOSS_TOLERANCE trains differently, a failure like a crash.
 
 Several runs share the GPU at once (--workers); the JSON is rewritten atomically after every run, so a run cut
-off by its time limit still leaves what it finished, and --deadline-s stops starting runs in time.
+off by its time limit still leaves what it finished, and --deadline-s stops starting runs in time. --resume
+RECORD goes on where such a record stopped (another block of device time, the same code and releases): it draws
+and plans again, refuses in one line unless every draw and plan is the record's, keeps what the record trained
+and trains the rest; the summary lists the earlier blocks.
 """
 
 import argparse
+import json
 import multiprocessing
 import os
 import random
@@ -46,6 +50,8 @@ LOSS_TOLERANCE = 0.02
 A graph that replays stale inputs or skips an update leaves its twin by far more; rounding (graphs and eager
 kernels sum in other orders) by far less over six steps."""
 ACCEPTED, BYPASS, EAGER_TWIN, WITNESS = "accepted", "bypass", "eager_twin", "witness"
+OUTCOME = ("status", "error", "losses", "seconds", "peak_reserved_gb", "retried_after", "log_tail")
+"""What training a run gave, which --resume takes over from the record."""
 
 
 @dataclass
@@ -131,6 +137,32 @@ def witnesses(first_index: int, gpus: int, labels: List[str]) -> List[Run]:
     return runs
 
 
+def take_over(record: Dict, runs: List[Run], args, env: Dict[str, object]) -> Optional[str]:
+    """Give ``runs`` the outcomes that ``record``, an earlier block of the same draws, trained (--resume). What
+    keeps them from being the record's draws, in one line, or None: the same seed, count, GPUs and releases, and
+    for every run the same overrides and the same plan (the catalogue decides on this machine as it did)."""
+    earlier = record["summary"]
+    for key, ours in (("seed", args.seed), ("drawn", args.count), ("num_gpus", args.gpus),
+                      ("megatron_core", env["megatron_core"]), ("transformer_engine", env["transformer_engine"])):
+        if earlier.get(key) != ours:
+            return f"--resume: the record has {key} {earlier.get(key)} and this run {ours}; resume with the record's"
+    theirs = {run["index"]: run for run in record["runs"]}
+    for run in runs:
+        old = theirs.get(run.index, {})
+        if (old.get("kind"), old.get("overrides"), old.get("plan")) != (run.kind, run.overrides, run.plan):
+            return (f"--resume: run {run.index} is not drawn or planned as the record's (other arguments, or the "
+                    "catalogue decides otherwise now); start a new record")
+        if old["status"] is not None:
+            for name in OUTCOME:
+                setattr(run, name, old[name])
+    return None
+
+
+def block(summary: Dict[str, object]) -> Dict[str, object]:
+    """The block of device time a record's summary ends (``trained``: how many had trained by then)."""
+    return {key: summary[key] for key in ("commit", "gpu", "command", "trained", "elapsed_s")}
+
+
 def failure_class(error: Optional[str]) -> str:
     """The cause of a failure without its numbers, names of temporary paths and addresses."""
     text = (error or "no reason").split("; e.g.")[0]
@@ -159,7 +191,8 @@ def eager_agreement(runs: List[Run]) -> Dict[str, object]:
             "largest_gap": max((pair["max_relative_gap"] for pair in pairs), default=None)}
 
 
-def summary(runs: List[Run], args, environment: Dict[str, object], elapsed: float) -> Dict[str, object]:
+def summary(runs: List[Run], args, environment: Dict[str, object], elapsed: float,
+            earlier_blocks: List[Dict[str, object]]) -> Dict[str, object]:
     drawn = [run for run in runs if run.kind == ACCEPTED]
     accepted = [run for run in drawn if run.plan["runnable_here"]]
     trained = [run for run in accepted if run.status is not None]
@@ -182,7 +215,7 @@ def summary(runs: List[Run], args, environment: Dict[str, object], elapsed: floa
         "eager_twins": eager_agreement(runs),
         "witnesses": [{"label": run.label, "overrides": run.overrides, "unchecked_rules": run.unchecked_rules,
                        "status": run.status, "error": run.error} for run in runs if run.kind == WITNESS],
-        "launcher": args.launcher, "steps": STEPS, "elapsed_s": round(elapsed, 1),
+        "launcher": args.launcher, "steps": STEPS, "elapsed_s": round(elapsed, 1), "earlier_blocks": earlier_blocks,
     }
 
 
@@ -228,6 +261,8 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--port-base", type=int, default=20000,
                         help="first rendezvous port, two a run (two differentials on one machine need ranges apart, "
                         "and both below the kernel's ephemeral ports)")
+    parser.add_argument("--resume", type=Path, default=None, metavar="RECORD",
+                        help="go on where RECORD (an earlier --out of the same arguments) stopped")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.workers = args.workers or max(1, (os.cpu_count() or 1) // args.gpus)
@@ -257,11 +292,20 @@ def main() -> int:
     random.Random(args.seed).shuffle(rest)
     queue = first + rest
     all_runs = runs + [run for run in queue if run.kind != ACCEPTED]
+    earlier_blocks = []
+    if args.resume:
+        earlier = json.loads(args.resume.read_text())
+        problem = take_over(earlier, all_runs, args, env)
+        if problem:
+            print(problem, file=sys.stderr)
+            return 2
+        earlier_blocks = [*earlier["summary"].get("earlier_blocks", []), block(earlier["summary"])]
+        queue = [run for run in queue if run.status is None]
     print(f"{len(runs)} drawn and planned in {time.monotonic() - start:.0f} s, {len(queue)} to train, "
           f"{args.workers} at once", flush=True)
 
     def record() -> None:
-        write_json_atomic(args.out, {"summary": summary(all_runs, args, env, time.monotonic() - start),
+        write_json_atomic(args.out, {"summary": summary(all_runs, args, env, time.monotonic() - start, earlier_blocks),
                                      "runs": [asdict(run) for run in all_runs]})
 
     ports = port_range_problem(args.port_base, 2 * len(all_runs))  # Launch.port: two a run, for its retry
@@ -283,7 +327,7 @@ def main() -> int:
                       flush=True)
             record()
     record()
-    result = summary(all_runs, args, env, time.monotonic() - start)
+    result = summary(all_runs, args, env, time.monotonic() - start, earlier_blocks)
     print({key: result[key] for key in ("drawn", "accepted", "trained", "completed", "crash_after_accept")})
     return 0
 

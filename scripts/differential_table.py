@@ -35,10 +35,11 @@ def markdown() -> str:
     for path, s in rows:
         twins = s["eager_twins"]
         lines.append(f"| `{path}` | {s.get('num_gpus', 1)} x {s['gpu']} | {s['megatron_core']} | "
-                     f"{s['transformer_engine']} | {s['commit']} | "
+                     f"{s['transformer_engine']} | {commits(s)} | "
                      + " | ".join(str(s[key]) for key in COUNTS) + f" | {twins['compared']} ({len(twins['differ'])}) |")
     for path, s in rows:
-        lines += ["", f"`{path}` (`{s['command']}`):", "",
+        lines += ["", f"`{path}` (`{s['command']}`" + "".join(f"; before it `{block['command']}` on {block['gpu']}"
+                                                           for block in s.get("earlier_blocks", [])) + "):", "",
                   "- refused by rule: " + ", ".join(f"`{rule}` {count}" for rule, count in s["rejections"].items()),
                   "- refused configurations trained with the rule unasked: "
                   + (", ".join(f"`{rule}` {counts.get('completed', 0)} trained / {counts.get('failed', 0)} failed"
@@ -50,6 +51,11 @@ def markdown() -> str:
         lines += [f"| {w['label']} | {', '.join(w['unchecked_rules']) or '-'} | {w['status']} | {first_line(w['error'])} |"
                   for w in s["witnesses"]]
     return "\n".join(lines)
+
+
+def commits(summary) -> str:
+    """The commit of each block of device time the record took (--resume), the first first."""
+    return " + ".join([block["commit"] for block in summary.get("earlier_blocks", [])] + [summary["commit"]])
 
 
 def first_line(error) -> str:

@@ -204,6 +204,55 @@ def test_the_harness_refuses_what_it_cannot_run_in_one_line_and_exit_2(tmp_path,
     assert not out.exists()
 
 
+def differential(*arguments: str) -> subprocess.CompletedProcess:
+    """benchmarks/gpu_differential.py on two draws and the fp8_mx witness case, nothing else sampled."""
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_differential.py"), "--count", "2",
+                           "--eager-twins", "0", "--bypass-per-rule", "0", "--workers", "1", "--witnesses", "fp8_mx",
+                           *arguments], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def stopped_record(tmp_path) -> Path:
+    """A record that stopped before training anything (--deadline-s 0), as a block that ran out of device time."""
+    first = tmp_path / "first.json"
+    done = differential("--deadline-s", "0", "--out", str(first))
+    assert done.returncode == 0, done.stderr[-2000:]
+    return first
+
+
+def test_resume_keeps_what_the_record_trained_and_trains_only_the_rest(tmp_path, stopped_record):
+    second = tmp_path / "second.json"
+    untrained = differential("--resume", str(stopped_record), "--deadline-s", "0", "--out", str(second))
+    assert ", 1 to train," in untrained.stdout, untrained.stdout + untrained.stderr[-2000:]  # the witness case
+    record = json.loads(stopped_record.read_text())
+    witness = next(run for run in record["runs"] if run["kind"] == "witness")
+    witness.update(status="completed", losses=[8.3, 8.1], seconds=12.5)  # as an earlier block trained it
+    stopped_record.write_text(json.dumps(record))
+    done = differential("--resume", str(stopped_record), "--deadline-s", "0", "--out", str(second))
+    assert done.returncode == 0 and ", 0 to train," in done.stdout, done.stdout + done.stderr[-2000:]
+    resumed = json.loads(second.read_text())
+    kept = next(run for run in resumed["runs"] if run["kind"] == "witness")
+    assert (kept["status"], kept["losses"], kept["seconds"]) == ("completed", [8.3, 8.1], 12.5)
+    assert resumed["summary"]["witnesses"][0]["status"] == "completed"
+    assert [block["commit"] for block in resumed["summary"]["earlier_blocks"]] == [record["summary"]["commit"]]
+
+
+@pytest.mark.parametrize("arguments, change, says", [
+    (["--seed", "5"], None, "--resume: the record has seed 0 and this run 5; resume with the record's"),
+    ([], "plan", "--resume: run 0 is not drawn or planned as the record's"),
+])
+def test_resume_refuses_a_record_of_other_draws_in_one_line_and_exit_2(tmp_path, stopped_record, arguments, change,
+                                                                       says):
+    if change:  # the catalogue decided run 0 otherwise when the record was made
+        record = json.loads(stopped_record.read_text())
+        record["runs"][0]["plan"]["valid"] = not record["runs"][0]["plan"]["valid"]
+        stopped_record.write_text(json.dumps(record))
+    out = tmp_path / "second.json"
+    done = differential("--resume", str(stopped_record), *arguments, "--out", str(out))
+    assert done.returncode == 2 and says in done.stderr.strip().splitlines()[-1], done.stderr[-2000:]
+    assert not out.exists()
+
+
 def test_the_launchers_comparison_holds_only_where_the_preloaded_runs_end_and_train_as_the_fresh_ones():
     import launchers
 
