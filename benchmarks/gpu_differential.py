@@ -266,6 +266,8 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.workers = args.workers or max(1, (os.cpu_count() or 1) // args.gpus)
+    if args.resume and not args.resume.is_file():
+        parser.error(f"--resume {args.resume}: no such record")
     for label in args.witnesses or []:
         if label not in WITNESS_CASES:
             parser.error(f"--witnesses {label}: no such case; the cases are in benchmarks/differential_witnesses.py")

@@ -192,6 +192,7 @@ def test_rendezvous_ports_stay_below_the_kernels_ephemeral_ports(tmp_path):
     (["--port-base", "40000"], "--port-base 40000: its 4 ports reach the kernel's ephemeral ports"),
     (["--witnesses", "no_such_case"], "--witnesses no_such_case: no such case"),
     (["--witnesses", "moe_tp_with_sp"], "--witnesses moe_tp_with_sp: it trains on 2 GPUs; run it with --gpus 2"),
+    (["--resume", "no_such_record.json"], "--resume no_such_record.json: no such record"),
 ])
 def test_the_harness_refuses_what_it_cannot_run_in_one_line_and_exit_2(tmp_path, arguments, says):
     if arguments[0] == "--port-base" and not differential_launch.EPHEMERAL_PORTS.exists():
