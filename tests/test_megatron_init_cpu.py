@@ -1,12 +1,15 @@
 """What the megatron engine does to the model it builds so that a graphed run and its eager twin start from the
 same weights and compute the same layer, checked on the CPU with stand-ins for the GPU-only modules:
 Transformer Engine's attention sinks are zeroed (TE before 2.14 leaves them uninitialised), and a YaRN model's
-TE-graphed layers are captured with its rotary embedding (megatron-core's helper gives it to rope models only)."""
+TE-graphed layers are captured with its rotary embedding (megatron-core's helper gives it to rope models only).
+A pipeline rank without a layer of the TE scope meets the others' capture instead of refusing to build."""
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
+from bridge.engines.megatron import compat
 from bridge.engines.megatron import transformer_engine as te_graphs
 from bridge.engines.megatron.model_build import zero_attention_sinks
 from bridge.engines.megatron.transformer_engine import rotary_inputs, unwrapped
@@ -150,9 +153,8 @@ def test_rope_mla_and_ungraphed_layers_are_left_to_megatron_core():
     assert "rotary_pos_emb" not in rope.decoder.layers[0].get_layer_static_inputs(SEQ, BATCH)
 
 
-def test_the_lifecycle_patches_its_graphed_layers_and_delete_restores_them(monkeypatch):
-    model = Model()
-    layers = list(model.decoder.layers)
+def helper_of(layers, calls):
+    """Stands in for megatron-core's TECudaGraphHelper that finds ``layers`` on this rank; notes its captures."""
 
     class Helper:
         def __init__(self, model, config, seq_length, micro_batch_size, optimizers):
@@ -161,7 +163,27 @@ def test_the_lifecycle_patches_its_graphed_layers_and_delete_restores_them(monke
         def graphs_created(self):
             return False
 
-    monkeypatch.setattr(te_graphs, "TECudaGraphHelper", Helper)
+        def create_cudagraphs(self):
+            calls.append("create_cudagraphs")
+
+    return Helper
+
+
+def pipeline(monkeypatch, ranks: int, layers_elsewhere: int = 0, calls=None) -> None:
+    """This rank in a pipeline of ``ranks``, whose other ranks hold ``layers_elsewhere`` graphable layers: the
+    pipeline group's all-reduce adds them; barriers are noted in ``calls``."""
+    monkeypatch.setattr(te_graphs, "parallel_state", SimpleNamespace(
+        get_pipeline_model_parallel_world_size=lambda: ranks, get_pipeline_model_parallel_group=lambda: "pipeline"))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda tensor, group: tensor.add_(layers_elsewhere))
+    monkeypatch.setattr(torch.distributed, "barrier", lambda: calls.append("barrier"))
+
+
+def test_the_lifecycle_patches_its_graphed_layers_and_delete_restores_them(monkeypatch):
+    model = Model()
+    layers = list(model.decoder.layers)
+    monkeypatch.setattr(te_graphs, "TECudaGraphHelper", helper_of(layers, []))
+    pipeline(monkeypatch, ranks=1)
     config = SimpleNamespace(cuda_graph_warmup_steps=1)
     graphs = te_graphs.TransformerEngineGraphs([wrapped(model)], config, SEQ, BATCH, optimizer=None,
                                                toggle_forward_pre_hook=False)
@@ -169,6 +191,32 @@ def test_the_lifecycle_patches_its_graphed_layers_and_delete_restores_them(monke
     graphs.delete()
     assert all("get_layer_static_inputs" not in vars(layer) for layer in layers)
     assert "rotary_pos_emb" not in layers[0].get_layer_static_inputs(SEQ, BATCH)
+
+
+@pytest.mark.parametrize("since_0_19, meets", [(False, ["barrier", "barrier"]), (True, ["create_cudagraphs"])])
+def test_a_pipeline_rank_without_a_layer_of_the_scope_meets_the_others_capture(monkeypatch, since_0_19, meets):
+    # deepseek/tiny under te_mlp at PP2: the MoE-only stage has nothing to graph while the first captures. 0.16.1's
+    # helper holds a barrier before and after its capture, which this rank meets itself; 0.19's skips capture there.
+    calls = []
+    monkeypatch.setattr(te_graphs, "TECudaGraphHelper", helper_of([], calls))
+    monkeypatch.setattr(compat, "SINCE_0_19", since_0_19)
+    pipeline(monkeypatch, ranks=2, layers_elsewhere=1, calls=calls)
+    graphs = te_graphs.TransformerEngineGraphs([wrapped(Model(position_embedding_type="rope"))],
+                                               SimpleNamespace(cuda_graph_warmup_steps=1), SEQ, BATCH,
+                                               optimizer=None, toggle_forward_pre_hook=False)
+    for step in range(3):
+        graphs.before_step(step)
+    assert calls == meets and graphs.graph_count() == 0
+
+
+def test_no_layer_of_the_scope_on_any_pipeline_rank_is_refused(monkeypatch):
+    monkeypatch.setattr(te_graphs, "TECudaGraphHelper", helper_of([], []))
+    pipeline(monkeypatch, ranks=2, layers_elsewhere=0)
+    config = SimpleNamespace(cuda_graph_warmup_steps=1, cuda_graph_scope=[SimpleNamespace(name="mlp")],
+                             cuda_graph_modules=[SimpleNamespace(name="mlp")])
+    with pytest.raises(ValueError, match="model.cuda_graph_modules=.'mlp'. on any pipeline rank"):
+        te_graphs.TransformerEngineGraphs([wrapped(Model())], config, SEQ, BATCH, optimizer=None,
+                                          toggle_forward_pre_hook=False)
 
 
 def test_unwrapped_reaches_the_model():
