@@ -270,12 +270,13 @@ def _build_and_step(cfg, result: RankBuild, step: bool) -> None:
     result.stage = "optimizer"
     optimizer = get_megatron_optimizer(configs["optimizer_config"], chunks)
     engine.set_model_config_hooks(transformer_config, chunks, cfg.ddp.overlap_grad_reduce)
+    # The engine refuses local graphs on a rank without a layer, Transformer Engine's where no pipeline rank has one:
+    # one rank's build tells that only without pipeline parallelism (with it, mlp_needs_dense_layers and its kin
+    # refuse a scope no layer has).
     impl = CudaGraphImpl(cfg.model.cuda_graph_impl)
-    # Local graphs need a layer on every rank; Transformer Engine's on some pipeline rank, which one rank's build
-    # tells only without pipeline parallelism (with it, mlp_needs_dense_layers and its kin refuse a scope no layer has).
-    per_rank = impl == CudaGraphImpl.local or cfg.model.pipeline_model_parallel_size == 1
-    if impl in (CudaGraphImpl.transformer_engine, CudaGraphImpl.local) and per_rank \
-            and not graphed_layers(chunks, transformer_config):
+    refused_on_this_rank = impl == CudaGraphImpl.local or (
+        impl == CudaGraphImpl.transformer_engine and cfg.model.pipeline_model_parallel_size == 1)
+    if refused_on_this_rank and not graphed_layers(chunks, transformer_config):
         raise ValueError(f"the engine's {impl.value} per-layer graphs find no layer on this rank")
     if not (step and steppable(cfg)):
         result.stage = "built"
