@@ -16,6 +16,12 @@ llama/tiny step measured 44.8 ms in one run and 66.1 ms in the next on the same 
 ``--rounds N`` every variant runs N times, every other round in reverse order so that drift cancels
 in the ratios; a variant's row is its middle round by median step time, with every round's median
 and the range of the per-round speedups beside it.
+
+The record is written (atomically) after every round, with ``rounds_done``, so a block cut off by its
+device time keeps the rounds it finished. ``--resume RECORD`` goes on from such a record: the same
+workload, steps, rounds and variant commands, on the same GPU model and releases; each round names its
+commit, GPU and wall time, so a row never hides which block measured it. A round cut off is run again
+whole: its ratios come from one machine.
 """
 
 import argparse
@@ -27,131 +33,16 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bridge.atomic import write_json_atomic  # noqa: E402
+from bridge.machine import cuda_gpus, installed_version, release  # noqa: E402
+from suite_workloads import AUTO, EAGER, WORKLOADS, Workload  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results"
 GRAPHBRIDGE = [sys.executable, "-m", "perf.main"]
-EAGER = "eager"
-RECIPE_DEFAULT = "recipe_default"
-"""The variant without a cuda_graph override: what the recipe's preset for the GPU graphs (for Qwen3-30B-A3B
-on an H100, Transformer Engine graphs of moe_router and moe_preprocess)."""
-FULL_ITERATION_WITH_OPTIMIZER = ("cuda_graph=full_iteration", "optimizer.optimizer_in_graph=true")
-AUTO = "auto"
-"""The variant that measures the graph choices itself (cuda_graph=auto): its row says what it chose, the probe's
-wall time (none when the decision came from the cache) and how its step time compares with the best other
-variant of the same run."""
-DISTRIBUTED_OPTIMIZER_PROXY = "qwen3_moe_distributed_optimizer"
-
-
-@dataclass(frozen=True)
-class Workload:
-    description: str
-    base: Tuple[str, ...]
-    variants: Dict[str, Tuple[str, ...]]
-    gpus: int = 1
-    megatron_core: Optional[str] = None
-    """The megatron-core releases it measures (a range, bridge.config.releases.in_range); None: all."""
-
-
-def moe_proxy(recipe: str, gpu: str, *extra: str, experts: Optional[int] = None) -> Tuple[str, ...]:
-    """A MoE recipe's layer shapes on one GPU: two layers, one expert-parallel rank, the alltoall dispatcher
-    (flex needs TP x EP > 1), four micro-batches per step, no distributed optimizer unless ``extra`` turns it
-    back on (one rank has nothing to shard it over, and before megatron-core 0.19 the in-graph optimizer step
-    needs it off)."""
-    shrink = ("model.num_layers=2", "train.num_gpus=1", "workload.preset_num_gpus=1", "ddp.use_distributed_optimizer=false",
-              "model.expert_model_parallel_size=1", "model.tensor_model_parallel_size=1",
-              "model.pipeline_model_parallel_size=1", "model.virtual_pipeline_model_parallel_size=null",
-              "model.context_parallel_size=1", "model.sequence_parallel=false",
-              "model.pipeline_model_parallel_layout=null", "model.moe_token_dispatcher_type=alltoall",
-              "model.moe_flex_dispatcher_backend=null", "train.micro_batch_size=1", "train.global_batch_size=4")
-    experts_override = (f"model.num_moe_experts={experts}",) if experts else ()
-    return (f"recipe={recipe}", f"gpu={gpu}", "precision=bf16", *shrink, *experts_override, *extra)
-
-
-DROP_AND_PAD = ("model.moe_expert_capacity_factor=1.0", "model.moe_pad_expert_input_to_capacity=true",
-                "model.moe_router_force_load_balancing=false")
-EP2 = ("train.num_gpus=2", "model.expert_model_parallel_size=2", "train.global_batch_size=8")
-"""Two expert-parallel ranks, which are data parallel for the rest: four micro-batches a rank, as on one GPU."""
-WORKLOADS: Dict[str, Workload] = {
-    "llama_tiny_local": Workload(
-        "llama/tiny (8 layers, hidden 512, seq 256), megatron-core's local layer spec",
-        ("recipe=llama/tiny", "model.transformer_impl=local"),
-        {EAGER: ("cuda_graph=none",), "full_iteration": ("cuda_graph=full_iteration",),
-         "full_iteration+optimizer": FULL_ITERATION_WITH_OPTIMIZER, "local_layer": ("cuda_graph=local_layer",),
-         AUTO: ("cuda_graph=auto",)}),
-    "llama_tiny_te": Workload(
-        "llama/tiny, Transformer Engine layer spec",
-        ("recipe=llama/tiny",),
-        {EAGER: ("cuda_graph=none",), "full_iteration": ("cuda_graph=full_iteration",),
-         "full_iteration+optimizer": FULL_ITERATION_WITH_OPTIMIZER, "te_layer": ("cuda_graph=te_layer",),
-         "te_attn_mlp": ("cuda_graph=te_attn_mlp",), "te_attn": ("cuda_graph=te_attn",), AUTO: ("cuda_graph=auto",)}),
-    "llama32_1b": Workload(
-        "llama/llama32_1b as shipped (16 layers, hidden 2048, seq 8192)",
-        ("recipe=llama/llama32_1b",),
-        {EAGER: ("cuda_graph=none",), "full_iteration": ("cuda_graph=full_iteration",),
-         "te_mlp": ("cuda_graph=te_mlp",), AUTO: ("cuda_graph=auto",)}),  # te_mlp: Bridge's H100 Llama3 scope
-    "qwen3_moe_dropless": Workload(
-        "Qwen3-30B-A3B layer shapes, 2 layers, 1 GPU, dropless alltoall",
-        moe_proxy("qwen/qwen3_30b_a3b", "h100"),
-        {EAGER: ("cuda_graph=none",), RECIPE_DEFAULT: (), "te_attn": ("cuda_graph=te_attn",),
-         "te_attn_moe_router": ("cuda_graph=te_attn_moe_router",), "te_moe_router": ("cuda_graph=te_moe_router",),
-         AUTO: ("cuda_graph=auto",)}),
-    "qwen3_moe_drop_and_pad": Workload(
-        "the same with drop-and-pad routing (capacity factor 1.0)",
-        moe_proxy("qwen/qwen3_30b_a3b", "h100", *DROP_AND_PAD),
-        {EAGER: ("cuda_graph=none",), RECIPE_DEFAULT: (), "full_iteration": ("cuda_graph=full_iteration",),
-         "full_iteration+optimizer": FULL_ITERATION_WITH_OPTIMIZER, "te_attn_moe_router":
-         ("cuda_graph=te_attn_moe_router",), AUTO: ("cuda_graph=auto",)}),
-    DISTRIBUTED_OPTIMIZER_PROXY: Workload(
-        "the drop-and-pad proxy with the distributed optimizer, as every Bridge perf preset trains; in the graph, "
-        "megatron-core's own optimizer graph",
-        moe_proxy("qwen/qwen3_30b_a3b", "h100", *DROP_AND_PAD, "ddp.use_distributed_optimizer=true"),
-        {EAGER: ("cuda_graph=none",), "full_iteration": ("cuda_graph=full_iteration",),
-         "full_iteration+optimizer": FULL_ITERATION_WITH_OPTIMIZER}, megatron_core=">=0.19"),
-    "qwen3_moe_ep2": Workload(
-        "Qwen3-30B-A3B layer shapes, 2 layers, EP=2 over two GPUs (real all-to-all), dropless",
-        moe_proxy("qwen/qwen3_30b_a3b", "h100", *EP2),
-        {EAGER: ("cuda_graph=none",), RECIPE_DEFAULT: (), "te_attn": ("cuda_graph=te_attn",),
-         "te_attn_moe_router": ("cuda_graph=te_attn_moe_router",), "te_moe_router": ("cuda_graph=te_moe_router",),
-         AUTO: ("cuda_graph=auto",)}, gpus=2),
-    "qwen3_moe_ep2_drop_and_pad": Workload(
-        "the EP=2 proxy with drop-and-pad routing (capacity factor 1.0): every graph choice it takes",
-        moe_proxy("qwen/qwen3_30b_a3b", "h100", *DROP_AND_PAD, *EP2),
-        {EAGER: ("cuda_graph=none",), RECIPE_DEFAULT: (), "full_iteration": ("cuda_graph=full_iteration",),
-         "te_layer": ("cuda_graph=te_layer",), "te_moe": ("cuda_graph=te_moe",), "te_attn": ("cuda_graph=te_attn",),
-         "te_attn_moe_router": ("cuda_graph=te_attn_moe_router",), "te_moe_router": ("cuda_graph=te_moe_router",),
-         "local_layer": ("cuda_graph=local_layer",), AUTO: ("cuda_graph=auto",)}, gpus=2),
-    "qwen3_moe_ep2_distributed_optimizer": Workload(
-        "the EP=2 drop-and-pad proxy with the distributed optimizer sharded over both GPUs; in the graph, "
-        "megatron-core's own optimizer graph",
-        moe_proxy("qwen/qwen3_30b_a3b", "h100", *DROP_AND_PAD, "ddp.use_distributed_optimizer=true", *EP2),
-        {EAGER: ("cuda_graph=none",), "full_iteration": ("cuda_graph=full_iteration",),
-         "full_iteration+optimizer": FULL_ITERATION_WITH_OPTIMIZER,
-         "te_attn_moe_router": ("cuda_graph=te_attn_moe_router",), AUTO: ("cuda_graph=auto",)},
-        gpus=2, megatron_core=">=0.19"),
-    "llama_tiny_dp2": Workload(
-        "llama/tiny at data parallel 2 (Transformer Engine spec, gradients all-reduced)",
-        ("recipe=llama/tiny", "train.num_gpus=2", "train.global_batch_size=4"),
-        {EAGER: ("cuda_graph=none",), "full_iteration": ("cuda_graph=full_iteration",),
-         "full_iteration+optimizer": FULL_ITERATION_WITH_OPTIMIZER, "te_layer": ("cuda_graph=te_layer",),
-         "te_attn_mlp": ("cuda_graph=te_attn_mlp",), "te_attn": ("cuda_graph=te_attn",),
-         "local_layer": ("cuda_graph=local_layer",), AUTO: ("cuda_graph=auto",)}, gpus=2),
-    "gpt_oss_moe": Workload(
-        "GPT-OSS-20B layer shapes (32 experts), 2 layers, 1 GPU",
-        moe_proxy("gpt_oss/gpt_oss_20b", "h100"),
-        {EAGER: ("cuda_graph=none",), "te_attn": ("cuda_graph=te_attn",),
-         "te_attn_moe_router": ("cuda_graph=te_attn_moe_router",)}),
-    "deepseek_mla_moe": Workload(
-        "DeepSeek-V3 layer shapes (MLA, a dense then a MoE layer, 16 of 256 experts), 1 GPU",
-        moe_proxy("deepseek/deepseek_v3", "h100", "model.moe_layer_freq=[0,1]", "model.mtp_num_layers=null",
-                  "model.recompute_granularity=null", "model.recompute_modules=null",
-                  # the preset's expandable segments need NCCL_GRAPH_REGISTER=0; with 32 experts the weights and
-                  # Adam state alone plan 76 GiB, more than an H100 (the run ran out of memory at step 0)
-                  "+env_vars.NCCL_GRAPH_REGISTER=0", experts=16),
-        {EAGER: ("cuda_graph=none",), "te_attn": ("cuda_graph=te_attn",),
-         "te_attn_moe_router": ("cuda_graph=te_attn_moe_router",)}),
-}
 
 
 @dataclass
@@ -173,23 +64,42 @@ class Measured:
                 "auto_probe_s": ((self.result.get("auto") or {}).get("probe") or {}).get("wall_s")}
 
 
+def variant_arguments(workload: Workload, overrides: Tuple[str, ...], steps: int) -> List[str]:
+    """What a variant passes graphbridge, but its run dir: the record's command."""
+    return [*workload.base, *overrides, f"train.train_iters={steps}", "perf.profile=true"]
+
+
 def run_variant(workload: Workload, overrides: Tuple[str, ...], job_dir: Path, steps: int) -> Measured:
-    command = [*GRAPHBRIDGE, *workload.base, *overrides, f"train.train_iters={steps}", "perf.profile=true",
-               f"hydra.run.dir={job_dir}"]
-    subprocess.run(command, cwd=ROOT, check=False)
+    arguments = variant_arguments(workload, overrides, steps)
+    subprocess.run([*GRAPHBRIDGE, *arguments, f"hydra.run.dir={job_dir}"], cwd=ROOT, check=False)
     result_path = job_dir / "result.json"
-    return Measured(["graphbridge", *command[3:-1]], json.loads(result_path.read_text()) if result_path.is_file() else {})
+    return Measured(["graphbridge", *arguments], json.loads(result_path.read_text()) if result_path.is_file() else {})
 
 
-def run_workload(name: str, steps: int, scratch: Path, rounds: int = 1) -> dict:
+def run_workload(name: str, steps: int, scratch: Path, rounds: int = 1, earlier: Optional[dict] = None,
+                 save: Callable[[dict], None] = lambda record: None) -> dict:
+    """Every variant ``rounds`` times; ``earlier``: a record whose finished rounds are kept (``--resume``);
+    ``save`` gets the record after every round."""
     workload = WORKLOADS[name]
-    measured: Dict[str, List[Measured]] = {variant: [] for variant in workload.variants}
-    for round_index in range(rounds):
+    finished = list(earlier["round_records"]) if earlier else []
+    for round_index in range(len(finished), rounds):
         order = list(workload.variants) if round_index % 2 == 0 else list(workload.variants)[::-1]
+        started, measured = time.monotonic(), {}
         for variant in order:
             job_dir = scratch / name / (f"round{round_index + 1}" if rounds > 1 else "") / variant
-            measured[variant].append(run_variant(workload, workload.variants[variant], job_dir, steps))
-    round_rows = {variant: [run.row() for run in runs] for variant, runs in measured.items()}
+            measured[variant] = run_variant(workload, workload.variants[variant], job_dir, steps)
+        environment = next((run.result["env"] for run in measured.values() if "env" in run.result), {})
+        finished.append({"commit": git_commit(), "date": time.strftime("%Y-%m-%d"), "env": environment,
+                         "wall_s": round(time.monotonic() - started, 1),
+                         "rows": {variant: measured[variant].row() for variant in workload.variants}})
+        save(summarize(name, steps, rounds, finished))
+    return summarize(name, steps, rounds, finished)
+
+
+def summarize(name: str, steps: int, rounds: int, finished: List[dict]) -> dict:
+    """The record of the rounds finished so far: a row per variant from its rounds, and the rounds themselves."""
+    workload = WORKLOADS[name]
+    round_rows = {variant: [each["rows"][variant] for each in finished] for variant in workload.variants}
     rows = {variant: middle_round(per_round) for variant, per_round in round_rows.items()}
     eager = rows.get(EAGER, {}).get("median_ms")
     for variant, row in rows.items():
@@ -201,15 +111,17 @@ def run_workload(name: str, steps: int, scratch: Path, rounds: int = 1) -> dict:
             row["speedup_range"] = [min(speedups), max(speedups)] if speedups else None
     if AUTO in rows:
         rows[AUTO]["vs_best"] = against_the_best(rows)
-    environment = next((run.result["env"] for runs in measured.values() for run in runs if "env" in run.result), {})
+    environment = next((each["env"] for each in finished if each["env"]), {})
+    commits = list(dict.fromkeys(each["commit"] for each in finished))
     return {"workload": name, "description": workload.description, "gpus": workload.gpus, "steps": steps,
-            "rounds": rounds, "date": time.strftime("%Y-%m-%d"), "gpu": environment.get("gpu"),
+            "rounds": rounds, "rounds_done": len(finished), "date": finished[-1]["date"], "gpu": environment.get("gpu"),
             "driver": driver_version(),
             "versions": {key: environment.get(key) for key in ("torch", "megatron_core", "transformer_engine",
-                                                                "python")} | {"graphbridge": git_commit()},
+                                                                "python")}
+                        | {"graphbridge": " + ".join(str(commit) for commit in commits)},
             "suite_command": f"python benchmarks/suite.py {name} --steps {steps}"
                              + (f" --rounds {rounds}" if rounds > 1 else ""),
-            "variants": rows}
+            "variants": rows, "round_records": finished}
 
 
 def against_the_best(rows: Dict[str, dict]) -> Optional[float]:
@@ -252,11 +164,9 @@ def other_release(workload: Workload) -> Optional[str]:
     """The installed megatron-core release when the workload does not measure it, else None."""
     if workload.megatron_core is None:
         return None
-    sys.path.insert(0, str(ROOT))
-    from bridge.machine import probe
     from bridge.config.releases import in_range
 
-    installed = probe().version("megatron-core")
+    installed = installed_version("megatron-core")
     return None if installed and in_range(installed, workload.megatron_core) else installed or "none"
 
 
@@ -266,38 +176,91 @@ def result_name(record: dict) -> str:
     return f"{record['workload']}_{gpu}_mcore{mcore}.json"
 
 
+class CannotResume(Exception):
+    """Why a record cannot be continued on this machine: one line with the fix."""
+
+
+def take_over(path: Path, steps: int, rounds: int) -> dict:
+    """The record at ``path`` if this machine can add its missing rounds: same workload, steps, rounds and
+    variant commands, same GPU model and releases."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise CannotResume(f"--resume {path}: cannot read it ({error})") from None
+    name = record.get("workload") if isinstance(record, dict) else None
+    if name not in WORKLOADS or "round_records" not in record:
+        raise CannotResume(f"--resume {path}: not a suite record with its rounds (suite.py wrote them from --resume on)")
+    if (record["steps"], record["rounds"]) != (steps, rounds):
+        raise CannotResume(f"--resume {path}: it runs --steps {record['steps']} --rounds {record['rounds']}; give those")
+    if record["rounds_done"] >= rounds:
+        raise CannotResume(f"--resume {path}: its {rounds} rounds are all done; nothing to resume")
+    workload = WORKLOADS[name]
+    commands = {variant: " ".join(["graphbridge", *variant_arguments(workload, overrides, steps)])
+                for variant, overrides in workload.variants.items()}
+    if any({variant: row["command"] for variant, row in each["rows"].items()} != commands
+           for each in record["round_records"]):
+        raise CannotResume(f"--resume {path}: {name}'s variants run other commands now; measure it afresh")
+    here = {"gpu": next((gpu.name for gpu in cuda_gpus()), None), "torch": installed_version("torch"),
+            "megatron_core": installed_version("megatron-core"),
+            "transformer_engine": installed_version("transformer-engine")}
+    there = {"gpu": record["gpu"], **{key: release(record["versions"][key] or "") or None for key in here if key != "gpu"}}
+    differ = [f"{key} {there[key]} there, {here[key]} here" for key in here if there[key] != here[key]]
+    if differ:
+        raise CannotResume(f"--resume {path}: measured elsewhere ({'; '.join(differ)}); resume it on its GPU and releases")
+    return record
+
+
+def has_completed(record: dict) -> bool:
+    return any(row["status"] == "completed" for each in record["round_records"] for row in each["rows"].values())
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("workloads", nargs="*", help="names from --list")
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=1, help="runs of every variant, in alternating order")
+    parser.add_argument("--resume", type=Path, nargs="+", default=[], metavar="RECORD",
+                        help="records of rounds cut off: run only their missing rounds")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/graphbridge-suite"))
     args = parser.parse_args(argv)
     unknown = [name for name in args.workloads if name not in WORKLOADS]
-    if args.list or not args.workloads or unknown:
+    if args.list or not (args.workloads or args.resume) or unknown:
         for name, workload in WORKLOADS.items():
             print(f"{name:24} {workload.gpus} GPU  {workload.description}: {', '.join(workload.variants)}")
         return 2 if unknown else 0
+    try:
+        earlier = {record["workload"]: record for record in (take_over(path, args.steps, args.rounds)
+                                                             for path in args.resume)}
+    except CannotResume as refusal:
+        print(refusal, file=sys.stderr)
+        return 2
     starts = subprocess.run([*GRAPHBRIDGE, "--help"], cwd=ROOT, capture_output=True, text=True)
     if starts.returncode != 0:
         reason = (starts.stderr.strip().splitlines() or ["no output"])[-1]
         print(f"graphbridge does not start here ({reason}): install it (README) before measuring", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
+
+    def save(record: dict) -> None:  # after every round: a block cut off keeps what it finished
+        if has_completed(record):
+            write_json_atomic(args.out / result_name(record), record)
+
     unmeasured = []
-    for name in args.workloads:
-        release = other_release(WORKLOADS[name])
-        if release:
-            print(f"{name}: measures megatron-core {WORKLOADS[name].megatron_core}, and {release} is installed; skipped")
+    for name in dict.fromkeys([*args.workloads, *earlier]):
+        release_here = other_release(WORKLOADS[name])
+        if release_here:
+            print(f"{name}: measures megatron-core {WORKLOADS[name].megatron_core}, and {release_here} is installed; skipped")
             continue
-        record = run_workload(name, args.steps, args.scratch / time.strftime("%H%M%S"), args.rounds)
-        if not any(row["status"] == "completed" for row in record["variants"].values()):
+        if name in earlier:
+            print(f"{name}: {earlier[name]['rounds_done']} of {args.rounds} rounds kept from the record", flush=True)
+        record = run_workload(name, args.steps, args.scratch / time.strftime("%H%M%S"), args.rounds,
+                              earlier.get(name), save)
+        if not has_completed(record):
             print(f"{name}: no variant completed; nothing written (the job logs are under {args.scratch})")
             unmeasured.append(name)
             continue
-        (args.out / result_name(record)).write_text(json.dumps(record, indent=2) + "\n")
         print(f"{name}: " + ", ".join(f"{v} {r['median_ms'] or float('nan'):.2f} ms ({r['status']})"
                                       for v, r in record["variants"].items()), flush=True)
     print(f"python {platform.python_version()}; results in {args.out}")

@@ -56,12 +56,18 @@ def auto_notes(row: dict) -> str:
     return "; ".join(notes)
 
 
+def rounds_so_far(record: dict) -> str:
+    """A record cut off by its block's end (suite.py --resume goes on from it) says how much it holds."""
+    rounds, done = record.get("rounds", 1), record.get("rounds_done", record.get("rounds", 1))
+    return f" ({done} of {rounds} rounds so far)" if done < rounds else ""
+
+
 def table(record: dict) -> List[str]:
     versions = record["versions"]
     lines = [f"### {record['workload']}: {record['description']}", "",
              f"{record['gpus']} x {record['gpu']} (driver {record['driver']}), torch {versions['torch']}, megatron-core "
              f"{versions['megatron_core']}, Transformer Engine {versions['transformer_engine']}, graphbridge "
-             f"{versions['graphbridge']}, {record['date']}: `{record['suite_command']}`", "",
+             f"{versions['graphbridge']}, {record['date']}: `{record['suite_command']}`" + rounds_so_far(record), "",
              HEADER, "|" + "---|" * HEADER.count(" | ") + "---|"]
     for name, row in record["variants"].items():
         spread = f"{number(row['p10_ms'], '.2f')}-{number(row['p90_ms'], '.2f')}" if row["p10_ms"] else ""

@@ -14,10 +14,12 @@ from sections import with_section
 
 import bridge
 from bridge.config.releases import RELEASES, in_range
+from bridge.machine import GPU
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import suite  # noqa: E402  (benchmarks/ is a directory of scripts)
+import suite_workloads  # noqa: E402
 
 VARIANTS = [(name, variant) for name, workload in suite.WORKLOADS.items() for variant in workload.variants]
 
@@ -62,7 +64,7 @@ def test_the_table_is_built_from_raw_results(tmp_path):
                                   "qwen3_moe_ep2_drop_and_pad"])
 def test_the_recipe_default_variant_graphs_what_the_h100_preset_graphs(name):
     workload = suite.WORKLOADS[name]
-    model = bridge.plan([*workload.base, *workload.variants[suite.RECIPE_DEFAULT]]).config.model
+    model = bridge.plan([*workload.base, *workload.variants[suite_workloads.RECIPE_DEFAULT]]).config.model
     assert model.cuda_graph_impl.value == "transformer_engine"
     assert list(model.cuda_graph_modules) == ["moe_router", "moe_preprocess"]
 
@@ -96,6 +98,90 @@ def test_rounds_alternate_the_order_and_keep_the_middle_round(monkeypatch, tmp_p
     assert record["suite_command"] == "python benchmarks/suite.py two_variants --steps 40 --rounds 3"
     assert "| full_iteration | 4.00 |  | 12.50x (8.00-15.00) |" in "\n".join(benchmark_table.table(record | {
         "driver": "580", "date": "2026-11-24", "versions": {**record["versions"], "torch": "2.11"}}))
+
+
+H100_019 = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "megatron_core": "0.19.2",
+            "transformer_engine": "2.10.0", "python": "3.12.3"}
+
+
+def measured_as(order: list, env: dict, stop_at=None):
+    """A run_variant that records what ran, measures 50 ms eager and 5 ms graphed, and stops the whole
+    block (as the device's limit does) when it reaches ``stop_at``: (round, variant)."""
+    def run_variant(workload, overrides, job_dir, steps):
+        ran = (int(job_dir.parent.name.removeprefix("round")), job_dir.name)
+        if ran == stop_at:
+            raise KeyboardInterrupt
+        order.append(ran)
+        result = {"status": "completed", "step_time_ms": {"median": 50.0 if ran[1] == "eager" else 5.0}, "env": env}
+        return suite.Measured(["graphbridge", *suite.variant_arguments(workload, overrides, steps)], result)
+    return run_variant
+
+
+def test_a_block_cut_off_keeps_its_rounds_and_resume_runs_only_the_missing_ones(monkeypatch, tmp_path):
+    workload = suite.Workload("two variants", ("recipe=llama/tiny",),
+                              {"eager": ("cuda_graph=none",), "full_iteration": ("cuda_graph=full_iteration",)})
+    monkeypatch.setitem(suite.WORKLOADS, "two_variants", workload)
+    out, order = tmp_path / "out", []
+    arguments = ["--rounds", "3", "--out", str(out), "--scratch", str(tmp_path / "scratch")]
+    monkeypatch.setenv("GRAPHBRIDGE_COMMIT", "aaaaaaa")
+    monkeypatch.setattr(suite, "run_variant", measured_as(order, H100_019, stop_at=(2, "eager")))
+    with pytest.raises(KeyboardInterrupt):
+        suite.main(["two_variants", *arguments])
+    record_path = out / "two_variants_h100_mcore0.19.2.json"
+    cut = json.loads(record_path.read_text())
+    assert (cut["rounds"], cut["rounds_done"]) == (3, 1)  # round 2 had measured full_iteration only: not kept
+    assert cut["variants"]["full_iteration"]["speedup"] == pytest.approx(10.0)
+    assert "`python benchmarks/suite.py two_variants --steps 40 --rounds 3` (1 of 3 rounds so far)" in "\n".join(
+        benchmark_table.table(cut))
+
+    order.clear()
+    monkeypatch.setenv("GRAPHBRIDGE_COMMIT", "bbbbbbb")
+    monkeypatch.setattr(suite, "run_variant", measured_as(order, H100_019))
+    monkeypatch.setattr(suite, "cuda_gpus", lambda: (GPU("NVIDIA H100 80GB HBM3", (9, 0)),))
+    versions = {"torch": "2.11.0", "megatron-core": "0.19.2", "transformer-engine": "2.10.0"}
+    monkeypatch.setattr(suite, "installed_version", versions.get)
+    assert suite.main(["--resume", str(record_path), *arguments]) == 0
+    assert order == [(2, "full_iteration"), (2, "eager"), (3, "eager"), (3, "full_iteration")]
+    done = json.loads(record_path.read_text())
+    assert done["rounds_done"] == 3 and done["versions"]["graphbridge"] == "aaaaaaa + bbbbbbb"
+    assert [each["commit"] for each in done["round_records"]] == ["aaaaaaa", "bbbbbbb", "bbbbbbb"]
+    assert done["variants"]["full_iteration"]["round_medians_ms"] == [5.0, 5.0, 5.0]
+
+
+def cut_record(tmp_path: Path, **changes) -> Path:
+    """llama_tiny_te measured on an H100 with 0.19.2 for one round of three, then ``changes``."""
+    workload = suite.WORKLOADS["llama_tiny_te"]
+    rows = {variant: {"status": "completed", "median_ms": 10.0, "command": " ".join(
+        ["graphbridge", *suite.variant_arguments(workload, overrides, 40)])} for variant, overrides in workload.variants.items()}
+    record = {"workload": "llama_tiny_te", "steps": 40, "rounds": 3, "rounds_done": 1, "gpu": H100_019["gpu"],
+              "versions": {**H100_019, "graphbridge": "aaaaaaa"},
+              "round_records": [{"commit": "aaaaaaa", "env": H100_019, "rows": rows}]} | changes
+    path = tmp_path / "llama_tiny_te_h100_mcore0.19.2.json"
+    path.write_text(json.dumps(record))
+    return path
+
+
+@pytest.mark.parametrize("changes, arguments, says", [
+    ({}, ["--rounds", "3"], "measured elsewhere (gpu NVIDIA H100 80GB HBM3 there, None here"),
+    ({}, ["--rounds", "2"], "it runs --steps 40 --rounds 3; give those"),
+    ({"rounds_done": 3}, ["--rounds", "3"], "its 3 rounds are all done; nothing to resume"),
+    ({"workload": "no_such_workload"}, ["--rounds", "3"], "not a suite record with its rounds"),
+])
+def test_resume_refuses_a_record_this_machine_cannot_go_on_with_in_one_line(tmp_path, changes, arguments, says):
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "suite.py"), "--resume",
+                           str(cut_record(tmp_path, **changes)), *arguments, "--out", str(tmp_path / "out")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and says in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_resume_refuses_a_record_whose_variants_ran_other_commands(monkeypatch, tmp_path):
+    path = cut_record(tmp_path)
+    record = json.loads(path.read_text())
+    record["round_records"][0]["rows"]["te_layer"]["command"] += " model.num_layers=4"
+    path.write_text(json.dumps(record))
+    with pytest.raises(suite.CannotResume, match="llama_tiny_te's variants run other commands now"):
+        suite.take_over(path, 40, 3)
 
 
 @pytest.mark.parametrize("section", ["suite", "vs_bridge"])

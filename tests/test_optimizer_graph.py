@@ -25,8 +25,9 @@ from tests.optimizer_equivalence import CHECKPOINTS, RoundingBudget, WeightPair,
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import suite  # noqa: E402  (benchmarks/ is a directory of scripts)
+import suite_workloads  # noqa: E402
 
-PROXY = suite.WORKLOADS[suite.DISTRIBUTED_OPTIMIZER_PROXY].base
+PROXY = suite_workloads.WORKLOADS[suite_workloads.DISTRIBUTED_OPTIMIZER_PROXY].base
 IN_GRAPH = ("cuda_graph=full_iteration", "optimizer.optimizer_in_graph=true")
 DISTRIBUTED = "ddp.use_distributed_optimizer=true"
 
@@ -72,7 +73,7 @@ def test_the_rules_of_the_distributed_optimizer_graph_follow_the_release_table(v
 
 def test_the_suite_measures_the_distributed_optimizer_graph_only_where_megatron_core_has_one():
     installed = probe().version("megatron-core")
-    skipped = suite.other_release(suite.WORKLOADS[suite.DISTRIBUTED_OPTIMIZER_PROXY])
+    skipped = suite.other_release(suite.WORKLOADS[suite_workloads.DISTRIBUTED_OPTIMIZER_PROXY])
     assert skipped == (None if installed and in_range(installed, ">=0.19") else installed or "none")
 
 

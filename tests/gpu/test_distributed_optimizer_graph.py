@@ -22,10 +22,10 @@ from tests.gpu.megatron_cases import (
 )
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-import suite  # noqa: E402  (benchmarks/ is a directory of scripts)
+import suite_workloads  # noqa: E402  (benchmarks/ is a directory of scripts)
 
 pytestmark = pytest.mark.gpu
-PROXY = suite.WORKLOADS[suite.DISTRIBUTED_OPTIMIZER_PROXY].base
+PROXY = suite_workloads.WORKLOADS[suite_workloads.DISTRIBUTED_OPTIMIZER_PROXY].base
 RECIPE = PROXY[0].removeprefix("recipe=")
 OUTSIDE = TrainingCase(RECIPE, "full_iteration", PROXY[1:])
 IN_GRAPH = TrainingCase(RECIPE, "full_iteration", (*PROXY[1:], OPTIMIZER_IN_GRAPH))
