@@ -110,7 +110,7 @@ def summarize(name: str, steps: int, rounds: int, finished: List[dict]) -> dict:
             row["round_medians_ms"] = [run["median_ms"] for run in round_rows[variant]]
             row["speedup_range"] = [min(speedups), max(speedups)] if speedups else None
     if AUTO in rows:
-        rows[AUTO]["vs_best"] = against_the_best(rows)
+        rows[AUTO].update(auto_across_rounds(round_rows[AUTO], [each["rows"] for each in finished]))
     environment = next((each["env"] for each in finished if each["env"]), {})
     commits = list(dict.fromkeys(each["commit"] for each in finished))
     return {"workload": name, "description": workload.description, "gpus": workload.gpus, "steps": steps,
@@ -125,11 +125,24 @@ def summarize(name: str, steps: int, rounds: int, finished: List[dict]) -> dict:
 
 
 def against_the_best(rows: Dict[str, dict]) -> Optional[float]:
-    """The auto variant's median step time over the best other variant's of the same run (issue 30 asks
+    """The auto variant's median step time over the best other variant's of the same round (issue 40 asks
     within 3 %: at most 1.03); None when either has no median."""
     others = [row["median_ms"] for variant, row in rows.items() if variant != AUTO and row["median_ms"]]
     auto = rows[AUTO]["median_ms"]
     return auto / min(others) if auto and others else None
+
+
+def auto_across_rounds(auto_rows: List[dict], rounds: List[Dict[str, dict]]) -> dict:
+    """What the auto row says over all rounds: its ratio to the best is the median of the per-round ratios
+    (each from one machine and one round, as the speedups' range), every choice it made, and the probe's
+    wall time from the round that probed (later rounds on the same machine take the cached decision)."""
+    ratios = sorted(ratio for ratio in map(against_the_best, rounds) if ratio)
+    probes = [row["auto_probe_s"] for row in auto_rows if row.get("auto_probe_s") is not None]
+    chosen = list(dict.fromkeys(row["auto_chosen"] for row in auto_rows if row.get("auto_chosen")))
+    return {"vs_best": ratios[(len(ratios) - 1) // 2] if ratios else None,
+            "vs_best_range": [ratios[0], ratios[-1]] if len(ratios) > 1 else None,
+            "auto_chosen": " / ".join(chosen) or None, "auto_probe_s": probes[0] if probes else None,
+            "auto_probes_s": probes}
 
 
 def middle_round(rows: List[dict]) -> dict:

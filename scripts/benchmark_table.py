@@ -47,12 +47,14 @@ def busy(fraction) -> str:
 
 
 def auto_notes(row: dict) -> str:
-    """What the auto variant chose, how long its probe took and its step time over the best other variant's."""
+    """What the auto variant chose, how long its probe took and its step time over the best other variant's
+    (with --rounds: the median of the per-round ratios, and their range)."""
     notes = [f"chose {row['auto_chosen']}"]
     if row.get("auto_probe_s") is not None:
         notes.append(f"probe {row['auto_probe_s']:.0f} s")
     if row.get("vs_best") is not None:
-        notes.append(f"{row['vs_best']:.2f}x the best")
+        spread = row.get("vs_best_range")
+        notes.append(f"{row['vs_best']:.2f}x the best" + (f" ({spread[0]:.2f}-{spread[1]:.2f})" if spread else ""))
     return "; ".join(notes)
 
 
