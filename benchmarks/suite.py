@@ -9,7 +9,9 @@ Every variant runs ``--steps`` steps with perf.profile=true: the first perf.warm
 the capture step and the 5 profiled steps are left out of the step-time statistics (>= 30 timed at
 the default 40), and the profiled steps give the GPU-busy fraction. Per variant: median, p10, p90
 step time, GPU-busy, peak allocated and reserved memory, capture time, graphs, and the speedup over
-the eager variant of the same workload. A variant that fails is recorded with its status and reason.
+the eager variant of the same workload. A variant that fails is recorded with its status, reason and
+the last lines of its output; one that runs past ``--variant-timeout-s`` is stopped with its ranks and
+recorded as timed out, and the block goes on.
 
 A launch-bound step's time follows the host, which drifts between processes and machines (the eager
 llama/tiny step measured 44.8 ms in one run and 66.1 ms in the next on the same kind of H100). With
@@ -28,6 +30,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -45,10 +48,18 @@ RESULTS = ROOT / "benchmarks" / "results"
 GRAPHBRIDGE = [sys.executable, "-m", "perf.main"]
 
 
+VARIANT_TIMEOUT_S = 1200.0
+"""Longest a variant may run, the auto variant's probe included, before it is stopped and recorded as timed out:
+a hung collective costs one variant, not the block."""
+LOG_TAIL_LINES = 40
+
+
 @dataclass
 class Measured:
     command: List[str]
     result: dict = field(default_factory=dict)
+    log_tail: Optional[List[str]] = None
+    """The last lines of a variant's output when it did not complete: the device's scratch is gone with it."""
 
     def row(self) -> dict:
         step, memory = self.result.get("step_time_ms") or {}, self.result.get("memory") or {}
@@ -61,7 +72,8 @@ class Measured:
                 "capture_time_s": self.result.get("capture_time_s"), "graph_count": self.result.get("graph_count"),
                 "tflops_per_gpu": self.result.get("tflops_per_gpu"), "command": " ".join(self.command),
                 "auto_chosen": (self.result.get("auto") or {}).get("chosen"),
-                "auto_probe_s": ((self.result.get("auto") or {}).get("probe") or {}).get("wall_s")}
+                "auto_probe_s": ((self.result.get("auto") or {}).get("probe") or {}).get("wall_s"),
+                "log_tail": self.log_tail}
 
 
 def variant_arguments(workload: Workload, overrides: Tuple[str, ...], steps: int) -> List[str]:
@@ -69,17 +81,50 @@ def variant_arguments(workload: Workload, overrides: Tuple[str, ...], steps: int
     return [*workload.base, *overrides, f"train.train_iters={steps}", "perf.profile=true"]
 
 
-def run_variant(workload: Workload, overrides: Tuple[str, ...], job_dir: Path, steps: int) -> Measured:
+def run_variant(workload: Workload, overrides: Tuple[str, ...], job_dir: Path, steps: int,
+                timeout_s: float = VARIANT_TIMEOUT_S) -> Measured:
+    """One variant through the CLI in a fresh process (its output in ``<job_dir>.log``), stopped with its
+    children after ``timeout_s``."""
     arguments = variant_arguments(workload, overrides, steps)
-    subprocess.run([*GRAPHBRIDGE, *arguments, f"hydra.run.dir={job_dir}"], cwd=ROOT, check=False)
+    command, log_path = ["graphbridge", *arguments], job_dir.with_name(job_dir.name + ".log")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log, subprocess.Popen([*GRAPHBRIDGE, *arguments, f"hydra.run.dir={job_dir}"],
+                                                       cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                                       start_new_session=True) as process:
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            stop_session(process)
+            return Measured(command, {"status": "timeout", "reason": f"no end after {timeout_s:.0f} s: stopped"},
+                            tail(log_path))
     result_path = job_dir / "result.json"
-    return Measured(["graphbridge", *arguments], json.loads(result_path.read_text()) if result_path.is_file() else {})
+    result = json.loads(result_path.read_text()) if result_path.is_file() else {}
+    return Measured(command, result, None if result.get("status") == "completed" else tail(log_path))
+
+
+def stop_session(process: subprocess.Popen) -> None:
+    """SIGTERM to the variant's whole session (the CLI forwards it to its ranks), 30 s to end, then SIGKILL to
+    whatever of the session is left."""
+    for stop in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, stop)
+        except ProcessLookupError:  # the session has ended
+            break
+        try:
+            process.wait(timeout=30.0)
+        except subprocess.TimeoutExpired:
+            continue
+    process.wait()
+
+
+def tail(log_path: Path) -> List[str]:
+    return log_path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:] if log_path.is_file() else []
 
 
 def run_workload(name: str, steps: int, scratch: Path, rounds: int = 1, earlier: Optional[dict] = None,
-                 save: Callable[[dict], None] = lambda record: None) -> dict:
+                 save: Callable[[dict], None] = lambda record: None, timeout_s: float = VARIANT_TIMEOUT_S) -> dict:
     """Every variant ``rounds`` times; ``earlier``: a record whose finished rounds are kept (``--resume``);
-    ``save`` gets the record after every round."""
+    ``save`` gets the record after every round; ``timeout_s``: a variant's longest run."""
     workload = WORKLOADS[name]
     finished = list(earlier["round_records"]) if earlier else []
     for round_index in range(len(finished), rounds):
@@ -87,7 +132,7 @@ def run_workload(name: str, steps: int, scratch: Path, rounds: int = 1, earlier:
         started, measured = time.monotonic(), {}
         for variant in order:
             job_dir = scratch / name / (f"round{round_index + 1}" if rounds > 1 else "") / variant
-            measured[variant] = run_variant(workload, workload.variants[variant], job_dir, steps)
+            measured[variant] = run_variant(workload, workload.variants[variant], job_dir, steps, timeout_s)
         environment = next((run.result["env"] for run in measured.values() if "env" in run.result), {})
         finished.append({"commit": git_commit(), "date": time.strftime("%Y-%m-%d"), "env": environment,
                          "wall_s": round(time.monotonic() - started, 1),
@@ -235,6 +280,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=1, help="runs of every variant, in alternating order")
     parser.add_argument("--resume", type=Path, nargs="+", default=[], metavar="RECORD",
                         help="records of rounds cut off: run only their missing rounds")
+    parser.add_argument("--variant-timeout-s", type=float, default=VARIANT_TIMEOUT_S,
+                        help="stop a variant (and its ranks) after this long and record it as timed out")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/graphbridge-suite"))
     args = parser.parse_args(argv)
@@ -269,7 +316,7 @@ def main(argv=None) -> int:
         if name in earlier:
             print(f"{name}: {earlier[name]['rounds_done']} of {args.rounds} rounds kept from the record", flush=True)
         record = run_workload(name, args.steps, args.scratch / time.strftime("%H%M%S"), args.rounds,
-                              earlier.get(name), save)
+                              earlier.get(name), save, args.variant_timeout_s)
         if not has_completed(record):
             print(f"{name}: no variant completed; nothing written (the job logs are under {args.scratch})")
             unmeasured.append(name)

@@ -143,7 +143,7 @@ def test_the_suites_auto_row_says_what_it_chose_and_how_it_compares_with_the_bes
 
     medians = {"eager": 10.0, "te_attn": 8.0, "auto": 8.2}
 
-    def run_variant(workload, overrides, job_dir, steps):
+    def run_variant(workload, overrides, job_dir, steps, timeout_s):
         result = {"status": "completed", "step_time_ms": {"median": medians[job_dir.name]},
                   "env": {"gpu": "NVIDIA H100 80GB HBM3"}}
         if job_dir.name == "auto":
@@ -166,7 +166,7 @@ def test_the_suites_auto_row_says_what_it_chose_and_how_it_compares_with_the_bes
     medians = {("eager", 1): 10.0, ("te_attn", 1): 8.0, ("auto", 1): 8.4, ("eager", 2): 14.0, ("te_attn", 2): 11.0,
                ("auto", 2): 11.0, ("eager", 3): 10.0, ("te_attn", 3): 8.2, ("auto", 3): 8.1}
 
-    def run_round(workload, overrides, job_dir, steps):
+    def run_round(workload, overrides, job_dir, steps, timeout_s):
         ran = (job_dir.name, int(job_dir.parent.name.removeprefix("round")))
         result = {"status": "completed", "step_time_ms": {"median": medians[ran]}, "env": {"gpu": "NVIDIA H100 80GB HBM3"}}
         if ran[0] == "auto":

@@ -5,6 +5,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import benchmark_table
@@ -76,7 +77,7 @@ def test_rounds_alternate_the_order_and_keep_the_middle_round(monkeypatch, tmp_p
                ("full_iteration", 1): 5.0, ("full_iteration", 2): 4.0, ("full_iteration", 3): None}
     order = []
 
-    def run_variant(workload, overrides, job_dir, steps):
+    def run_variant(workload, overrides, job_dir, steps, timeout_s):
         variant, round_number = job_dir.name, int(job_dir.parent.name.removeprefix("round"))
         order.append((round_number, variant))
         median = medians[variant, round_number]
@@ -107,7 +108,7 @@ H100_019 = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "megatron_c
 def measured_as(order: list, env: dict, stop_at=None):
     """A run_variant that records what ran, measures 50 ms eager and 5 ms graphed, and stops the whole
     block (as the device's limit does) when it reaches ``stop_at``: (round, variant)."""
-    def run_variant(workload, overrides, job_dir, steps):
+    def run_variant(workload, overrides, job_dir, steps, timeout_s):
         ran = (int(job_dir.parent.name.removeprefix("round")), job_dir.name)
         if ran == stop_at:
             raise KeyboardInterrupt
@@ -146,6 +147,24 @@ def test_a_block_cut_off_keeps_its_rounds_and_resume_runs_only_the_missing_ones(
     assert done["rounds_done"] == 3 and done["versions"]["graphbridge"] == "aaaaaaa + bbbbbbb"
     assert [each["commit"] for each in done["round_records"]] == ["aaaaaaa", "bbbbbbb", "bbbbbbb"]
     assert done["variants"]["full_iteration"]["round_medians_ms"] == [5.0, 5.0, 5.0]
+
+
+@pytest.mark.parametrize("script, status, says", [
+    # a rank stuck in a collective: the variant is stopped, with its children, and the block goes on
+    ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)  # {token}']); "
+     "print('waiting in all-reduce', flush=True); time.sleep(120)", "timeout", "waiting in all-reduce"),
+    ("import sys; print('Traceback: boom', flush=True); sys.exit(1)", "missing", "Traceback: boom"),
+])
+def test_a_variant_that_hangs_or_dies_is_recorded_with_its_last_lines(monkeypatch, tmp_path, script, status, says):
+    token = f"suite-variant-{uuid.uuid4().hex}"  # this case's processes, apart from any other test's
+    monkeypatch.setattr(suite, "GRAPHBRIDGE", [sys.executable, "-c", script.replace("{token}", token)])
+    workload = suite.WORKLOADS["llama_tiny_te"]
+    measured = suite.run_variant(workload, workload.variants["eager"], tmp_path / "eager", 40, timeout_s=3)
+    row = measured.row()
+    assert row["status"] == status and says in "\n".join(row["log_tail"])
+    assert row["command"].startswith("graphbridge recipe=llama/tiny cuda_graph=none")
+    leftover = subprocess.run(["pgrep", "-f", token], capture_output=True, text=True).stdout.split()
+    assert not leftover, f"the variant's children outlived it: {leftover}"
 
 
 def cut_record(tmp_path: Path, **changes) -> Path:
