@@ -99,7 +99,10 @@ def markdown(directory: Path = RESULTS) -> str:
              "before runs and times steps by GPU-stream events (bridge.step_clock); earlier commits waited for "
              "every step, which adds the host's time per step to launch-bound and graphed steps. A command with "
              "`--rounds N` ran every variant N times in alternating order: its row is the middle round, and the "
-             "brackets after the speedup give the lowest and highest per-round ratio.")
+             "brackets after the speedup give the lowest and highest per-round ratio. The auto row names its choice, "
+             "the probe's wall time (from the round that probed; later rounds take the cached decision) and its step "
+             "time over the best other variant's, the median of the per-round ratios. A record cut off by its block's "
+             "end says how many rounds it holds, and `suite.py --resume` adds the rest.")
     return "\n".join([intro, ""] + [line for record in found for line in table(record)]).rstrip()
 
 
