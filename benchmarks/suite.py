@@ -27,6 +27,7 @@ whole: its ratios come from one machine.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -105,15 +106,13 @@ def run_variant(workload: Workload, overrides: Tuple[str, ...], job_dir: Path, s
 def stop_session(process: subprocess.Popen) -> None:
     """SIGTERM to the variant's whole session (the CLI forwards it to its ranks), 30 s to end, then SIGKILL to
     whatever of the session is left."""
-    for stop in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, stop)
-        except ProcessLookupError:  # the session has ended
-            break
-        try:
-            process.wait(timeout=30.0)
-        except subprocess.TimeoutExpired:
-            continue
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=30.0)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    with contextlib.suppress(ProcessLookupError):  # the session has ended
+        os.killpg(process.pid, signal.SIGKILL)
     process.wait()
 
 
