@@ -25,7 +25,8 @@ Keys of a full record (perf/report.py reads exactly these):
     bridge.profiling; the GPU values are null on the CPU);
     auto: null, or under cuda_graph=auto the record the graphbridge process left in auto.json before
     training (perf.auto_probe): chosen, reason, source, and candidates, each {choice, status, median_ms,
-    spread_ms, reason, job}.
+    spread_ms, reason, job, wall_s}; after a probe also eager_ms, noise_ms and probe {directory, wall_s,
+    imports_s (the launcher's imports, within wall_s), gpus, rounds (each runs, timed_steps, train_iters)}.
 """
 
 import hashlib

@@ -1,14 +1,19 @@
 """``cuda_graph=auto`` at run time: the choice to train with, decided before the run trains.
 
 On a GPU, unless the decision cache (bridge.auto.cache) holds this workload's decision, the candidates the
-plan accepted (bridge.auto.candidates) are probed in rounds of successive halving (bridge.auto.decision):
+plan accepted (bridge.auto.candidates) are probed in rounds of successive halving where that pays
+(bridge.auto.decision):
 
     <run dir>/auto/round1/0 ... eager, every graph candidate, eager: a short screening round
     <run dir>/auto/round2/0 ... eager, the faster half not clearly slower, eager: the round that decides
 
+The first run, eager, is timed in full; where it shows that starting a run costs more than the steps screening
+would save, round 1 times every run in full and decides alone.
+
 Each run is the candidate's configuration, written as the launcher writes a job (with the probe's length), and
 trained in a process of its own, forked from one that imported torch, Transformer Engine and megatron-core once
-(perf.preloaded): each capture is clean, and no run pays the imports again. A job of several GPUs of this node
+(perf.preloaded, whose server starts and imports before the first run, apart from the runs' times): each
+capture is clean, and no run pays the imports again. A job of several GPUs of this node
 is probed at its own layout, one forked process per GPU. The runs' result.json files decide, the decision is
 cached, and ``<run dir>/auto.json`` keeps it, with the probe's wall time, for the run's result.json (its
 ``auto`` record); summary.md and summary.png in ``<run dir>/auto/`` are the probe's table and plot. The terminal
@@ -25,19 +30,21 @@ import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, List, Optional
+from dataclasses import dataclass, replace
+from typing import Callable, List, Optional, Tuple
 
 from bridge.atomic import WriteError, write_json_atomic
 from bridge.auto.cache import store
 from bridge.auto.candidates import PROBE_DIR, ROUND_TIMED_STEPS, AutoPlan, without_graph_choice
-from bridge.auto.decision import COMPLETED, STOPPED_EARLY, Decision, Measurement, decide, stopped_early, survivors
+from bridge.auto.decision import (COMPLETED, STOPPED_EARLY, Decision, Measurement, decide, screening_pays,
+                                  stopped_early, survivors)
 from bridge.config.graphs import EAGER_CHOICE
 from bridge.config.schema import GraphBridgeConfig
 from bridge.planning import Plan
 from bridge.result import AUTO_RECORD
 from perf import preloaded
 from perf.launch import SignalForwarding, job_record, write_job
-from perf.report import Job, build_summary, load_jobs, write_summary
+from perf.report import build_summary, load_jobs, write_summary
 
 log = logging.getLogger("graphbridge")
 RUN_LOG = "train.log"
@@ -50,16 +57,25 @@ Trainer = Callable[[GraphBridgeConfig, Path], Optional[int]]
 """Trains one probe run from its job directory; its exit code, None when killed at the timeout."""
 
 
-def choose_graphs(plan: Plan, job_dir: Path, trainer: Optional[Trainer] = None) -> GraphBridgeConfig:
-    """The configuration the run trains with; ``<job_dir>/auto.json`` records how it was chosen. ``trainer``
-    trains each probe run (default: forked from the preloaded launcher, train_forked)."""
+@dataclass(frozen=True)
+class ProbeRuns:
+    """How the probe trains its runs: ``start`` readies the launcher before the first (its seconds), ``train``
+    trains one run."""
+
+    start: Callable[[], float]
+    train: Trainer
+
+
+def choose_graphs(plan: Plan, job_dir: Path, runs: Optional[ProbeRuns] = None) -> GraphBridgeConfig:
+    """The configuration the run trains with; ``<job_dir>/auto.json`` records how it was chosen. ``runs``
+    trains the probe (default: each run forked from the preloaded launcher, FORKED)."""
     auto = plan.auto
-    record = decision_record(auto, job_dir, trainer or train_forked)
+    record = decision_record(auto, job_dir, runs or FORKED)
     write_json_atomic(job_dir / AUTO_RECORD, record)
     return auto.candidate(record["chosen"]).plan.config
 
 
-def decision_record(auto: AutoPlan, job_dir: Path, trainer: Trainer) -> dict:
+def decision_record(auto: AutoPlan, job_dir: Path, runs: ProbeRuns) -> dict:
     if auto.device != "cuda":
         return unprobed(auto, "no_cuda_device", "no CUDA device here, so graphs cannot pay off (they remove GPU "
                                                 "launch gaps): training eagerly")
@@ -75,14 +91,16 @@ def decision_record(auto: AutoPlan, job_dir: Path, trainer: Trainer) -> dict:
                  cached.get("gpu"), cached.get("reason"), auto.path)
         return {**cached, "source": "cache"}
     probe_dir = job_dir / PROBE_DIR
-    log.info("cuda_graph=auto: probing %s in rounds of successive halving on %d GPU(s), each run forked from one "
+    log.info("cuda_graph=auto: probing %s (successive halving where it pays) on %d GPU(s), each run forked from one "
              "process that imported the training stack, in %s", ", ".join(auto.probe_order), auto.gpus, probe_dir)
     started = time.monotonic()
-    measurements = run_probe(auto, probe_dir, trainer)
-    wall_s = round(time.monotonic() - started, 1)
+    imports_s = runs.start()
+    measurements, rounds = run_probe(auto, probe_dir, runs.train)
+    wall_s = time.monotonic() - started
     report_failures(measurements)
     decision = decide(measurements)
-    record = probed_record(auto, decision, measurements, probe_dir, wall_s)
+    record = probed_record(auto, decision, measurements, rounds, {"directory": str(probe_dir), "wall_s": round(
+        wall_s, 1), "imports_s": round(imports_s, 1), "gpus": auto.gpus})
     problem = store(Path(auto.path), auto.key, record)
     if problem:
         log.warning("%s", problem)
@@ -101,15 +119,14 @@ def unprobed(auto: AutoPlan, source: str, reason: str) -> dict:
             "candidates": [Measurement(candidate.choice, "not_probed").as_dict() for candidate in auto.accepted]}
 
 
-def probed_record(auto: AutoPlan, decision: Decision, measurements: List[Measurement], probe_dir: Path,
-                  wall_s: float) -> dict:
-    """What result.json and the cache keep of a probe: the decision, every candidate's numbers, the probe's wall
-    time, and what the decision holds for (the workload, its GPUs, the packages)."""
+def probed_record(auto: AutoPlan, decision: Decision, measurements: List[Measurement], rounds: List[dict],
+                  probe: dict) -> dict:
+    """What result.json and the cache keep of a probe: the decision, every candidate's numbers (with each run's
+    wall time), the probe's wall time (with the launcher's imports, imports_s) and rounds, and what the
+    decision holds for (the workload, its GPUs, the packages)."""
     return {"chosen": decision.chosen, "reason": decision.reason, "eager_ms": decision.eager_ms,
             "noise_ms": decision.noise_ms, "candidates": [m.as_dict() for m in measurements],
-            "probe": {"directory": str(probe_dir), "wall_s": wall_s, "gpus": auto.gpus,
-                      "rounds": [{"timed_steps": timed, "train_iters": auto.probe_iters(timed)}
-                                 for timed in ROUND_TIMED_STEPS]},
+            "probe": {**probe, "rounds": rounds},
             "workload": " ".join(auto.overrides), "gpu": auto.gpu, "versions": auto.versions, "key": auto.key,
             "decided": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
@@ -121,42 +138,60 @@ def report_failures(measurements: List[Measurement]) -> None:
                   failed.reason, failed.job)
 
 
-def run_probe(auto: AutoPlan, probe_dir: Path, trainer: Trainer) -> List[Measurement]:
-    """The probe's rounds (see the module): the choices stopped early, then the last round's measurements. A
-    signal that stops it ends the run, as it ends a sweep."""
-    contenders, stopped = auto.graph_candidates, []
+def run_probe(auto: AutoPlan, probe_dir: Path, trainer: Trainer) -> Tuple[List[Measurement], List[dict]]:
+    """The probe's rounds (see the module): the choices stopped early, then the last round's measurements; and
+    each round's runs and length. A signal that stops it ends the run, as it ends a sweep."""
+    screening, deciding = ROUND_TIMED_STEPS
+    round1 = probe_dir / "round1"
     with signals_end_the_run():
-        for number, timed in enumerate(ROUND_TIMED_STEPS, start=1):
-            order = [EAGER_CHOICE, *contenders, EAGER_CHOICE]
-            measurements = run_round(auto, order, timed, probe_dir / f"round{number}", trainer)
-            kept = survivors(measurements)
-            if number == len(ROUND_TIMED_STEPS) or not kept:
-                break
-            stopped += stopped_early(measurements, kept, number)
-            contenders = [m.choice for m in kept]
+        first = run_round(auto, [EAGER_CHOICE], deciding, round1, trainer)
+        screens = screening_pays(first[0], auto.probe_iters(deciding), len(auto.graph_candidates), screening,
+                                 deciding)
+        timed = screening if screens else deciding
+        measurements = first + run_round(auto, [*auto.graph_candidates, EAGER_CHOICE], timed, round1, trainer, 1)
+        rounds, stopped = [round_record(auto, len(measurements), timed, deciding)], []
+        kept = survivors(measurements) if screens else []
+        if kept:
+            stopped = stopped_early(measurements, kept, 1)
+            order = [EAGER_CHOICE, *(m.choice for m in kept), EAGER_CHOICE]
+            measurements = run_round(auto, order, deciding, probe_dir / "round2", trainer)
+            rounds.append(round_record(auto, len(order), deciding, deciding))
     write_probe_summary(probe_dir)
-    return stopped + measurements
+    return stopped + measurements, rounds
 
 
-def run_round(auto: AutoPlan, order: List[str], timed_steps: int, round_dir: Path,
-              trainer: Trainer) -> List[Measurement]:
-    """Train every run of a round, one after the other (job N in ``<round_dir>/N``), and read them."""
+def round_record(auto: AutoPlan, runs: int, timed_steps: int, first_timed_steps: int) -> dict:
+    """A round as the record keeps it: its runs and their length (its first run's, where that differs)."""
+    return {"runs": runs, "timed_steps": timed_steps, "train_iters": auto.probe_iters(timed_steps),
+            **({"first_run_timed_steps": first_timed_steps} if first_timed_steps != timed_steps else {})}
+
+
+def run_round(auto: AutoPlan, order: List[str], timed_steps: int, round_dir: Path, trainer: Trainer,
+              first_number: int = 0) -> List[Measurement]:
+    """Train the runs of ``order`` one after the other (job N in ``<round_dir>/N``, numbered from
+    ``first_number``) and read each."""
     iters = auto.probe_iters(timed_steps)
     # Later overrides win: the probe's length and settings replace the job's own.
     settings = [f"train.train_iters={iters}", f"optimizer.lr_warmup_iters={iters // 10}", *PROBE_ONLY]
-    for number, choice in enumerate(order):
+    measurements = []
+    for number, choice in enumerate(order, start=first_number):
         run_dir = round_dir / str(number)
         config = auto.probe_config(choice, settings)
         overrides = [*without_graph_choice(auto.overrides), *auto.candidate(choice).option.overrides, *settings]
         write_job(config, run_dir, job_record({"cuda_graph": choice}, overrides))
+        started = time.monotonic()
         trainer(config, run_dir)
-    return read_probe(order, round_dir)
+        measurements.append(measured(choice, run_dir, round(time.monotonic() - started, 2)))
+    return measurements
 
 
 def train_forked(config: GraphBridgeConfig, run_dir: Path) -> Optional[int]:
     """One probe run, forked from the preloaded launcher on the job's GPUs of this node."""
     env = {"PYTHONUNBUFFERED": "1"}
     return preloaded.train(run_dir, run_dir / RUN_LOG, env, ranks=config.train.num_gpus, timeout_s=RUN_TIMEOUT_S)
+
+
+FORKED = ProbeRuns(preloaded.start_server, train_forked)
 
 
 @contextmanager
@@ -182,16 +217,16 @@ def write_probe_summary(probe_dir: Path) -> None:
         log.warning("cuda_graph=auto: the probe's summary was not written (%s); its runs are in %s", error, probe_dir)
 
 
-def read_probe(order: List[str], round_dir: Path) -> List[Measurement]:
-    """One measurement per run of a round, in its order (run N is in ``<round_dir>/N``)."""
-    jobs = {job.name: job for job in load_jobs(round_dir)} if round_dir.is_dir() else {}
-    return [measured(choice, jobs.get(str(number)), round_dir) for number, choice in enumerate(order)]
+def measured(choice: str, run_dir: Path, wall_s: float) -> Measurement:
+    """The measurement of one probe run, from its result.json, with its wall time."""
+    return replace(read_run(choice, run_dir), wall_s=wall_s)
 
 
-def measured(choice: str, job: Optional[Job], round_dir: Path) -> Measurement:
-    if job is None:
-        return Measurement(choice, "missing", reason=f"the probe left no record of it (see {round_dir}/*/{RUN_LOG})")
-    where = str(round_dir / job.name)
+def read_run(choice: str, run_dir: Path) -> Measurement:
+    jobs = load_jobs(run_dir) if run_dir.is_dir() else []
+    if not jobs:
+        return Measurement(choice, "missing", reason=f"the probe left no record of it (see {run_dir / RUN_LOG})")
+    job, where = jobs[0], str(run_dir)
     step = job.step_time
     if job.status != COMPLETED:
         return Measurement(choice, job.status, reason=job.reason, job=where)

@@ -53,8 +53,10 @@ def test_the_plan_lists_the_candidates_and_how_they_are_measured(cli, tmp_path, 
     for choice, rule in DENSE_REFUSED.items():
         assert f"{choice} ({rule})" in text
     order = ", ".join(["none", *DENSE_CANDIDATES[1:], "none"])
-    assert f"probe:     round 1: 9 runs ({order}) of 14 steps, 10 timed; the faster half" in text
-    assert "goes on to round 2: eager, those, eager, 34 steps each, 30 timed" in text
+    assert (f"probe:     round 1: 9 runs ({order}), the first of 34 steps, 30 timed (warmup and capture excluded), "
+            "the others of 14 steps, 10 timed, where screening pays; the faster half") in text
+    assert "goes on to round 2: eager, those, eager, 34 steps each, whose medians decide" in text
+    assert "starting a run costs more than the steps screening saves, every run of round 1 is of 34 steps" in text
     assert (f"\n    {OPTIMIZER_IN_GRAPH}  cuda_graph=full_iteration optimizer.optimizer_in_graph=true: forward and "
             "backward of the whole iteration") in text and "(optimizer step inside the graph)" in text
     cache = cache_home / "graphbridge" / "cuda_graph_auto.json"

@@ -1,22 +1,24 @@
 """cuda_graph=auto's probe on a machine described as a GPU one: its rounds of successive halving decide (timings
 synthesized here: the GPU run is tests/gpu/test_auto_gpu.py), a clearly slower candidate stops after the screening
-round, a failed candidate is never chosen, and the decision is cached per workload (its layout and switches
+round, one round decides where starting a run costs more than screening saves, a failed candidate is never chosen, and the decision is cached per workload (its layout and switches
 included), GPU and packages, so that a second run skips the probe; the real probe forks each run on this CPU, one
 rank per GPU of the job's layout (the plan and the run through the command line: test_auto.py)."""
 
 import json
 import logging
+import time
+from dataclasses import replace
 
 import pytest
 
 import bridge
 from bridge.auto.cache import cache_path, read_decisions, store
 from bridge.auto.candidates import plan_auto
-from bridge.auto.decision import Measurement, decide, stopped_early, survivors
+from bridge.auto.decision import Measurement, decide, screening_pays, stopped_early, survivors
 from bridge.machine import GPU, Machine
 from bridge.planning import build_plan
 from bridge.prepare import prepare
-from perf.auto_probe import choose_graphs
+from perf.auto_probe import ProbeRuns, choose_graphs
 
 SMALL = ("model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64", "train.train_iters=5")
 AUTO = ("recipe=llama/tiny", "cuda_graph=auto")
@@ -89,14 +91,30 @@ def test_successive_halving_stops_the_clearly_slower_and_keeps_the_faster_half(m
     assert all(m.median_ms == medians[m.choice] for m in stopped if m.status == "stopped_early")
 
 
-def synthesized_trainer(medians: dict, trained: list):
+@pytest.mark.parametrize("start_s, step_ms, graph_candidates, pays", [
+    (4.3, 51.0, 7, False),  # llama/tiny on an H200: a run starts in seconds, 20 steps fewer save 1 s each
+    (15.0, 320.0, 4, False),  # the Qwen3 proxy: its steps are long, but so is its start
+    (20.0, 2000.0, 7, True),  # seconds a step: the steps screening saves outweigh a second round's runs
+    (0.5, 20.0, 1, False),  # one graph choice: nothing to halve
+])
+def test_screening_pays_only_where_the_steps_it_saves_outweigh_the_runs_it_adds(start_s, step_ms, graph_candidates,
+                                                                                pays):
+    first = Measurement("none", "completed", step_ms, 1.0, wall_s=start_s + 34 * step_ms / 1e3)
+    assert screening_pays(first, 34, graph_candidates, 10, 30) is pays
+    assert screening_pays(replace(first, status="failed", median_ms=None), 34, graph_candidates, 10, 30)
+
+
+def synthesized_trainer(medians: dict, trained: list, start_s: float = 0.0) -> ProbeRuns:
     """Trains nothing: leaves the result.json a probe run leaves, its median from ``medians`` by choice (a pair
     for eager, its first and last run of a round; None: the run failed; a choice not named: 50 ms), and notes
-    ``round/choice`` in ``trained``."""
+    ``round/choice/train_iters`` in ``trained``; the first run takes ``start_s`` (what starting it cost), the
+    launcher's start 0.5 s."""
     def train(config, run_dir):
         job = json.loads((run_dir / "job.json").read_text())
         choice = job["choices"]["cuda_graph"]
-        trained.append(f"{run_dir.parent.name}/{choice}")
+        trained.append(f"{run_dir.parent.name}/{choice}/{config.train.train_iters}")
+        if not trained[1:]:
+            time.sleep(start_s)
         median = medians["none"][run_dir.name != "0"] if choice == "none" else medians.get(choice, 50.0)
         steps = {"median": median, "p10": median - 0.1, "p90": median + 0.1, "count": 30} if median else None
         result = {"status": "failed", "reason": "replay failed", "job": job} if median is None else {
@@ -104,7 +122,7 @@ def synthesized_trainer(medians: dict, trained: list):
             "job": job}
         (run_dir / "result.json").write_text(json.dumps(result))
         return 0 if median else 1
-    return train
+    return ProbeRuns(lambda: 0.5, train)
 
 
 def test_the_run_trains_with_the_winner_records_the_probe_and_flags_a_failed_candidate(tmp_path, cache_home, caplog):
@@ -114,13 +132,17 @@ def test_the_run_trains_with_the_winner_records_the_probe_and_flags_a_failed_can
         config = choose_graphs(plan, tmp_path, trainer)
     assert (config.model.cuda_graph_impl.value, config.model.cuda_graph_modules) == ("transformer_engine", ["attn"])
     assert config.rng.te_rng_tracker is True  # the choice's own derived values, as cuda_graph=te_attn composes them
-    # Round 1 screens every candidate; only te_attn is not clearly slower, so round 2 times it against eager.
-    assert trained == [f"round1/{choice}" for choice in plan.auto.probe_order] + [
-        "round2/none", "round2/te_attn", "round2/none"]
+    # Round 1 screens every candidate after eager's first run, timed in full (starting a run here costs next to
+    # nothing); only te_attn is not clearly slower, so round 2 times it against eager.
+    assert trained == ["round1/none/34", *(f"round1/{choice}/14" for choice in plan.auto.probe_order[1:])] + [
+        "round2/none/34", "round2/te_attn/34", "round2/none/34"]
     record = json.loads((tmp_path / "auto.json").read_text())
-    assert record["chosen"] == "te_attn" and record["source"] == "probe" and record["probe"]["wall_s"] >= 0
-    assert [r["timed_steps"] for r in record["probe"]["rounds"]] == [10, 30]
+    assert record["chosen"] == "te_attn" and record["source"] == "probe"
+    assert record["probe"]["wall_s"] >= 0 and record["probe"]["imports_s"] == 0.5
+    assert record["probe"]["rounds"] == [{"runs": 9, "timed_steps": 10, "train_iters": 14, "first_run_timed_steps": 30},
+                                         {"runs": 3, "timed_steps": 30, "train_iters": 34}]
     by_choice = {c["choice"]: c for c in record["candidates"]}
+    assert by_choice["te_attn"].pop("wall_s") >= 0
     assert by_choice["te_attn"] == {"choice": "te_attn", "status": "completed", "median_ms": 12.0,
                                     "spread_ms": pytest.approx(0.2), "reason": None,
                                     "job": str(tmp_path / "auto" / "round2" / "1")}
@@ -133,6 +155,18 @@ def test_the_run_trains_with_the_winner_records_the_probe_and_flags_a_failed_can
     assert len(chose) == 1
     assert chose[0].startswith("cuda_graph=auto chose te_attn: 12.00 ms a step against eager's 20.00 ms")
     assert {"summary.md", "summary.png"} <= {path.name for path in (tmp_path / "auto").iterdir()}
+
+
+def test_where_starting_a_run_costs_more_than_screening_saves_one_round_of_full_runs_decides(tmp_path, cache_home):
+    """Steps of 1 ms, and a first run that took 0.3 s: a second round would cost more than it saves."""
+    plan, trained = gpu_plan(*SMALL), []
+    medians = {"none": (1.0, 1.0), **{choice: 1.0 for choice in plan.auto.graph_candidates}, "te_mlp": 0.5}
+    config = choose_graphs(plan, tmp_path, synthesized_trainer(medians, trained, start_s=0.3))
+    assert trained == [f"round1/{choice}/34" for choice in plan.auto.probe_order]
+    record = json.loads((tmp_path / "auto.json").read_text())
+    assert record["probe"]["rounds"] == [{"runs": 9, "timed_steps": 30, "train_iters": 34}]
+    assert record["chosen"] == "te_mlp" and config.model.cuda_graph_modules == ["mlp"]
+    assert record["candidates"][0]["wall_s"] >= 0.3 and not (tmp_path / "auto" / "round2").exists()
 
 
 def test_a_probe_where_every_graph_choice_is_clearly_slower_stops_after_screening(tmp_path, cache_home):
@@ -214,13 +248,15 @@ def test_the_probe_forks_each_run_and_leaves_its_table_and_plot_in_the_run_direc
     assert [(c["choice"], c["status"]) for c in record["candidates"]] == [
         ("none", "completed"), ("full_iteration", "ran_eagerly"), ("local_layer", "ran_eagerly"),
         (OPTIMIZER_IN_GRAPH, "ran_eagerly"), ("none", "completed")]
-    assert record["probe"]["wall_s"] > 0
+    assert record["probe"]["wall_s"] > record["probe"]["imports_s"] > 0
+    # A run starts in about a second here and steps in milliseconds: one round of full runs decides.
+    assert record["probe"]["rounds"] == [{"runs": 5, "timed_steps": 30, "train_iters": 34}]
     for number, eager in ((0, record["candidates"][0]), (4, record["candidates"][4])):
         run_dir = probe_dir / "round1" / str(number)
         result = json.loads((run_dir / "result.json").read_text())
-        assert result["train_iters"] == 14 and result["step_time_ms"]["count"] == 11
+        assert result["train_iters"] == 34 and result["step_time_ms"]["count"] == 31
         assert eager["median_ms"] == result["step_time_ms"]["median"] > 0 and eager["spread_ms"] >= 0
-        assert (run_dir / "train.log").stat().st_size > 0
+        assert eager["wall_s"] > 0 and (run_dir / "train.log").stat().st_size > 0
 
 
 def test_a_job_of_several_gpus_is_probed_at_its_own_layout_one_forked_rank_per_gpu(tmp_path, cache_home, monkeypatch):
@@ -235,9 +271,10 @@ def test_a_job_of_several_gpus_is_probed_at_its_own_layout_one_forked_rank_per_g
     def train(run_dir, log, env, ranks, timeout_s):
         config = load_resolved(run_dir)
         launched.append((ranks, config.model.tensor_model_parallel_size))
-        return synthesized(config, run_dir)
+        return synthesized.train(config, run_dir)
 
     monkeypatch.setattr(perf.auto_probe.preloaded, "train", train)
+    monkeypatch.setattr(perf.auto_probe, "FORKED", ProbeRuns(lambda: 0.0, perf.auto_probe.train_forked))
     assert choose_graphs(plan, tmp_path).model.cuda_graph_modules == ["attn"]
     assert launched and set(launched) == {(2, 2)}
     ranks = [rank_environment(rank, 2, 29555) for rank in range(2)]

@@ -11,8 +11,8 @@ Each candidate is composed exactly as ``graphbridge <the same overrides> <its ov
 judged by the same catalogue, so that the probe runs what the plan accepted and the run trains with what
 those overrides train (plan equals run).
 
-On a GPU the run probes them (perf.auto_probe) in rounds of successive halving (bridge.auto.decision): each
-run a process of its own at the job's layout, eager first and last in every round. A multi-node job is
+On a GPU the run probes them (perf.auto_probe) in rounds of successive halving where that pays
+(bridge.auto.decision): each run a process of its own at the job's layout, eager first and last in every round. A multi-node job is
 refused (bridge/validation/auto_rules.py): the probe runs on one node.
 """
 
@@ -174,10 +174,13 @@ class AutoPlan:
             return "none: no graph choice to measure, the run trains eagerly"
         first, last = (self.probe_iters(timed) for timed in (ROUND_TIMED_STEPS[0], ROUND_TIMED_STEPS[-1]))
         skipped = "; skipped: the cache holds this workload's decision" if self.cached is not None else ""
-        return (f"round 1: {len(self.probe_order)} runs ({', '.join(self.probe_order)}) of {first} steps, "
-                f"{ROUND_TIMED_STEPS[0]} timed; the faster half of the graph candidates, less any slower than the "
-                f"round's fastest by more than the probe's noise, goes on to round 2: eager, those, eager, {last} "
-                f"steps each, {ROUND_TIMED_STEPS[-1]} timed (warmup and capture excluded), whose medians decide. "
+        return (f"round 1: {len(self.probe_order)} runs ({', '.join(self.probe_order)}), the first of {last} "
+                f"steps, {ROUND_TIMED_STEPS[-1]} timed (warmup and capture excluded), the others of {first} steps, "
+                f"{ROUND_TIMED_STEPS[0]} timed, where screening pays; the faster half of the graph candidates, less "
+                f"any slower than the round's fastest by more than the probe's noise, goes on to round 2: eager, "
+                f"those, eager, {last} steps each, whose medians decide. Where the first run shows that starting a "
+                f"run costs more than the steps screening saves, every run of round 1 is of {last} steps and it "
+                f"decides alone. "
                 f"Each run is a process of its own on the job's {self.gpus} GPU(s), forked from one that imported "
                 f"torch, Transformer Engine and megatron-core once; its wall time is in result.json's auto record; "
                 f"the runs and a summary.md and summary.png are in <run dir>/{PROBE_DIR}/{skipped}")

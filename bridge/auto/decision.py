@@ -8,10 +8,13 @@ steps plus half that of the contender's, so a contender kept has its middle 80 %
 The probe's noise is the larger of the two, and a graph choice must beat the faster eager median by more
 than that. A choice within the noise never replaces eager: by its own probe, auto is never slower than eager.
 
-The probe runs in rounds of successive halving. Every round times eager first and last, so every round has
-its own noise. After a short screening round, a graph choice slower than the round's fastest run by more than
-that noise cannot win and stops there, and of the rest the faster half goes on; the decision rests on the last
-round's runs, all timed as long as a sweep's report trusts a median.
+The probe runs in rounds of successive halving where that pays. Every round times eager first and last, so
+every round has its own noise. After a short screening round, a graph choice slower than the round's fastest
+run by more than that noise cannot win and stops there, and of the rest the faster half goes on; the decision
+rests on the last round's runs, all timed as long as a sweep's report trusts a median. Screening saves steps
+but adds a round of runs, and each run pays its start (a CUDA context, the model's build, the capture) besides
+its steps: where starting a run costs more than the steps screening saves (a small model), the first round
+times every run in full and decides alone (screening_pays).
 """
 
 from dataclasses import asdict, dataclass, replace
@@ -38,6 +41,9 @@ class Measurement:
     reason: Optional[str] = None
     job: Optional[str] = None
     """The probe job's directory."""
+    wall_s: Optional[float] = None
+    """The run's wall time, from its start to its end: its start-up (a CUDA context, the model, the capture),
+    its steps and its teardown."""
 
     @property
     def measured(self) -> bool:
@@ -108,3 +114,19 @@ def stopped_early(measurements: Sequence[Measurement], kept: Sequence[Measuremen
            "noise, or not in the faster half")
     return [replace(m, status=STOPPED_EARLY, reason=why) if m.measured else m
             for m in measurements if m.choice != EAGER_CHOICE and m.choice not in going_on]
+
+
+def screening_pays(first_eager: Measurement, train_iters: int, graph_candidates: int, screening_steps: int,
+                   deciding_steps: int) -> bool:
+    """Whether a short screening round costs less than timing every run of the first round in full, judged from
+    the first run: eager, ``train_iters`` steps of which ``deciding_steps`` timed. Its step time stands for
+    every run's (graph choices are rarely slower) and its wall time less its steps is what starting a run
+    costs. Screening saves ``deciding_steps - screening_steps`` steps on each of the round's other runs (the
+    graph choices and the last eager run) and adds a second round of at least three full runs (eager, one
+    survivor, eager). Without the first run's numbers it screens, as the probe always did."""
+    if not first_eager.measured or first_eager.wall_s is None:
+        return True
+    step_s = first_eager.median_ms / 1e3
+    start_s = max(first_eager.wall_s - train_iters * step_s, 0.0)
+    saved_s = (graph_candidates + 1) * (deciding_steps - screening_steps) * step_s
+    return saved_s > 3 * (start_s + train_iters * step_s)
