@@ -42,6 +42,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bridge.atomic import write_json_atomic  # noqa: E402
+from bridge.auto.candidates import options  # noqa: E402
 from bridge.machine import cuda_gpus, installed_version, release  # noqa: E402
 from suite_workloads import AUTO, EAGER, WORKLOADS, Workload  # noqa: E402
 
@@ -72,9 +73,21 @@ class Measured:
                 "estimate_gb": memory.get("estimate_gb"),
                 "capture_time_s": self.result.get("capture_time_s"), "graph_count": self.result.get("graph_count"),
                 "tflops_per_gpu": self.result.get("tflops_per_gpu"), "command": " ".join(self.command),
-                "auto_chosen": (self.result.get("auto") or {}).get("chosen"),
-                "auto_probe_s": ((self.result.get("auto") or {}).get("probe") or {}).get("wall_s"),
+                "auto_chosen": (self.result.get("auto") or {}).get("chosen"), "auto_probe": self.probe(),
                 "log_tail": self.log_tail}
+
+    def probe(self) -> Optional[dict]:
+        """What the auto variant's probe measured, when this run probed (a decision from the cache carries the
+        probe of the run that made it): its wall time and rounds, eager's median and the noise, and each
+        candidate's median and wall time."""
+        auto = self.result.get("auto") or {}
+        if auto.get("source") != "probe":
+            return None
+        candidates = [{key: candidate.get(key) for key in ("choice", "status", "median_ms", "wall_s")}
+                      for candidate in auto.get("candidates", [])]
+        probe = {key: value for key, value in (auto.get("probe") or {}).items() if key != "directory"}
+        return {**probe, "eager_ms": auto.get("eager_ms"), "noise_ms": auto.get("noise_ms"),
+                "reason": auto.get("reason"), "candidates": candidates}
 
 
 def variant_arguments(workload: Workload, overrides: Tuple[str, ...], steps: int) -> List[str]:
@@ -154,7 +167,7 @@ def summarize(name: str, steps: int, rounds: int, finished: List[dict]) -> dict:
             row["round_medians_ms"] = [run["median_ms"] for run in round_rows[variant]]
             row["speedup_range"] = [min(speedups), max(speedups)] if speedups else None
     if AUTO in rows:
-        rows[AUTO].update(auto_across_rounds(round_rows[AUTO], [each["rows"] for each in finished]))
+        rows[AUTO].update(auto_across_rounds(workload, round_rows[AUTO], [each["rows"] for each in finished]))
     environment = next((each["env"] for each in finished if each["env"]), {})
     commits = list(dict.fromkeys(each["commit"] for each in finished))
     return {"workload": name, "description": workload.description, "gpus": workload.gpus, "steps": steps,
@@ -176,17 +189,44 @@ def against_the_best(rows: Dict[str, dict]) -> Optional[float]:
     return auto / min(others) if auto and others else None
 
 
-def auto_across_rounds(auto_rows: List[dict], rounds: List[Dict[str, dict]]) -> dict:
+def auto_across_rounds(workload: Workload, auto_rows: List[dict], rounds: List[Dict[str, dict]]) -> dict:
     """What the auto row says over all rounds: its ratio to the best is the median of the per-round ratios
-    (each from one machine and one round, as the speedups' range), every choice it made, and the probe's
-    wall time from the round that probed (later rounds on the same machine take the cached decision)."""
+    (each from one machine and one round, as the speedups' range), and so is the ratio of the variant it chose
+    (which sets the same overrides) to the best: where those two differ, auto chose well and its run landed
+    elsewhere between processes. Also every choice it made, and the probe from the round that probed (later
+    rounds on the same machine take the cached decision)."""
     ratios = sorted(ratio for ratio in map(against_the_best, rounds) if ratio)
-    probes = [row["auto_probe_s"] for row in auto_rows if row.get("auto_probe_s") is not None]
+    chosen_ratios = sorted(ratio for ratio in (chosen_against_the_best(workload, rows) for rows in rounds) if ratio)
+    probes = [probe_of(row) for row in auto_rows if probe_of(row)]
     chosen = list(dict.fromkeys(row["auto_chosen"] for row in auto_rows if row.get("auto_chosen")))
-    return {"vs_best": ratios[(len(ratios) - 1) // 2] if ratios else None,
-            "vs_best_range": [ratios[0], ratios[-1]] if len(ratios) > 1 else None,
-            "auto_chosen": " / ".join(chosen) or None, "auto_probe_s": probes[0] if probes else None,
-            "auto_probes_s": probes}
+    return {"vs_best": middle(ratios), "vs_best_range": [ratios[0], ratios[-1]] if len(ratios) > 1 else None,
+            "chosen_vs_best": middle(chosen_ratios), "auto_chosen": " / ".join(chosen) or None,
+            "auto_probe_s": probes[0]["wall_s"] if probes else None, "auto_probe": probes[0] if probes else None}
+
+
+def probe_of(row: dict) -> Optional[dict]:
+    """A round's probe; a round recorded before the suite kept it (75b3d6e) has its wall time alone, which only
+    the first round, the one that probed, can be trusted for."""
+    if "auto_probe" in row:
+        return row["auto_probe"]
+    return {"wall_s": row["auto_probe_s"]} if row.get("auto_probe_s") is not None else None
+
+
+def middle(values: List[float]) -> Optional[float]:
+    """The median of sorted ``values`` (the lower of two middles); None when there are none."""
+    return values[(len(values) - 1) // 2] if values else None
+
+
+def chosen_against_the_best(workload: Workload, rows: Dict[str, dict]) -> Optional[float]:
+    """The median step time of the variant auto chose in this round over the best variant's; None when the
+    workload has no variant that sets what it chose, or either has no median."""
+    wanted = next((option.overrides for option in options(list(workload.base))
+                   if option.name == rows[AUTO].get("auto_chosen")), None)
+    variant = next((name for name, overrides in workload.variants.items()
+                    if name != AUTO and list(overrides) == wanted), None)
+    others = [row["median_ms"] for name, row in rows.items() if name != AUTO and row["median_ms"]]
+    picked = rows[variant]["median_ms"] if variant else None
+    return picked / min(others) if picked and others else None
 
 
 def middle_round(rows: List[dict]) -> dict:

@@ -47,14 +47,16 @@ def busy(fraction) -> str:
 
 
 def auto_notes(row: dict) -> str:
-    """What the auto variant chose, how long its probe took and its step time over the best other variant's
-    (with --rounds: the median of the per-round ratios, and their range)."""
+    """What the auto variant chose, how long its probe took, its step time over the best other variant's (with
+    --rounds: the median of the per-round ratios, and their range) and that of the variant it chose."""
     notes = [f"chose {row['auto_chosen']}"]
     if row.get("auto_probe_s") is not None:
         notes.append(f"probe {row['auto_probe_s']:.0f} s")
     if row.get("vs_best") is not None:
         spread = row.get("vs_best_range")
         notes.append(f"{row['vs_best']:.2f}x the best" + (f" ({spread[0]:.2f}-{spread[1]:.2f})" if spread else ""))
+    if row.get("chosen_vs_best") is not None:
+        notes.append(f"its choice's variant {row['chosen_vs_best']:.2f}x")
     return "; ".join(notes)
 
 
@@ -101,8 +103,10 @@ def markdown(directory: Path = RESULTS) -> str:
              "`--rounds N` ran every variant N times in alternating order: its row is the middle round, and the "
              "brackets after the speedup give the lowest and highest per-round ratio. The auto row names its choice, "
              "the probe's wall time (from the round that probed; later rounds take the cached decision) and its step "
-             "time over the best other variant's, the median of the per-round ratios. A record cut off by its block's "
-             "end says how many rounds it holds, and `suite.py --resume` adds the rest.")
+             "time over the best other variant's, the median of the per-round ratios; then the same ratio for the "
+             "variant that sets what it chose. Where the two differ, auto chose well and its own run (the same "
+             "configuration in another process) landed elsewhere: the noise between processes. A record cut off by "
+             "its block's end says how many rounds it holds, and `suite.py --resume` adds the rest.")
     return "\n".join([intro, ""] + [line for record in found for line in table(record)]).rstrip()
 
 
