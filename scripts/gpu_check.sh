@@ -7,6 +7,7 @@
 #   bash scripts/gpu_check.sh tests      # every gpu-marked test that needs one GPU (or: tests <paths>)
 #   bash scripts/gpu_check.sh sweep      # the dense-scope sweep (profiled)
 #   bash scripts/gpu_check.sh suite W... # the benchmark suite's workloads W (python benchmarks/suite.py --list)
+#   bash scripts/gpu_check.sh auto [OVERRIDES] # cuda_graph=auto's probe from an empty cache (default llama/tiny)
 #   bash scripts/gpu_check.sh differential [ARGS] # plan equals run: benchmarks/gpu_differential.py ARGS
 #   bash scripts/gpu_check.sh differential2 [ARGS] # the same at two GPUs a configuration (*_2gpu files)
 #   bash scripts/gpu_check.sh differential4 [ARGS] # four GPUs a configuration, mostly two parallelisms (*_4gpu)
@@ -69,6 +70,23 @@ case "${1:-tests}" in
   suite)  # bash scripts/gpu_check.sh suite <workload>...: the benchmark suite's JSON into $out
     shift
     python3 benchmarks/suite.py "$@" --out "$out" 2>&1 | grep -v "step/s\|it/s" | tail -40
+    ;;
+  auto)  # [OVERRIDES] (default recipe=llama/tiny): cuda_graph=auto from an empty decision cache, so that it probes;
+    # its run directory (each probe run's log and result, result.json with the auto record) into $out/auto_<time>
+    shift
+    dir="$out/auto_$(date +%H%M%S)"
+    XDG_CACHE_HOME="$dir.cache" python3 -m perf.main cuda_graph=auto "${@:-recipe=llama/tiny}" hydra.run.dir="$dir" \
+      2>&1 | grep -v "step/s\|it/s" | tail -25
+    rm -rf "$dir.cache"
+    python3 - "$dir/result.json" <<'PY'
+import json, sys
+auto = json.load(open(sys.argv[1]))["auto"]
+probe = auto.get("probe") or {}
+print(f"auto chose {auto['chosen']} ({auto['source']}): probe {probe.get('wall_s')} s, of which imports "
+      f"{probe.get('imports_s')} s; rounds {probe.get('rounds')}")
+for run in auto["candidates"]:
+    print(f"  {run['choice']:<36} {run['status']:<14} median {run['median_ms']} ms, run {run.get('wall_s')} s")
+PY
     ;;
   differential|differential2|differential4)  # the GPU differential's JSON (rewritten after every run), its log and
     # the GPUs' load; differentialN trains each configuration on N GPUs (*_Ngpu files)

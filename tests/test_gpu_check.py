@@ -42,3 +42,17 @@ def test_the_launchers_mode_starts_both_launchers_on_gpus_of_their_own_and_fails
         assert f"--launcher {launcher} --port-base {port}" in summary["command"] and summary["num_gpus"] == 2
         assert [witness["label"] for witness in summary["witnesses"]] == ["moe_tp_with_sp"]
     assert json.loads((out / "launchers_2gpu.json").read_text())["holds"] is False
+
+
+def test_the_auto_mode_runs_auto_from_an_empty_cache_and_says_what_the_probe_cost(tmp_path):
+    """On this CPU there is nothing to probe: the run trains eagerly and says so; its run directory stays in $out."""
+    stand_in = tmp_path / "env.sh"
+    stand_in.write_text("# the releases are whatever this Python has\n")
+    env = {**os.environ, "GPU_ENV": str(stand_in), "OUT": str(tmp_path / "out"), "MCORE": "0.16.1"}
+    command = ["bash", "scripts/gpu_check.sh", "auto", "recipe=llama/tiny", "model.num_layers=1", "train.train_iters=2"]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "auto chose none (no_cuda_device): probe None s" in done.stdout
+    runs = list((tmp_path / "out" / "mcore-0.16.1").glob("auto_*"))
+    assert [run.suffix for run in runs] == [""]  # the run directory; its decision cache is gone
+    assert json.loads((runs[0] / "result.json").read_text())["auto"]["source"] == "no_cuda_device"
