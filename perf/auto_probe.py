@@ -28,9 +28,9 @@ import logging
 import signal
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from dataclasses import dataclass, replace
 from typing import Callable, List, Optional, Tuple
 
 from bridge.atomic import WriteError, write_json_atomic
@@ -96,16 +96,16 @@ def decision_record(auto: AutoPlan, job_dir: Path, runs: ProbeRuns) -> dict:
     started = time.monotonic()
     imports_s = runs.start()
     measurements, rounds = run_probe(auto, probe_dir, runs.train)
-    wall_s = time.monotonic() - started
+    probe = {"directory": str(probe_dir), "wall_s": round(time.monotonic() - started, 1),
+             "imports_s": round(imports_s, 1), "gpus": auto.gpus}
     report_failures(measurements)
     decision = decide(measurements)
-    record = probed_record(auto, decision, measurements, rounds, {"directory": str(probe_dir), "wall_s": round(
-        wall_s, 1), "imports_s": round(imports_s, 1), "gpus": auto.gpus})
+    record = probed_record(auto, decision, measurements, rounds, probe)
     problem = store(Path(auto.path), auto.key, record)
     if problem:
         log.warning("%s", problem)
     log.info("cuda_graph=auto chose %s: %s (the probe took %.1f s; its table and plot: %s, summary.png)",
-             shown(decision.chosen), decision.reason, wall_s, probe_dir / "summary.md")
+             shown(decision.chosen), decision.reason, probe["wall_s"], probe_dir / "summary.md")
     return {**record, "source": "probe"}
 
 
