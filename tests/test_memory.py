@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import bridge
+from bridge.auto.candidates import options, without_graph_choice
 from bridge.memory import ENGINE, ESTIMATE_ERROR, GPU_MEMORY_GB, estimate_memory
 from bridge.prepare import prepare
 from tests.preset_reference import composed_presets
@@ -17,11 +18,16 @@ H200_LOCAL = "docs/benchmarks.md, One H200: megatron engine (benchmarks/megatron
 
 
 def suite_rows():
-    """(overrides, measured peak GiB, source) of every completed row the benchmark suite committed."""
+    """(overrides, measured peak GiB, source) of every completed row the benchmark suite committed; an auto row's
+    with the overrides of what it chose and trained (its rounds agreeing on one choice)."""
     for path in sorted(RESULTS.glob("*.json")):
         for name, row in json.loads(path.read_text())["variants"].items():
             if row["status"] == "completed" and row["peak_allocated_gb"]:
-                yield shlex.split(row["command"])[1:], row["peak_allocated_gb"], f"{path.name} {name}"
+                overrides = shlex.split(row["command"])[1:]
+                if row.get("auto_chosen"):
+                    chosen = next(option for option in options(overrides) if option.name == row["auto_chosen"])
+                    overrides = [*without_graph_choice(overrides), *chosen.overrides]
+                yield overrides, row["peak_allocated_gb"], f"{path.name} {name}"
 
 
 def side_by_side_rows():
