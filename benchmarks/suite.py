@@ -42,7 +42,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bridge.atomic import write_json_atomic  # noqa: E402
-from bridge.auto.candidates import options  # noqa: E402
+from bridge.auto.candidates import option_named  # noqa: E402
 from bridge.machine import cuda_gpus, installed_version, release  # noqa: E402
 from suite_workloads import AUTO, EAGER, WORKLOADS, Workload  # noqa: E402
 
@@ -181,12 +181,11 @@ def summarize(name: str, steps: int, rounds: int, finished: List[dict]) -> dict:
             "variants": rows, "round_records": finished}
 
 
-def against_the_best(rows: Dict[str, dict]) -> Optional[float]:
-    """The auto variant's median step time over the best other variant's of the same round (issue 40 asks
-    within 3 %: at most 1.03); None when either has no median."""
+def against_the_best(rows: Dict[str, dict], median_ms: Optional[float]) -> Optional[float]:
+    """``median_ms`` over the best median step time among the round's variants but auto (issue 40 asks auto
+    within 3 %: at most 1.03); None when either is missing."""
     others = [row["median_ms"] for variant, row in rows.items() if variant != AUTO and row["median_ms"]]
-    auto = rows[AUTO]["median_ms"]
-    return auto / min(others) if auto and others else None
+    return median_ms / min(others) if median_ms and others else None
 
 
 def auto_across_rounds(workload: Workload, auto_rows: List[dict], rounds: List[Dict[str, dict]]) -> dict:
@@ -195,8 +194,9 @@ def auto_across_rounds(workload: Workload, auto_rows: List[dict], rounds: List[D
     (which sets the same overrides) to the best: where those two differ, auto chose well and its run landed
     elsewhere between processes. Also every choice it made, and the probe from the round that probed (later
     rounds on the same machine take the cached decision)."""
-    ratios = sorted(ratio for ratio in map(against_the_best, rounds) if ratio)
-    chosen_ratios = sorted(ratio for ratio in (chosen_against_the_best(workload, rows) for rows in rounds) if ratio)
+    ratios = sorted(ratio for ratio in (against_the_best(rows, rows[AUTO]["median_ms"]) for rows in rounds) if ratio)
+    chosen_ratios = sorted(ratio for ratio in (against_the_best(rows, chosen_median(workload, rows)) for rows in rounds)
+                           if ratio)
     probes = [probe_of(row) for row in auto_rows if probe_of(row)]
     chosen = list(dict.fromkeys(row["auto_chosen"] for row in auto_rows if row.get("auto_chosen")))
     return {"vs_best": middle(ratios), "vs_best_range": [ratios[0], ratios[-1]] if len(ratios) > 1 else None,
@@ -217,16 +217,12 @@ def middle(values: List[float]) -> Optional[float]:
     return values[(len(values) - 1) // 2] if values else None
 
 
-def chosen_against_the_best(workload: Workload, rows: Dict[str, dict]) -> Optional[float]:
-    """The median step time of the variant auto chose in this round over the best variant's; None when the
-    workload has no variant that sets what it chose, or either has no median."""
-    wanted = next((option.overrides for option in options(list(workload.base))
-                   if option.name == rows[AUTO].get("auto_chosen")), None)
+def chosen_median(workload: Workload, rows: Dict[str, dict]) -> Optional[float]:
+    """The round's median step time of the variant that sets what auto chose; None when the workload has none."""
+    chosen = option_named(rows[AUTO].get("auto_chosen"), workload.base)
     variant = next((name for name, overrides in workload.variants.items()
-                    if name != AUTO and list(overrides) == wanted), None)
-    others = [row["median_ms"] for name, row in rows.items() if name != AUTO and row["median_ms"]]
-    picked = rows[variant]["median_ms"] if variant else None
-    return picked / min(others) if picked and others else None
+                    if name != AUTO and chosen and list(overrides) == chosen.overrides), None)
+    return rows[variant]["median_ms"] if variant else None
 
 
 def middle_round(rows: List[dict]) -> dict:

@@ -1,7 +1,8 @@
 """cuda_graph=auto's probe on a machine described as a GPU one: its rounds of successive halving decide (timings
 synthesized here: the GPU run is tests/gpu/test_auto_gpu.py), a clearly slower candidate stops after the screening
-round, one round decides where starting a run costs more than screening saves, a failed candidate is never chosen, and the decision is cached per workload (its layout and switches
-included), GPU and packages, so that a second run skips the probe; the real probe forks each run on this CPU, one
+round, one round decides where starting a run costs more than screening saves, a failed candidate is never
+chosen, and the decision is cached per workload (its layout and switches included), GPU and packages, so that a
+second run skips the probe; the real probe forks each run on this CPU, one
 rank per GPU of the job's layout (the plan and the run through the command line: test_auto.py)."""
 
 import json

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import bridge
-from bridge.auto.candidates import options, without_graph_choice
+from bridge.auto.candidates import option_named, without_graph_choice
 from bridge.memory import ENGINE, ESTIMATE_ERROR, GPU_MEMORY_GB, estimate_memory
 from bridge.prepare import prepare
 from tests.preset_reference import composed_presets
@@ -25,7 +25,7 @@ def suite_rows():
             if row["status"] == "completed" and row["peak_allocated_gb"]:
                 overrides = shlex.split(row["command"])[1:]
                 if row.get("auto_chosen"):
-                    chosen = next(option for option in options(overrides) if option.name == row["auto_chosen"])
+                    chosen = option_named(row["auto_chosen"], overrides)
                     overrides = [*without_graph_choice(overrides), *chosen.overrides]
                 yield overrides, row["peak_allocated_gb"], f"{path.name} {name}"
 

@@ -12,8 +12,8 @@ judged by the same catalogue, so that the probe runs what the plan accepted and 
 those overrides train (plan equals run).
 
 On a GPU the run probes them (perf.auto_probe) in rounds of successive halving where that pays
-(bridge.auto.decision): each run a process of its own at the job's layout, eager first and last in every round. A multi-node job is
-refused (bridge/validation/auto_rules.py): the probe runs on one node.
+(bridge.auto.decision): each run a process of its own at the job's layout, eager first and last in every round.
+A multi-node job is refused (bridge/validation/auto_rules.py): the probe runs on one node.
 """
 
 from dataclasses import dataclass, field
@@ -60,6 +60,11 @@ def options(overrides: Sequence[str]) -> List[Option]:
     if not any(override_key(text) == OPTIMIZER_IN_GRAPH for text in overrides):
         found.append(Option("full_iteration+optimizer_in_graph", "full_iteration", (f"{OPTIMIZER_IN_GRAPH}=true",)))
     return found
+
+
+def option_named(name: str, overrides: Sequence[str]) -> Optional[Option]:
+    """The option called ``name`` (a candidate's choice, as a decision names it) among ``options(overrides)``."""
+    return next((option for option in options(overrides) if option.name == name), None)
 
 
 @dataclass
