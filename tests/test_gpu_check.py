@@ -10,11 +10,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_both_releases_two_gpu_differentials_start_the_harness_once_each(tmp_path):
-    """differentials2 hands each release to differential2 (differentials to differential, by the same line)."""
+def stand_in_environment(tmp_path: Path, **extra: str) -> dict:
+    """gpu_check.sh's environment with a stand-in for the release set-up (the releases are this Python's) and
+    its output under ``tmp_path``/out."""
     stand_in = tmp_path / "env.sh"
     stand_in.write_text("# the releases are whatever this Python has\n")
-    env = {**os.environ, "GPU_ENV": str(stand_in), "OUT": str(tmp_path / "out")}
+    return {**os.environ, "GPU_ENV": str(stand_in), "OUT": str(tmp_path / "out"), **extra}
+
+
+def test_both_releases_two_gpu_differentials_start_the_harness_once_each(tmp_path):
+    """differentials2 hands each release to differential2 (differentials to differential, by the same line)."""
+    env = stand_in_environment(tmp_path)
     command = ["bash", "scripts/gpu_check.sh", "differentials2", "--seed", "3", "--count", "2", "--eager-twins", "0",
                "--witnesses", "timeout_b15bb2a_320", "--deadline-s", "0"]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
@@ -30,9 +36,7 @@ def test_both_releases_two_gpu_differentials_start_the_harness_once_each(tmp_pat
 def test_the_launchers_mode_starts_both_launchers_on_gpus_of_their_own_and_fails_without_evidence(tmp_path):
     """launchers2 trains the cases named by fresh processes and by the preloaded launcher; with nothing trained
     (--deadline-s 0) there is nothing to rely on, so it exits 1, and a block falls back to fresh processes."""
-    stand_in = tmp_path / "env.sh"
-    stand_in.write_text("# the releases are whatever this Python has\n")
-    env = {**os.environ, "GPU_ENV": str(stand_in), "OUT": str(tmp_path / "out"), "MCORE": "0.16.1"}
+    env = stand_in_environment(tmp_path, MCORE="0.16.1")
     command = ["bash", "scripts/gpu_check.sh", "launchers2", "moe_tp_with_sp", "--deadline-s", "0"]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
@@ -46,9 +50,7 @@ def test_the_launchers_mode_starts_both_launchers_on_gpus_of_their_own_and_fails
 
 def test_the_auto_mode_runs_auto_from_an_empty_cache_and_says_what_the_probe_cost(tmp_path):
     """On this CPU there is nothing to probe: the run trains eagerly and says so; its run directory stays in $out."""
-    stand_in = tmp_path / "env.sh"
-    stand_in.write_text("# the releases are whatever this Python has\n")
-    env = {**os.environ, "GPU_ENV": str(stand_in), "OUT": str(tmp_path / "out"), "MCORE": "0.16.1"}
+    env = stand_in_environment(tmp_path, MCORE="0.16.1")
     command = ["bash", "scripts/gpu_check.sh", "auto", "recipe=llama/tiny", "model.num_layers=1", "train.train_iters=2"]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

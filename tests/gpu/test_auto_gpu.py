@@ -1,9 +1,9 @@
 """cuda_graph=auto on a GPU, through the real command line: llama/tiny probes every candidate its plan lists
 (the optimizer inside the full-iteration graph among them), in rounds of successive halving where that pays,
-each run forked from one process that imported the training stack, within PROBE_BUDGET_S of wall time; it trains with the
-one it chose (eager unless a candidate beat eager by more than the probe's noise), records the probe in
-result.json and the run directory, and a second run of the same workload takes the decision from the cache
-without probing."""
+each run forked from one process that imported the training stack, within PROBE_BUDGET_S of wall time; it
+trains with the one it chose (eager unless a candidate beat eager by more than the probe's noise), records the
+probe in result.json and the run directory, and a second run of the same workload takes the decision from the
+cache without probing."""
 
 import json
 import os
