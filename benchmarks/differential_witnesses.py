@@ -37,8 +37,8 @@ WITNESS_CASES = {
                                     *DROP_AND_PAD, "model.moe_router_padding_for_fp8=true"),
     "router_padding_dropless": ("recipe=qwen/tiny", "cuda_graph=te_attn", "precision=fp8_sc", ALLTOALL,
                                 "model.moe_router_padding_for_fp8=true"),
-    # router_padding_moe_recompute's witness (0.19.2 run 270) also had a capacity factor, which
-    # router_padding_saved_map refuses by itself: does recomputing a dropless MoE layer fail too?
+    # Recomputing a dropless MoE layer with the padding trained on both releases (24488cb, H200): the rule that
+    # refused it is gone; router_padding_saved_map refuses the capacity factor its first witness had.
     "router_padding_dropless_moe_recompute": ("recipe=qwen/tiny", "cuda_graph=te_attn", "precision=fp8_sc", ALLTOALL,
                                               SELECTIVE, "model.recompute_modules=[moe]",
                                               "model.moe_router_padding_for_fp8=true"),
@@ -47,6 +47,21 @@ WITNESS_CASES = {
                                           f"model.moe_token_dispatcher_type={dispatch}", "model.moe_grouped_gemm=true",
                                           "model.moe_permute_fusion=true", "train.micro_batch_size=1",
                                           "train.global_batch_size=2") for dispatch in ("alltoall", "allgather")},
+    # bf16 router graphs trained with the MoE norm recomputed (24488cb, both releases): do the moe module's?
+    "moe_norm_recompute_bf16_te_moe": ("recipe=qwen/tiny", "cuda_graph=te_moe", SELECTIVE,
+                                       "model.recompute_modules=[layernorm]", ALLTOALL, *DROP_AND_PAD),
+    # GPT-OSS's fused quick_geglu in graphed experts (fused_quick_geglu_capture), beside it unfused.
+    **{f"quick_geglu_te_moe_fused_{on}": ("recipe=gpt_oss/tiny", "cuda_graph=te_moe", ALLTOALL, *DROP_AND_PAD,
+                                          f"model.bias_activation_fusion={on}") for on in ("true", "false")},
+    # A norm recomputed under fp8 on the local spec (quantized_norm_recompute_local_spec), beside it in bf16.
+    **{f"local_spec_norm_recompute_{precision}": ("recipe=llama/tiny", f"precision={precision}",
+                                                  "model.transformer_impl=local", SELECTIVE,
+                                                  "model.recompute_modules=[layernorm]")
+       for precision in ("fp8_sc", "bf16")},
+    # Transformer Engine's graphs on the local spec (te_graphs_need_te_spec): a dense te_layer trained with the rule
+    # unasked on 0.16.1 (24488cb, fp8_cs); attention alone and bf16 have not run.
+    **{f"te_graphs_local_spec_{graph}": ("recipe=llama/tiny", f"cuda_graph={graph}", "model.transformer_impl=local")
+       for graph in ("te_layer", "te_attn")},
     "moe_norm_recompute_bf16_te_moe_router": ("recipe=qwen/tiny", "cuda_graph=te_moe_router", SELECTIVE,
                                               "model.recompute_modules=[layernorm]", ALLTOALL,
                                               "model.moe_permute_fusion=true"),

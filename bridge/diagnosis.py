@@ -102,9 +102,11 @@ KNOWN_FAILURES = (
         ("cannot copy between cpu and cuda tensors during cuda graph capture",),
         "host copy during capture",
         "a copy between host and device memory inside the captured region: megatron-core's allgather MoE "
-        "dispatcher copies per-expert token counts to the host when the dispatch is graphed",
-        "model.moe_token_dispatcher_type=alltoall with drop-and-pad routing, or graph the router only "
-        "(cuda_graph=te_attn_moe_router); in your own code, keep the value on the device or pin the host tensor"),
+        "dispatcher copies per-expert token counts to the host when the dispatch is graphed, and the experts' fused "
+        "quick_geglu (GPT-OSS) copies its GLU offset",
+        "model.moe_token_dispatcher_type=alltoall with drop-and-pad routing, model.bias_activation_fusion=false, or "
+        "graph the router only (cuda_graph=te_attn_moe_router); in your own code, keep the value on the device or "
+        "pin the host tensor"),
     KnownFailure(
         ("checkpointing is not compatible with .grad()",),
         "reentrant checkpoint in the captured region",

@@ -31,6 +31,7 @@ TWO_GPU_RUNS_0161 = "h200/mcore-0.16.1/gpu_differential_2gpu_b15bb2a.json"
 WITNESSES_2GPU_0161 = "h200/mcore-0.16.1/gpu_witnesses_2gpu_cfa782d.json"
 WITNESSES_2GPU_0192 = "h200/mcore-0.19.2/gpu_witnesses_2gpu_cfa782d.json"
 TWO_GPU_RUNS_0192 = "h200/mcore-0.19.2/gpu_differential_2gpu_4ebf167.json"
+H200_0161 = "h200/mcore-0.16.1/gpu_differential_24488cb.json"
 """Runs of two GPUs each (num_gpus 2 in their summaries), on two H200s."""
 GPU_WITNESSES = {
     "allgather_dispatch_capture": GpuWitness(ON_0161, 706, "Cannot copy between CPU and CUDA tensors during CUDA graph"),
@@ -41,7 +42,6 @@ GPU_WITNESSES = {
     "mla_recompute_in_layer_graphs": GpuWitness(ON_0192, 229, "cudaErrorIllegalAddress"),
     "router_fp64_graphs": GpuWitness(ON_0192, 201, "Could not infer dtype of _WeakRefTensor"),
     "router_fusion_fp64": GpuWitness(LAZY_NCCL_0161, 344, "does not support float64 router type"),
-    "router_padding_moe_recompute": GpuWitness(ON_0192, 270, "modified by an inplace operation"),
     "router_padding_saved_map": GpuWitness(TWO_GPUS_0161, 348, "modified by an inplace operation"),
     "moe_norm_recompute_in_layer_graphs": GpuWitness(TWO_GPUS_0161, 1055, "cudaErrorIllegalAddress"),
     "grouped_gemm_package": GpuWitness(TWO_GPUS_0161, 1258, "Grouped GEMM is not available"),
@@ -60,6 +60,8 @@ GPU_WITNESSES = {
     "context_parallel_local_attention": GpuWitness(TWO_GPU_RUNS_0161, 367, "only supported by TEDotProductAttention"),
     "virtual_pipeline_microbatches": GpuWitness(TWO_GPU_RUNS_0161, 102, "contiguous micro-batches"),
     "quantized_experts_fp64_probs": GpuWitness(TWO_GPU_RUNS_0192, 944, "GetTransformerEngineDType: Invalid type"),
+    "fused_quick_geglu_capture": GpuWitness(H200_0161, 63, "Cannot copy between CPU and CUDA tensors"),
+    "quantized_norm_recompute_local_spec": GpuWitness(H200_0161, 295, "set_save_original_input"),
 }
 
 

@@ -38,6 +38,9 @@ DP2 = {"train.num_gpus": 2, "train.global_batch_size": 4}
 MLA = {"model.multi_latent_attention": True, "model.kv_lora_rank": 32, "model.qk_head_dim": 16,
        "model.qk_pos_emb_head_dim": 8, "model.v_head_dim": 16}
 ALLTOALL = {"model.moe_token_dispatcher_type": "alltoall"}
+FUSED_QUICK_GEGLU = {"model.activation_func": "quick_gelu", "model.gated_linear_unit": True,
+                     "model.bias_activation_fusion": True}
+"""GPT-OSS's activation, fused: megatron-core fuses it in MoE experts only."""
 SELECTIVE = {"model.recompute_granularity": "selective"}
 FULL_RECOMPUTE = {"model.recompute_granularity": "full", "model.recompute_method": "uniform",
                   "model.recompute_num_layers": 1}

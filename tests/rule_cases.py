@@ -13,9 +13,9 @@ The machines, the configuration fragments, Case, build and fired are tests/rule_
 """
 
 from tests.rule_case_kit import (
-    ALLTOALL, DP2, DROP_AND_PAD, EIGHT_H100, EP_OVERLAP, FULL_ITERATION, FULL_RECOMPUTE, H100_80GB, LAPTOP, LLAMA_8B,
-    MLA, MOE, NO_MEGATRON, NO_TE, ONE_B200, ONE_H100_019, PP2, SELECTIVE, TE_WITHOUT_EXTENSION, TP2_SP, WITH_APEX,
-    WITH_APEX_KERNELS, WITH_GROUPED_GEMM, WITH_NSYS, Case, local, te,
+    ALLTOALL, DP2, DROP_AND_PAD, EIGHT_H100, EP_OVERLAP, FULL_ITERATION, FULL_RECOMPUTE, FUSED_QUICK_GEGLU, H100_80GB,
+    LAPTOP, LLAMA_8B, MLA, MOE, NO_MEGATRON, NO_TE, ONE_B200, ONE_H100_019, PP2, SELECTIVE, TE_WITHOUT_EXTENSION, TP2_SP,
+    WITH_APEX, WITH_APEX_KERNELS, WITH_GROUPED_GEMM, WITH_NSYS, Case, local, te,
 )
 # Re-exported: tests and scripts/megatron_fixture.py import these from here.
 from tests.rule_case_kit import H100, ONE_H100, PACKAGES, PACKAGES_019, build, fired  # noqa: F401
@@ -153,6 +153,10 @@ RULE_CASES = {
         Case({"model.context_parallel_size": 2, "train.num_gpus": 2, "model.transformer_impl": "local"},
              machine=EIGHT_H100),
         Case({"model.context_parallel_size": 2, "train.num_gpus": 2}, machine=EIGHT_H100)),
+    "quantized_norm_recompute_local_spec": (
+        Case({"model.fp8": "e4m3", "model.transformer_impl": "local", **SELECTIVE,
+              "model.recompute_modules": ["layernorm"]}),
+        Case({"model.fp8": "e4m3", **SELECTIVE, "model.recompute_modules": ["layernorm"]})),
     "moe_router_without_transformer_engine": (Case(MOE, machine=NO_TE), Case(MOE)),
     "expert_bias_tensor_parallel": (Case({**MOE, **TP2_SP, "model.add_bias_linear": True}, megatron=True),
                                     Case({**MOE, **TP2_SP, "model.add_bias_linear": True,
@@ -281,6 +285,8 @@ RULE_CASES.update({
         Case({"model.bias_activation_fusion": True, "model.activation_func": "gelu"}, megatron=True)),
     "allgather_dispatch_capture": (Case({**MOE, **DROP_AND_PAD, **te("moe")}),
                                    Case({**MOE, **DROP_AND_PAD, **te("moe"), "model.moe_token_dispatcher_type": "alltoall"})),
+    "fused_quick_geglu_capture": (Case({**MOE, **DROP_AND_PAD, **ALLTOALL, **FUSED_QUICK_GEGLU, **te("moe")}),
+                                  Case({**MOE, **DROP_AND_PAD, **ALLTOALL, **FUSED_QUICK_GEGLU, **te("moe_router")})),
     "dropless_permute_capture": (Case({**MOE, **te("moe_router", "moe_preprocess"), **ALLTOALL}),
                                  Case({**MOE, **te("moe_router", "moe_preprocess")})),
     "recompute_in_layer_graphs": (Case({**te("attn"), **SELECTIVE, "model.recompute_modules": ["core_attn"]}),
@@ -296,16 +302,11 @@ RULE_CASES.update({
     # recompute, under the allgather dispatcher.
     "moe_norm_recompute_in_layer_graphs": (
         Case({**MOE, **ALLTOALL, "model.moe_permute_fusion": True, **te("attn", "moe_router", "moe_preprocess"),
-              **SELECTIVE, "model.recompute_modules": ["layernorm"]}),
-        Case({**MOE, **te("attn", "moe_router", "moe_preprocess"), **SELECTIVE,
-              "model.recompute_modules": ["layernorm"]})),
+              **SELECTIVE, "model.recompute_modules": ["layernorm"], "model.fp8": "e4m3"}),
+        Case({**MOE, **ALLTOALL, "model.moe_permute_fusion": True, **te("attn", "moe_router", "moe_preprocess"),
+              **SELECTIVE, "model.recompute_modules": ["layernorm"]})),
     "router_fp64_graphs": (Case({**MOE, **te("moe_router", "moe_preprocess"), "model.moe_router_dtype": "fp64"}),
                            Case({**MOE, **te("moe_router", "moe_preprocess"), "model.moe_router_dtype": "fp32"})),
-    "router_padding_moe_recompute": (
-        Case({**MOE, **ALLTOALL, "model.fp8": "e4m3", "model.moe_router_padding_for_fp8": True, **SELECTIVE,
-              "model.recompute_modules": ["moe"]}),
-        Case({**MOE, **ALLTOALL, "model.fp8": "e4m3", "model.moe_router_padding_for_fp8": True, **SELECTIVE,
-              "model.recompute_modules": ["moe_act"], "model.moe_grouped_gemm": True})),
     "retained_backward_compiled_fusion": (
         Case({**te("mlp"), "model.cuda_graph_retain_backward_graph": True, "model.bias_dropout_fusion": True}),
         Case({**FULL_ITERATION, "model.cuda_graph_retain_backward_graph": True, "model.bias_dropout_fusion": True})),

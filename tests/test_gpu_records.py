@@ -49,6 +49,10 @@ REFUSES_WHAT_TRAINS = {
                                      "on both releases (mla_up_proj_recompute_attn_four_microbatches, 5bba762; 0.16.1 "
                                      "run 283 of gpu_differential.json), as did the GB200 preset's graphs at one: no "
                                      "real step has a single micro-batch",
+    "te_graphs_need_te_spec": "one dense te_layer on the local spec trained with it unasked (0.16.1 run 1452 of "
+                              "h200 gpu_differential_24488cb.json, fp8_cs); no TE graph of attention alone, of an MoE "
+                              "layer or on 0.19.2 has trained there yet, and local_layer graphs the same scopes on "
+                              "that spec: the witness cases te_graphs_local_spec_te_layer and _te_attn decide next",
 }
 """Rules that stay although a configuration they refuse trained on a GPU with them unasked, and why."""
 

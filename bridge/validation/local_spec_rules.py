@@ -2,7 +2,7 @@
 (`model.transformer_impl=local`), or on a machine without Transformer Engine. Its modules are torch's (or apex's,
 where installed), and each refuses some settings at model build or at the first step."""
 
-from bridge.config.model_facts import is_moe_model
+from bridge.config.model_facts import is_moe_model, recompute_modules
 from bridge.validation.registry import rule, violation
 
 
@@ -70,3 +70,24 @@ def moe_router_without_transformer_engine(cfg, target):
                      f"megatron-core {target.megatron_core}'s MoE router calls Transformer Engine's GEMM, which is not "
                      "installed here (its first step fails with NameError: te_general_gemm); install Transformer "
                      "Engine (pip install 'graphbridge[te016]') or use megatron-core 0.19.2")
+
+
+@rule("quantized_norm_recompute_local_spec", environment=True,
+      rejects="selective recompute of layernorm under fp8 or fp4 where megatron-core builds its local layer spec",
+      fix="drop layernorm from `model.recompute_modules`, `precision=bf16`, or Transformer Engine's layers "
+          "(`model.transformer_impl=transformer_engine`)")
+def quantized_norm_recompute_local_spec(cfg, target):
+    # Under fp8 or fp4 a recomputed norm makes megatron-core ask the linear layer after it to keep its unquantized
+    # input (set_save_original_input), which only Transformer Engine's linears can: the local spec's raises
+    # ValueError at model build (transformer_layer.py, 0.16.1 and 0.19.2). Witness: llama/tiny, local spec,
+    # fp8_sc, recompute [core_attn,layernorm], run 295 of gpu_differential_24488cb.json on an H200, both releases.
+    model = cfg.model
+    if (target.engine != "megatron" or not (model.fp8 or model.fp4) or model.recompute_granularity != "selective"
+            or "layernorm" not in recompute_modules(model) or not builds_local_spec(cfg, target)):
+        return None
+    return violation("quantized_norm_recompute_local_spec",
+                     ["model.recompute_modules", "model.fp8", "model.fp4", "model.transformer_impl"],
+                     "under fp8 or fp4, megatron-core recomputes a norm only before Transformer Engine linears (it "
+                     "asks them to keep their unquantized input), and it builds its local layer spec here; drop "
+                     "layernorm from model.recompute_modules, train in bf16, or use Transformer Engine's layers "
+                     "(model.transformer_impl=transformer_engine where Transformer Engine is installed)")

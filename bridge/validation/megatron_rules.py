@@ -369,22 +369,3 @@ def bias_activation_fusion(cfg, target):
     return violation("bias_activation_fusion", ["model.bias_activation_fusion", "model.activation_func"],
                      f"megatron-core cannot fuse this bias and activation: {'; '.join(problems)}; set "
                      "model.bias_activation_fusion=false")
-
-
-@rule("router_padding_moe_recompute", engine="megatron",
-      rejects="padding the routing map for fp8 (`model.moe_router_padding_for_fp8`) with selective recompute of moe",
-      fix="drop moe from `model.recompute_modules`, or `model.moe_router_padding_for_fp8=false`")
-def router_padding_moe_recompute(cfg, target):
-    # The padding writes into the routing map in place (moe_utils.pad_routing_map), which the recomputed MoE
-    # layer's backward still needs: "one of the variables needed for gradient computation has been modified by
-    # an inplace operation" on an H100 (gpt_oss/tiny, 0.19.2).
-    model = cfg.model
-    if model.moe_router_padding_for_fp8 and model.recompute_granularity == "selective" \
-            and "moe" in (model.recompute_modules or []):
-        return violation(
-            "router_padding_moe_recompute", ["model.moe_router_padding_for_fp8", "model.recompute_modules"],
-            "the routing map's fp8 padding is written in place, and recomputing the MoE layer then fails its "
-            "backward; drop moe from model.recompute_modules (moe_act recomputes the activation only), or set "
-            "model.moe_router_padding_for_fp8=false",
-        )
-    return None

@@ -170,6 +170,28 @@ def allgather_dispatch_capture(cfg, target):
     return None
 
 
+@rule("fused_quick_geglu_capture", engine="megatron",
+      rejects="`model.bias_activation_fusion=true` with gated quick_gelu (GPT-OSS's activation) in graphs that capture "
+              "the MoE experts (full_iteration, whole-layer or moe graphs)",
+      fix="`model.bias_activation_fusion=false`, or a scope without the experts (`cuda_graph=te_attn_moe_router`)")
+def fused_quick_geglu_capture(cfg, target):
+    # The experts' fused quick_geglu turns the GLU offset into a device tensor at every call
+    # (fused_bias_geglu.weighted_bias_quick_geglu_impl: torch.tensor(linear_offset, device=...), 0.16.1 and 0.19.2),
+    # a copy from pageable host memory, which capture refuses. Witness: gpt_oss/tiny with drop-and-pad alltoall
+    # under te_moe and local_layer, runs 63 and 1361 of gpu_differential_24488cb.json on an H200, both releases
+    # ("Cannot copy between CPU and CUDA tensors during CUDA graph capture"). Unfused, the offset is a Python float.
+    model = cfg.model
+    if not (is_moe_model(model) and model.bias_activation_fusion and model.activation_func == "quick_gelu"
+            and model.gated_linear_unit and graphs_moe_dispatch(cfg)):
+        return None
+    return violation(
+        "fused_quick_geglu_capture", [IMPL, MODULES, "model.bias_activation_fusion"],
+        "megatron-core's fused quick_geglu in the MoE experts copies the GLU offset from the host at every call, "
+        "which a graph of the experts cannot capture; set model.bias_activation_fusion=false, or graph a scope "
+        "without the experts (cuda_graph=te_attn_moe_router)",
+    )
+
+
 @rule("dropless_permute_capture", engine="megatron", megatron_core="<0.17",
       rejects="graphs of the MoE dispatch preprocessing (moe_preprocess, local router graphs) with dropless "
               "alltoall routing and the unfused token permutation, before megatron-core 0.17",
