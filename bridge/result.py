@@ -141,6 +141,11 @@ MIN_TIMED_STEPS = 30
 such rows, and cuda_graph=auto's probe times this many a candidate."""
 
 
+def first_timed_step(warmup_steps: int, capture_step: Optional[int]) -> int:
+    """The first step a run times with its graphs in place: after perf.warmup_steps and after the capture."""
+    return max(warmup_steps, capture_step + 1 if capture_step is not None else 0)
+
+
 def step_time_stats_ms(step_times_s: List[float]) -> dict:
     if not step_times_s:
         return {"median": None, "p10": None, "p90": None, "mean": None, "count": 0}

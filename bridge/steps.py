@@ -4,6 +4,7 @@ record of losses and step times, the NaN checks, TensorBoard scalars and the pro
 """
 
 import math
+import os
 from functools import partial
 from pathlib import Path
 from typing import List, Optional
@@ -14,7 +15,8 @@ from bridge.config.schema import GraphBridgeConfig, profiling_window
 from bridge.diagnosis import NonFiniteError
 from bridge.observers import CudaProfilerWindow, Scalars, StepRanges, capture_step
 from bridge.profiling import StepProfiler
-from bridge.result import RunRecord
+from bridge.result import RunRecord, first_timed_step
+from bridge.start_gate import gate_of_this_run, wait_for_turn
 from bridge.step_clock import FinishedStep, StepClock
 
 
@@ -32,6 +34,10 @@ class Steps:
         """The step the loop is queueing: a failure belongs to it."""
         self.capture_at = capture_step(engine.effective_impl, engine.name, cfg.model.cuda_graph_warmup_steps)
         self.ranges = StepRanges(nvtx=cfg.perf.nsys, trace=cfg.perf.profile, capture_at=self.capture_at)
+        self.gate = gate_of_this_run()
+        """Where cuda_graph=auto's probe started this run beside others: it waits there before its first timed
+        step (after the warmup and the capture) until the probe lets it time its steps alone."""
+        self.first_timed_step = first_timed_step(cfg.perf.warmup_steps, self.capture_at)
         reports = cfg.perf.tensorboard is not False and reporting
         self.scalars = Scalars(job_dir, engine.device, asked=bool(cfg.perf.tensorboard)) if reports else None
 
@@ -53,6 +59,9 @@ class Steps:
         """Queue step ``step`` and record the steps that finished meanwhile (bridge.step_clock). A step
         a profiler records runs alone (the one before finishes before tracing starts), and so does the
         capture step: a capture that fails is then that step's failure, with every step before it done."""
+        if self.gate is not None and step == self.first_timed_step:
+            self.finish(progress)  # nothing of this run on the GPU while it waits
+            wait_for_turn(self.gate, int(os.environ.get("RANK", "0")))
         windows = [window for window in self.windows() if step in window.steps]
         alone = bool(windows) or step == self.capture_at
         if alone:

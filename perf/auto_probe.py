@@ -14,7 +14,10 @@ Each run is the candidate's configuration, written as the launcher writes a job 
 trained in a process of its own, forked from one that imported torch, Transformer Engine and megatron-core once
 (perf.preloaded, whose server starts and imports before the first run, apart from the runs' times): each
 capture is clean, and no run pays the imports again. A job of several GPUs of this node
-is probed at its own layout, one forked process per GPU. The runs' result.json files decide, the decision is
+is probed at its own layout, one forked process per GPU. The runs of a round start together, as many as the GPU
+holds by the plan's estimate (AutoPlan.runs_at_once), so that their builds and captures overlap; each then waits,
+idle, before its first timed step (bridge.start_gate) until the runs before it have ended, and times its steps
+alone on the GPU. The runs' result.json files decide, the decision is
 cached, and ``<run dir>/auto.json`` keeps it, with the probe's wall time, for the run's result.json (its
 ``auto`` record); summary.md and summary.png in ``<run dir>/auto/`` are the probe's table and plot. The terminal
 gets a line as the probe starts and one saying what was chosen and why. Without a CUDA device nothing is
@@ -31,7 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Protocol, Tuple
 
 from bridge.atomic import WriteError, write_json_atomic
 from bridge.auto.cache import store
@@ -42,6 +45,7 @@ from bridge.config.graphs import EAGER_CHOICE
 from bridge.config.schema import GraphBridgeConfig
 from bridge.planning import Plan
 from bridge.result import AUTO_RECORD
+from bridge.start_gate import GATE_ENV, POLL_S, open_gate, ready_ranks
 from perf import preloaded
 from perf.launch import SignalForwarding, job_record, write_job
 from perf.report import build_summary, load_jobs, write_summary
@@ -53,17 +57,31 @@ PROBE_ONLY = ("perf.profile=false", "perf.nsys=false", "perf.tensorboard=false",
 RUN_TIMEOUT_S = 900.0
 """A probe run that has not ended by then is killed and recorded as such (a hung collective, a stuck capture)."""
 
-Trainer = Callable[[GraphBridgeConfig, Path], Optional[int]]
-"""Trains one probe run from its job directory; its exit code, None when killed at the timeout."""
+GATE = "gate"
+"""The folder in a probe run's directory where it waits before its first timed step (bridge.start_gate)."""
+
+
+class Launched(Protocol):
+    """A probe run started: its processes, forked from the preloaded launcher (perf.preloaded.ForkedJob)."""
+
+    def ended(self) -> bool: ...
+
+    def wait(self, timeout_s: Optional[float]) -> Optional[int]: ...
+
+    def kill(self) -> None: ...
+
+
+Launcher = Callable[[GraphBridgeConfig, Path, Path], Launched]
+"""Starts one probe run from its job directory, to wait at the gate (its folder, the third argument)."""
 
 
 @dataclass(frozen=True)
 class ProbeRuns:
-    """How the probe trains its runs: ``start`` readies the launcher before the first (its seconds), ``train``
-    trains one run."""
+    """How the probe trains its runs: ``start`` readies the launcher before the first (its seconds), ``launch``
+    starts one run."""
 
     start: Callable[[], float]
-    train: Trainer
+    launch: Launcher
 
 
 def choose_graphs(plan: Plan, job_dir: Path, runs: Optional[ProbeRuns] = None) -> GraphBridgeConfig:
@@ -95,7 +113,7 @@ def decision_record(auto: AutoPlan, job_dir: Path, runs: ProbeRuns) -> dict:
              "process that imported the training stack, in %s", ", ".join(auto.probe_order), auto.gpus, probe_dir)
     started = time.monotonic()
     imports_s = runs.start()
-    measurements, rounds = run_probe(auto, probe_dir, runs.train)
+    measurements, rounds = run_probe(auto, probe_dir, runs.launch)
     probe = {"directory": str(probe_dir), "wall_s": round(time.monotonic() - started, 1),
              "imports_s": round(imports_s, 1), "gpus": auto.gpus}
     report_failures(measurements)
@@ -138,60 +156,105 @@ def report_failures(measurements: List[Measurement]) -> None:
                   failed.reason, failed.job)
 
 
-def run_probe(auto: AutoPlan, probe_dir: Path, trainer: Trainer) -> Tuple[List[Measurement], List[dict]]:
+def run_probe(auto: AutoPlan, probe_dir: Path, launch: Launcher) -> Tuple[List[Measurement], List[dict]]:
     """The probe's rounds (see the module): the choices stopped early, then the last round's measurements; and
     each round's runs and length. A signal that stops it ends the run, as it ends a sweep."""
     screening, deciding = ROUND_TIMED_STEPS
     round1 = probe_dir / "round1"
     with signals_end_the_run():
-        first = run_round(auto, [EAGER_CHOICE], deciding, round1, trainer)
+        first = run_round(auto, [EAGER_CHOICE], deciding, round1, launch)
         screens = screening_pays(first[0], auto.probe_iters(deciding), len(auto.graph_candidates), screening,
-                                 deciding)
+                                 deciding, auto.runs_at_once)
         timed = screening if screens else deciding
-        measurements = first + run_round(auto, [*auto.graph_candidates, EAGER_CHOICE], timed, round1, trainer, 1)
+        measurements = first + run_round(auto, [*auto.graph_candidates, EAGER_CHOICE], timed, round1, launch, 1)
         rounds, stopped = [round_record(auto, len(measurements), timed, deciding)], []
         kept = survivors(measurements) if screens else []
         if kept:
             stopped = stopped_early(measurements, kept, 1)
             order = [EAGER_CHOICE, *(m.choice for m in kept), EAGER_CHOICE]
-            measurements = run_round(auto, order, deciding, probe_dir / "round2", trainer)
+            measurements = run_round(auto, order, deciding, probe_dir / "round2", launch)
             rounds.append(round_record(auto, len(order), deciding, deciding))
     write_probe_summary(probe_dir)
     return stopped + measurements, rounds
 
 
 def round_record(auto: AutoPlan, runs: int, timed_steps: int, first_timed_steps: int) -> dict:
-    """A round as the record keeps it: its runs and their length (its first run's, where that differs)."""
+    """A round as the record keeps it: its runs and their length (its first run's, where that differs), and how
+    many started together."""
     return {"runs": runs, "timed_steps": timed_steps, "train_iters": auto.probe_iters(timed_steps),
+            "runs_at_once": auto.runs_at_once,
             **({"first_run_timed_steps": first_timed_steps} if first_timed_steps != timed_steps else {})}
 
 
-def run_round(auto: AutoPlan, order: List[str], timed_steps: int, round_dir: Path, trainer: Trainer,
+def run_round(auto: AutoPlan, order: List[str], timed_steps: int, round_dir: Path, launch: Launcher,
               first_number: int = 0) -> List[Measurement]:
-    """Train the runs of ``order`` one after the other (job N in ``<round_dir>/N``, numbered from
-    ``first_number``) and read each."""
+    """Train the runs of ``order`` (job N in ``<round_dir>/N``, numbered from ``first_number``), up to
+    auto.runs_at_once started together, and read each."""
     iters = auto.probe_iters(timed_steps)
     # Later overrides win: the probe's length and settings replace the job's own.
     settings = [f"train.train_iters={iters}", f"optimizer.lr_warmup_iters={iters // 10}", *PROBE_ONLY]
-    measurements = []
+    runs = []
     for number, choice in enumerate(order, start=first_number):
         run_dir = round_dir / str(number)
         config = auto.probe_config(choice, settings)
         overrides = [*without_graph_choice(auto.overrides), *auto.candidate(choice).option.overrides, *settings]
         write_job(config, run_dir, job_record({"cuda_graph": choice}, overrides))
-        started = time.monotonic()
-        trainer(config, run_dir)
-        measurements.append(measured(choice, run_dir, round(time.monotonic() - started, 2)))
-    return measurements
+        runs.append((choice, config, run_dir))
+    at_once = auto.runs_at_once
+    return [measurement for start in range(0, len(runs), at_once)
+            for measurement in run_together(runs[start:start + at_once], launch)]
 
 
-def train_forked(config: GraphBridgeConfig, run_dir: Path) -> Optional[int]:
-    """One probe run, forked from the preloaded launcher on the job's GPUs of this node."""
-    env = {"PYTHONUNBUFFERED": "1"}
-    return preloaded.train(run_dir, run_dir / RUN_LOG, env, ranks=config.train.num_gpus, timeout_s=RUN_TIMEOUT_S)
+def run_together(runs: List[Tuple[str, GraphBridgeConfig, Path]], launch: Launcher) -> List[Measurement]:
+    """Start every run of ``runs`` at once: their builds, warm-ups and captures overlap. Once each waits at its
+    gate (or has ended), let them time their steps one at a time, in order, each alone on the GPU: the next is let
+    go once the one before has ended. A run not at its gate within RUN_TIMEOUT_S is killed, as is one that does not
+    end within RUN_TIMEOUT_S of being let go."""
+    started = time.monotonic()
+    launched = [launch(config, run_dir, run_dir / GATE) for _, config, run_dir in runs]
+    try:
+        ready_s = wait_at_gates(runs, launched, started)
+        measurements = []
+        for (choice, _, run_dir), job, setup_s in zip(runs, launched, ready_s):
+            let_go = time.monotonic()
+            open_gate(run_dir / GATE)
+            job.wait(RUN_TIMEOUT_S)
+            job.kill()
+            measurements.append(measured(choice, run_dir, round(setup_s + time.monotonic() - let_go, 2)))
+        return measurements
+    finally:
+        for job in launched:
+            job.kill()
 
 
-FORKED = ProbeRuns(preloaded.start_server, train_forked)
+def wait_at_gates(runs: List[Tuple[str, GraphBridgeConfig, Path]], launched: List[Launched],
+                  started: float) -> List[float]:
+    """Wait until every run waits at its gate with all its ranks, or has ended, or RUN_TIMEOUT_S has passed
+    (then the late ones are killed); the seconds each took to get there."""
+    ready_s: List[Optional[float]] = [None] * len(runs)
+    while True:
+        now = time.monotonic()
+        for index, ((_, config, run_dir), job) in enumerate(zip(runs, launched)):
+            if ready_s[index] is None and (job.ended() or ready_ranks(run_dir / GATE) >= config.train.num_gpus):
+                ready_s[index] = now - started
+        if all(seconds is not None for seconds in ready_s):
+            return ready_s
+        if now - started > RUN_TIMEOUT_S:
+            for index, job in enumerate(launched):
+                if ready_s[index] is None:
+                    job.kill()
+                    ready_s[index] = now - started
+            return ready_s
+        time.sleep(POLL_S)
+
+
+def launch_forked(config: GraphBridgeConfig, run_dir: Path, gate: Path) -> Launched:
+    """One probe run, forked from the preloaded launcher on the job's GPUs of this node, to wait at ``gate``."""
+    env = {"PYTHONUNBUFFERED": "1", GATE_ENV: str(gate)}
+    return preloaded.start(run_dir, run_dir / RUN_LOG, env, ranks=config.train.num_gpus)
+
+
+FORKED = ProbeRuns(preloaded.start_server, launch_forked)
 
 
 @contextmanager

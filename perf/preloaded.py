@@ -39,24 +39,65 @@ def train_job(job_dir: str) -> int:
 def train(job_dir: Path, log: Path, env: Dict[str, str], ranks: int = 1, timeout_s: Optional[float] = None,
           entry: Callable[..., int] = train_job, entry_args: Sequence = (),
           port: Optional[int] = None) -> Optional[int]:
-    """Train ``job_dir`` in ``ranks`` forked children (one per GPU of this node), rank 0's output into ``log``,
+    """Train ``job_dir`` as ``start`` does and wait for it: the first non-zero exit code (0 when every rank
+    completed); None when the ranks were killed at the timeout. The children never outlive this call: leaving it
+    by an exception (a signal) kills them."""
+    job = start(job_dir, log, env, ranks, entry, entry_args, port)
+    try:
+        return job.wait(timeout_s)
+    finally:
+        job.kill()
+
+
+def start(job_dir: Path, log: Path, env: Dict[str, str], ranks: int = 1, entry: Callable[..., int] = train_job,
+          entry_args: Sequence = (), port: Optional[int] = None) -> "ForkedJob":
+    """Start ``job_dir`` in ``ranks`` forked children (one per GPU of this node), rank 0's output into ``log``,
     rank r's into ``rank_log(log, r)``; each child calls ``entry(job_dir, *entry_args)``. The ranks meet at
-    ``port`` (default: one free now; a caller starting many jobs at once gives each its own). The first non-zero
-    exit code (0 when every rank completed); None when they were killed at the timeout. The children never outlive
-    this call: leaving it by an exception (a signal) kills them."""
+    ``port`` (default: one free now; a caller starting many jobs at once gives each its own). The caller waits for
+    the job and kills what is left of it."""
     context = forkserver()
     port = port or free_port()
     children = [context.Process(target=_child, args=(str(job_dir), str(rank_log(log, rank)),
                                                      {**env, **rank_environment(rank, ranks, port)}, entry,
                                                      tuple(entry_args)))
                 for rank in range(ranks)]
+    job = ForkedJob(children)
     try:
         for child in children:
             child.start()
-        return _wait(children, timeout_s)
-    finally:
-        for child in children:
-            if child.is_alive():
+    except BaseException:
+        job.kill()
+        raise
+    return job
+
+
+class ForkedJob:
+    """The ranks of one job, forked from the server."""
+
+    def __init__(self, children: list):
+        self.children = children
+
+    def ended(self) -> bool:
+        """Every rank ended, or one failed (the others would wait for it in a collective)."""
+        return any(child.exitcode for child in self.children) or all(child.exitcode is not None
+                                                                       for child in self.children)
+
+    def wait(self, timeout_s: Optional[float]) -> Optional[int]:
+        """The first non-zero exit code (0 when every rank completed); None when one still runs at the timeout. A
+        rank that fails ends the wait: kill() stops the others."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        pending = [child for child in self.children if child.pid is not None]
+        while pending and not any(child.exitcode for child in self.children):
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            wait([child.sentinel for child in pending], left)
+            pending = [child for child in pending if child.exitcode is None]
+        return next((child.exitcode for child in self.children if child.exitcode), 0)
+
+    def kill(self) -> None:
+        for child in self.children:
+            if child.pid is not None and child.is_alive():
                 child.kill()
                 child.join()
 
@@ -80,20 +121,6 @@ def start_server() -> float:
 
 def started_by_the_server() -> None:
     """A child with nothing to do: its start is the server's."""
-
-
-def _wait(children: list, timeout_s: Optional[float]) -> Optional[int]:
-    """Every child's end; None when one is still running at the timeout. A rank that fails stops the others
-    (they would wait for it in a collective until the timeout)."""
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    pending = list(children)
-    while pending and not any(child.exitcode for child in children):
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
-            return None
-        wait([child.sentinel for child in pending], left)
-        pending = [child for child in pending if child.exitcode is None]
-    return next((child.exitcode for child in children if child.exitcode), 0)
 
 
 def rank_log(log: Path, rank: int) -> Path:

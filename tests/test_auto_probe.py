@@ -7,8 +7,10 @@ rank per GPU of the job's layout (the plan and the run through the command line:
 
 import json
 import logging
+import os
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +21,7 @@ from bridge.auto.decision import Measurement, decide, screening_pays, stopped_ea
 from bridge.machine import GPU, Machine
 from bridge.planning import build_plan
 from bridge.prepare import prepare
+from bridge.start_gate import GATE_ENV
 from perf.auto_probe import ProbeRuns, choose_graphs
 
 SMALL = ("model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64", "train.train_iters=5")
@@ -92,24 +95,51 @@ def test_successive_halving_stops_the_clearly_slower_and_keeps_the_faster_half(m
     assert all(m.median_ms == medians[m.choice] for m in stopped if m.status == "stopped_early")
 
 
-@pytest.mark.parametrize("start_s, step_ms, graph_candidates, pays", [
-    (4.3, 51.0, 7, False),  # llama/tiny on an H200: a run starts in seconds, 20 steps fewer save 1 s each
-    (15.0, 320.0, 4, False),  # the Qwen3 proxy: its steps are long, but so is its start
-    (20.0, 2000.0, 7, True),  # seconds a step: the steps screening saves outweigh a second round's runs
-    (0.5, 20.0, 1, False),  # one graph choice: nothing to halve
+@pytest.mark.parametrize("start_s, step_ms, graph_candidates, at_once, pays", [
+    (4.3, 51.0, 7, 1, False),  # llama/tiny on an H200: a run starts in seconds, 20 steps fewer save 1 s each
+    (15.0, 320.0, 4, 1, False),  # the Qwen3 proxy: its steps are long, but so is its start
+    (20.0, 2000.0, 7, 1, True),  # seconds a step: the steps screening saves outweigh a second round's runs
+    (0.5, 20.0, 1, 1, False),  # one graph choice: nothing to halve
+    (20.0, 400.0, 7, 1, False),  # a second round's three starts, one after another, outweigh what screening saves
+    (20.0, 400.0, 7, 3, True),  # the same three starting together cost one start
 ])
 def test_screening_pays_only_where_the_steps_it_saves_outweigh_the_runs_it_adds(start_s, step_ms, graph_candidates,
-                                                                                pays):
+                                                                                at_once, pays):
     first = Measurement("none", "completed", step_ms, 1.0, wall_s=start_s + 34 * step_ms / 1e3)
-    assert screening_pays(first, 34, graph_candidates, 10, 30) is pays
-    assert screening_pays(replace(first, status="failed", median_ms=None), 34, graph_candidates, 10, 30)
+    assert screening_pays(first, 34, graph_candidates, 10, 30, at_once) is pays
+    assert screening_pays(replace(first, status="failed", median_ms=None), 34, graph_candidates, 10, 30, at_once)
+
+
+def test_probe_runs_start_together_as_far_as_the_gpus_memory_and_the_cores_go(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    tiny = gpu_plan(*SMALL).auto
+    assert tiny.runs_at_once == len(tiny.probe_order)  # a few hundred MiB each on 80 GB
+    assert gpu_plan("recipe=llama/llama32_1b").auto.runs_at_once == 1  # about 30 GiB each: one at a time
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    assert gpu_plan(*SMALL).auto.runs_at_once == 4  # a core a rank
+
+
+class Finished:
+    """A probe run that ended as it was launched."""
+
+    def __init__(self, code: int):
+        self.code = code
+
+    def ended(self) -> bool:
+        return True
+
+    def wait(self, timeout_s):
+        return self.code
+
+    def kill(self) -> None:
+        pass
 
 
 def synthesized_trainer(medians: dict, trained: list, start_s: float = 0.0) -> ProbeRuns:
     """Trains nothing: leaves the result.json a probe run leaves, its median from ``medians`` by choice (a pair
     for eager, its first and last run of a round; None: the run failed; a choice not named: 50 ms), and notes
     ``round/choice/train_iters`` in ``trained``; the first run takes ``start_s`` (what starting it cost), the
-    launcher's start 0.5 s."""
+    launcher's start 0.5 s. Each run has ended when launched."""
     def train(config, run_dir):
         job = json.loads((run_dir / "job.json").read_text())
         choice = job["choices"]["cuda_graph"]
@@ -123,7 +153,8 @@ def synthesized_trainer(medians: dict, trained: list, start_s: float = 0.0) -> P
             "job": job}
         (run_dir / "result.json").write_text(json.dumps(result))
         return 0 if median else 1
-    return ProbeRuns(lambda: 0.5, train)
+
+    return ProbeRuns(lambda: 0.5, lambda config, run_dir, gate: Finished(train(config, run_dir)))
 
 
 def test_the_run_trains_with_the_winner_records_the_probe_and_flags_a_failed_candidate(tmp_path, cache_home, caplog):
@@ -140,8 +171,10 @@ def test_the_run_trains_with_the_winner_records_the_probe_and_flags_a_failed_can
     record = json.loads((tmp_path / "auto.json").read_text())
     assert record["chosen"] == "te_attn" and record["source"] == "probe"
     assert record["probe"]["wall_s"] >= 0 and record["probe"]["imports_s"] == 0.5
-    assert record["probe"]["rounds"] == [{"runs": 9, "timed_steps": 10, "train_iters": 14, "first_run_timed_steps": 30},
-                                         {"runs": 3, "timed_steps": 30, "train_iters": 34}]
+    together = {"runs_at_once": plan.auto.runs_at_once}
+    assert record["probe"]["rounds"] == [
+        {"runs": 9, "timed_steps": 10, "train_iters": 14, "first_run_timed_steps": 30, **together},
+        {"runs": 3, "timed_steps": 30, "train_iters": 34, **together}]
     by_choice = {c["choice"]: c for c in record["candidates"]}
     assert by_choice["te_attn"].pop("wall_s") >= 0
     assert by_choice["te_attn"] == {"choice": "te_attn", "status": "completed", "median_ms": 12.0,
@@ -165,7 +198,8 @@ def test_where_starting_a_run_costs_more_than_screening_saves_one_round_of_full_
     config = choose_graphs(plan, tmp_path, synthesized_trainer(medians, trained, start_s=0.3))
     assert trained == [f"round1/{choice}/34" for choice in plan.auto.probe_order]
     record = json.loads((tmp_path / "auto.json").read_text())
-    assert record["probe"]["rounds"] == [{"runs": 9, "timed_steps": 30, "train_iters": 34}]
+    assert record["probe"]["rounds"] == [{"runs": 9, "timed_steps": 30, "train_iters": 34,
+                                          "runs_at_once": plan.auto.runs_at_once}]
     assert record["chosen"] == "te_mlp" and config.model.cuda_graph_modules == ["mlp"]
     assert record["candidates"][0]["wall_s"] >= 0.3 and not (tmp_path / "auto" / "round2").exists()
 
@@ -249,15 +283,27 @@ def test_the_probe_forks_each_run_and_leaves_its_table_and_plot_in_the_run_direc
     assert [(c["choice"], c["status"]) for c in record["candidates"]] == [
         ("none", "completed"), ("full_iteration", "ran_eagerly"), ("local_layer", "ran_eagerly"),
         (OPTIMIZER_IN_GRAPH, "ran_eagerly"), ("none", "completed")]
-    assert record["probe"]["wall_s"] > record["probe"]["imports_s"] > 0
+    assert record["probe"]["wall_s"] > record["probe"]["imports_s"] >= 0  # 0 once an earlier test started the server
     # A run starts in about a second here and steps in milliseconds: one round of full runs decides.
-    assert record["probe"]["rounds"] == [{"runs": 5, "timed_steps": 30, "train_iters": 34}]
+    together = plan.auto.runs_at_once
+    assert record["probe"]["rounds"] == [{"runs": 5, "timed_steps": 30, "train_iters": 34, "runs_at_once": together}]
+    # Runs 1-4 started `together` at a time: each batch built side by side before the first of it timed a step, and
+    # each was let go once the one before had ended.
+    runs = [probe_dir / "round1" / str(number) for number in range(5)]
+    for batch in (runs[start:start + together] for start in range(1, 5, together)):
+        assert max(mtime(run / "gate" / "ready.0") for run in batch) <= mtime(batch[0] / "gate" / "open")
+    for earlier, later in zip(runs, runs[1:]):
+        assert mtime(earlier / "result.json") <= mtime(later / "gate" / "open")
     for number, eager in ((0, record["candidates"][0]), (4, record["candidates"][4])):
         run_dir = probe_dir / "round1" / str(number)
         result = json.loads((run_dir / "result.json").read_text())
         assert result["train_iters"] == 34 and result["step_time_ms"]["count"] == 31
         assert eager["median_ms"] == result["step_time_ms"]["median"] > 0 and eager["spread_ms"] >= 0
         assert eager["wall_s"] > 0 and (run_dir / "train.log").stat().st_size > 0
+
+
+def mtime(path: Path) -> int:
+    return path.stat().st_mtime_ns
 
 
 def test_a_job_of_several_gpus_is_probed_at_its_own_layout_one_forked_rank_per_gpu(tmp_path, cache_home, monkeypatch):
@@ -269,15 +315,15 @@ def test_a_job_of_several_gpus_is_probed_at_its_own_layout_one_forked_rank_per_g
     plan = gpu_plan(*SMALL, "model.tensor_model_parallel_size=2", "train.num_gpus=2", machine=two_gpus)
     launched, synthesized = [], synthesized_trainer({"none": (20.0, 20.1), "te_attn": 10.0}, [])
 
-    def train(run_dir, log, env, ranks, timeout_s):
+    def start(run_dir, log, env, ranks):
         config = load_resolved(run_dir)
-        launched.append((ranks, config.model.tensor_model_parallel_size))
-        return synthesized.train(config, run_dir)
+        launched.append((ranks, config.model.tensor_model_parallel_size, env[GATE_ENV] == str(run_dir / "gate")))
+        return synthesized.launch(config, run_dir, Path(env[GATE_ENV]))
 
-    monkeypatch.setattr(perf.auto_probe.preloaded, "train", train)
-    monkeypatch.setattr(perf.auto_probe, "FORKED", ProbeRuns(lambda: 0.0, perf.auto_probe.train_forked))
+    monkeypatch.setattr(perf.auto_probe.preloaded, "start", start)
+    monkeypatch.setattr(perf.auto_probe, "FORKED", ProbeRuns(lambda: 0.0, perf.auto_probe.launch_forked))
     assert choose_graphs(plan, tmp_path).model.cuda_graph_modules == ["attn"]
-    assert launched and set(launched) == {(2, 2)}
+    assert launched and set(launched) == {(2, 2, True)}
     ranks = [rank_environment(rank, 2, 29555) for rank in range(2)]
     assert [(env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) for env in ranks] == [("0", "0", "2"), ("1", "1", "2")]
     assert {env["MASTER_PORT"] for env in ranks} == {"29555"} and rank_environment(0, 1, 29555) == {}

@@ -16,7 +16,9 @@ On a GPU the run probes them (perf.auto_probe) in rounds of successive halving w
 A multi-node job is refused (bridge/validation/auto_rules.py): the probe runs on one node.
 """
 
+import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import List, Optional, Sequence, Tuple
 
 import hydra
@@ -30,7 +32,7 @@ from bridge.config.schema import GraphBridgeConfig
 from bridge.machine import Machine
 from bridge.planning import Plan, build_plan, wrapped
 from bridge.prepare import prepare
-from bridge.result import MIN_TIMED_STEPS
+from bridge.result import MIN_TIMED_STEPS, first_timed_step
 
 ROUND_TIMED_STEPS = (MIN_TIMED_STEPS // 3, MIN_TIMED_STEPS)
 """Timed steps per candidate in each round of the probe: a short screening round, then as many as a sweep's
@@ -38,6 +40,11 @@ report trusts for a median, which the decision rests on."""
 PROBE_DIR = "auto"
 """The probe's directory, inside the run directory: one folder per round, one job directory per run."""
 OPTIMIZER_IN_GRAPH = "optimizer.optimizer_in_graph"
+PROCESS_OUTSIDE_ALLOCATOR_GIB = 2.5
+"""What a training process holds on its GPU beside PyTorch's allocator (the CUDA context, cuBLAS, lazy NCCL): 2.44
+GiB measured on an H100 (benchmarks/results/h100/mcore-0.16.1/run_footprint.json, lazy_nccl)."""
+SHARED_GPU_MEMORY = 0.8
+"""The share of the GPU's memory the probe's runs that start together may take, by the plan's estimates."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +102,7 @@ class Candidate:
         cfg = self.plan.config
         capture = graph_impl(cfg.model.cuda_graph_impl).capture_step(cfg.model.cuda_graph_warmup_steps,
                                                                       self.plan.target.engine)
-        return max(cfg.perf.warmup_steps, capture + 1 if capture is not None else 0)
+        return first_timed_step(cfg.perf.warmup_steps, capture)
 
 
 @dataclass
@@ -136,6 +143,19 @@ class AutoPlan:
         """The first round's runs. Eager first and last: how far its two medians lie apart is the noise between
         processes."""
         return [EAGER_CHOICE, *self.graph_candidates, EAGER_CHOICE]
+
+    @cached_property
+    def runs_at_once(self) -> int:
+        """How many probe runs start together (perf.auto_probe): as many as SHARED_GPU_MEMORY of the GPU holds by
+        the plan's estimate of the largest candidate, each with what a process holds outside PyTorch's allocator,
+        and no more than the cores give a core to each rank; one where the plan has no estimate."""
+        estimates = [candidate.plan.memory() for candidate in self.accepted]
+        if not estimates or any(estimate is None or not estimate.capacity_gib for estimate in estimates):
+            return 1
+        per_run_gib = max(engine_gib(estimate) for estimate in estimates) + PROCESS_OUTSIDE_ALLOCATOR_GIB
+        by_memory = int(SHARED_GPU_MEMORY * min(estimate.capacity_gib for estimate in estimates) // per_run_gib)
+        by_cores = (os.cpu_count() or 1) // max(self.gpus, 1)
+        return max(1, min(len(self.probe_order), by_memory, by_cores))
 
     def probe_iters(self, timed_steps: int) -> int:
         """Steps per run of a round: the longest warmup and capture among the candidates, then ``timed_steps``."""
@@ -187,7 +207,9 @@ class AutoPlan:
                 f"run costs more than the steps screening saves, every run of round 1 is of {last} steps and it "
                 f"decides alone. "
                 f"Each run is a process of its own on the job's {self.gpus} GPU(s), forked from one that imported "
-                f"torch, Transformer Engine and megatron-core once; its wall time is in result.json's auto record; "
+                f"torch, Transformer Engine and megatron-core once; up to {self.runs_at_once} start together (by "
+                f"the memory estimate and the cores), build and capture side by side, then time their steps one at "
+                f"a time, each alone on the GPU; its wall time is in result.json's auto record; "
                 f"the runs and a summary.md and summary.png are in <run dir>/{PROBE_DIR}/{skipped}")
 
     def cache_line(self) -> str:
@@ -208,10 +230,16 @@ class AutoPlan:
                             "refused_by": c.refused_by, "graphed": c.plan.graphs()["summary"]}
                            for c in self.candidates],
             "probe": {"runs": self.probe_order if self.probes else [], "gpus": self.gpus, "directory": PROBE_DIR,
+                      "runs_at_once": self.runs_at_once,
                       "rounds": [{"timed_steps": timed, "train_iters": self.probe_iters(timed)}
                                  for timed in ROUND_TIMED_STEPS]},
             "cache": {"path": self.path, "key": self.key, "cached": self.cached, "problem": self.cache_problem},
         }
+
+
+def engine_gib(estimate) -> float:
+    """What graphbridge's engine needs on a GPU by ``estimate`` (a bridge.memory estimate)."""
+    return estimate.engine_gib if estimate.engine_gib is not None else estimate.total_gib
 
 
 def plan_auto(plan: Plan, overrides: Sequence[str], machine: Optional[Machine] = None) -> Optional[AutoPlan]:

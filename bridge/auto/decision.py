@@ -12,9 +12,9 @@ The probe runs in rounds of successive halving where that pays. Every round time
 every round has its own noise. After a short screening round, a graph choice slower than the round's fastest
 run by more than that noise cannot win and stops there, and of the rest the faster half goes on; the decision
 rests on the last round's runs, all timed as long as a sweep's report trusts a median. Screening saves steps
-but adds a round of runs, and each run pays its start (a CUDA context, the model's build, the capture) besides
-its steps: where starting a run costs more than the steps screening saves (a small model), the first round
-times every run in full and decides alone (screening_pays).
+but adds a round of runs, and each round pays a start (a CUDA context, the model's build, the capture; the runs of
+a round start together where they fit) besides its steps: where that costs more than the steps screening saves (a
+small model), the first round times every run in full and decides alone (screening_pays).
 """
 
 from dataclasses import asdict, dataclass, replace
@@ -42,8 +42,8 @@ class Measurement:
     job: Optional[str] = None
     """The probe job's directory."""
     wall_s: Optional[float] = None
-    """The run's wall time, from its start to its end: its start-up (a CUDA context, the model, the capture),
-    its steps and its teardown."""
+    """The run's wall time, from its start to its end, less any wait at its gate while other runs of the probe
+    timed their steps: its start-up (a CUDA context, the model, the capture), its steps and its teardown."""
 
     @property
     def measured(self) -> bool:
@@ -117,16 +117,18 @@ def stopped_early(measurements: Sequence[Measurement], kept: Sequence[Measuremen
 
 
 def screening_pays(first_eager: Measurement, train_iters: int, graph_candidates: int, screening_steps: int,
-                   deciding_steps: int) -> bool:
+                   deciding_steps: int, runs_at_once: int = 1) -> bool:
     """Whether a short screening round costs less than timing every run of the first round in full, judged from
     the first run: eager, ``train_iters`` steps of which ``deciding_steps`` timed. Its step time stands for
     every run's (graph choices are rarely slower) and its wall time less its steps is what starting a run
     costs. Screening saves ``deciding_steps - screening_steps`` steps on each of the round's other runs (the
     graph choices and the last eager run) and adds a second round of at least three full runs (eager, one
-    survivor, eager). Without the first run's numbers it screens, as the probe always did."""
+    survivor, eager), whose starts overlap ``runs_at_once`` at a time while their steps do not. Without the
+    first run's numbers it screens, as the probe always did."""
     if not first_eager.measured or first_eager.wall_s is None:
         return True
     step_s = first_eager.median_ms / 1e3
     start_s = max(first_eager.wall_s - train_iters * step_s, 0.0)
     saved_s = (graph_candidates + 1) * (deciding_steps - screening_steps) * step_s
-    return saved_s > 3 * (start_s + train_iters * step_s)
+    second_round_starts = -(-3 // max(runs_at_once, 1))
+    return saved_s > second_round_starts * start_s + 3 * train_iters * step_s
