@@ -222,3 +222,26 @@ def test_no_layer_of_the_scope_on_any_pipeline_rank_is_refused(monkeypatch):
 def test_unwrapped_reaches_the_model():
     model = Model()
     assert unwrapped(wrapped(model)) is model and unwrapped(model) is model
+
+
+def test_a_failed_build_is_reported_where_releasing_the_half_built_engine_hangs(monkeypatch):
+    """A rank whose peer failed mid-build can wait in destroy_process_group without end: the engine waits for its
+    release a bounded time, then raises the build's failure, which bridge.run writes into result.json."""
+    import threading
+    import time
+
+    import bridge
+    from bridge.engines.megatron import engine
+
+    def fail(self):
+        raise RuntimeError("the build failed")
+
+    never = threading.Event()
+    monkeypatch.setattr(engine, "RELEASE_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(engine.MegatronEngine, "_build", fail)
+    monkeypatch.setattr(engine.MegatronEngine, "close", lambda self: never.wait(30))  # without the bound: 30 s
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="the build failed"):
+        engine.MegatronEngine(bridge.load(["recipe=llama/tiny"]))
+    assert time.monotonic() - started < 5
+    never.set()

@@ -23,8 +23,10 @@ One engine per process: megatron-core keeps graph, RNG and static-buffer state a
 
 import gc
 import importlib
+import logging
 import math
 import os
+import threading
 import warnings
 from contextlib import nullcontext
 from functools import partial
@@ -63,6 +65,9 @@ from bridge.machine import free_port
 from bridge.translate import build_megatron_configs
 
 OPTIMIZER_GRAPH = "the optimizer graph (megatron-core OptimizerCudaGraphWrapper)"
+RELEASE_TIMEOUT_S = 60.0
+"""Longest wait for a half-built engine to release what it holds before its build's failure is reported."""
+log = logging.getLogger("bridge.engines.megatron")
 
 
 class MegatronEngine:
@@ -78,8 +83,29 @@ class MegatronEngine:
         try:
             self._build()
         except BaseException:
-            self.close()
+            self._release_half_built()
             raise
+
+    def _release_half_built(self) -> None:
+        """close() after a failed build, waited for at most RELEASE_TIMEOUT_S: a rank whose peer failed can wait
+        for it in destroy_process_group without end, and the build's failure must still reach result.json
+        (bridge.run bounds the release of a built engine the same way)."""
+        device = getattr(self, "device", None)
+
+        def release() -> None:
+            try:
+                if device is not None and device.type == "cuda":
+                    torch.cuda.set_device(device)  # a new thread's current device is GPU 0
+                self.close()
+            except Exception as error:  # after a sticky CUDA error every call fails; nothing more to free
+                log.error("releasing the half-built engine failed: %s", error)
+
+        releasing = threading.Thread(target=release, name="release-half-built-engine", daemon=True)
+        releasing.start()
+        releasing.join(RELEASE_TIMEOUT_S)
+        if releasing.is_alive():
+            log.error("releasing the half-built engine took over %.0f s; leaving it to the process's exit",
+                      RELEASE_TIMEOUT_S)
 
     def _build(self) -> None:
         cfg = self.cfg
