@@ -15,9 +15,10 @@ import importlib.util
 import re
 import shutil
 import socket
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from omegaconf import OmegaConf
 
@@ -189,6 +190,14 @@ def _gpu(driver, index: int) -> GPU:
 
 def free_port() -> int:
     """A TCP port free on this machine now, for a process group's rendezvous."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> List[int]:
+    """``count`` different TCP ports free on this machine now, for process groups that start together: each is
+    held while the next is found, so that the system cannot give the same one twice."""
+    with ExitStack() as held:
+        probes = [held.enter_context(socket.socket()) for _ in range(count)]
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [probe.getsockname()[1] for probe in probes]

@@ -43,6 +43,7 @@ from bridge.auto.decision import (COMPLETED, STOPPED_EARLY, Decision, Measuremen
                                   stopped_early, survivors)
 from bridge.config.graphs import EAGER_CHOICE
 from bridge.config.schema import GraphBridgeConfig
+from bridge.machine import free_ports
 from bridge.planning import Plan
 from bridge.result import AUTO_RECORD
 from bridge.start_gate import GATE_ENV, POLL_S, open_gate, ready_ranks
@@ -71,8 +72,9 @@ class Launched(Protocol):
     def kill(self) -> None: ...
 
 
-Launcher = Callable[[GraphBridgeConfig, Path, Path], Launched]
-"""Starts one probe run from its job directory, to wait at the gate (its folder, the third argument)."""
+Launcher = Callable[[GraphBridgeConfig, Path, Path, int], Launched]
+"""Starts one probe run from its job directory, to wait at the gate (its folder, the third argument), its ranks to
+meet at the port (the fourth: runs that start together each have their own)."""
 
 
 @dataclass(frozen=True)
@@ -211,7 +213,8 @@ def run_together(runs: List[Tuple[str, GraphBridgeConfig, Path]], launch: Launch
     go once the one before has ended. A run not at its gate within RUN_TIMEOUT_S is killed, as is one that does not
     end within RUN_TIMEOUT_S of being let go."""
     started = time.monotonic()
-    launched = [launch(config, run_dir, run_dir / GATE) for _, config, run_dir in runs]
+    launched = [launch(config, run_dir, run_dir / GATE, port)
+                for (_, config, run_dir), port in zip(runs, free_ports(len(runs)))]
     try:
         ready_s = wait_at_gates(runs, launched, started)
         measurements = []
@@ -248,10 +251,11 @@ def wait_at_gates(runs: List[Tuple[str, GraphBridgeConfig, Path]], launched: Lis
         time.sleep(POLL_S)
 
 
-def launch_forked(config: GraphBridgeConfig, run_dir: Path, gate: Path) -> Launched:
-    """One probe run, forked from the preloaded launcher on the job's GPUs of this node, to wait at ``gate``."""
-    env = {"PYTHONUNBUFFERED": "1", GATE_ENV: str(gate)}
-    return preloaded.start(run_dir, run_dir / RUN_LOG, env, ranks=config.train.num_gpus)
+def launch_forked(config: GraphBridgeConfig, run_dir: Path, gate: Path, port: int) -> Launched:
+    """One probe run, forked from the preloaded launcher on the job's GPUs of this node, to wait at ``gate``; its
+    process group meets at ``port``, a single process's too (bridge.engines.megatron.engine.init_distributed)."""
+    env = {"PYTHONUNBUFFERED": "1", GATE_ENV: str(gate), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    return preloaded.start(run_dir, run_dir / RUN_LOG, env, ranks=config.train.num_gpus, port=port)
 
 
 FORKED = ProbeRuns(preloaded.start_server, launch_forked)

@@ -154,7 +154,7 @@ def synthesized_trainer(medians: dict, trained: list, start_s: float = 0.0) -> P
         (run_dir / "result.json").write_text(json.dumps(result))
         return 0 if median else 1
 
-    return ProbeRuns(lambda: 0.5, lambda config, run_dir, gate: Finished(train(config, run_dir)))
+    return ProbeRuns(lambda: 0.5, lambda config, run_dir, gate, port: Finished(train(config, run_dir)))
 
 
 def test_the_run_trains_with_the_winner_records_the_probe_and_flags_a_failed_candidate(tmp_path, cache_home, caplog):
@@ -311,19 +311,24 @@ def test_a_job_of_several_gpus_is_probed_at_its_own_layout_one_forked_rank_per_g
     from bridge.run import load_resolved
     from perf.preloaded import rank_environment
 
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)  # every run after the first eager one starts together
     two_gpus = Machine(gpus=H100.gpus * 2, packages=H100.packages)
     plan = gpu_plan(*SMALL, "model.tensor_model_parallel_size=2", "train.num_gpus=2", machine=two_gpus)
-    launched, synthesized = [], synthesized_trainer({"none": (20.0, 20.1), "te_attn": 10.0}, [])
+    launched, ports, synthesized = [], [], synthesized_trainer({"none": (20.0, 20.1), "te_attn": 10.0}, [])
 
-    def start(run_dir, log, env, ranks):
+    def start(run_dir, log, env, ranks, port):
         config = load_resolved(run_dir)
         launched.append((ranks, config.model.tensor_model_parallel_size, env[GATE_ENV] == str(run_dir / "gate")))
-        return synthesized.launch(config, run_dir, Path(env[GATE_ENV]))
+        ports.append((port, env["MASTER_PORT"]))
+        return synthesized.launch(config, run_dir, Path(env[GATE_ENV]), port)
 
     monkeypatch.setattr(perf.auto_probe.preloaded, "start", start)
     monkeypatch.setattr(perf.auto_probe, "FORKED", ProbeRuns(lambda: 0.0, perf.auto_probe.launch_forked))
     assert choose_graphs(plan, tmp_path).model.cuda_graph_modules == ["attn"]
     assert launched and set(launched) == {(2, 2, True)}
+    # The runs that start together meet at ports of their own.
+    together = [port for port, _ in ports[1:]]
+    assert all(str(port) == told for port, told in ports) and len(set(together)) == len(together) > 1
     ranks = [rank_environment(rank, 2, 29555) for rank in range(2)]
     assert [(env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) for env in ranks] == [("0", "0", "2"), ("1", "1", "2")]
     assert {env["MASTER_PORT"] for env in ranks} == {"29555"} and rank_environment(0, 1, 29555) == {}
