@@ -19,9 +19,6 @@ ROOT = Path(__file__).resolve().parents[1]
 GRAPHBRIDGE = [sys.executable, "-m", "perf.main"]
 UNCHECKED = [sys.executable, str(ROOT / "benchmarks" / "unchecked_run.py")]
 RUN_TIMEOUT_S = 300
-RESOURCE_ERRORS = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "ncclUnhandledCudaError", "EADDRINUSE")
-"""Failures of one run among --workers on one GPU whose cause is the others: memory taken by them, or a port
-another run took. A run that fails so is trained once more, and counts by that second attempt."""
 LOG_TAIL = 40
 COMPOSING = threading.Lock()
 EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
@@ -97,9 +94,10 @@ class Launch:
 
 
 def train(run, workdir: Path, launch: Launch):
-    """Train ``run`` (a second time when the first attempt failed for want of the GPU's shared resources)."""
+    """Train ``run`` (a second time when the first attempt failed for want of what the other --workers on its GPU
+    held: preloaded.SHARED_GPU_FAILURES; it counts by that second attempt)."""
     attempt(run, workdir, launch)
-    if run.status != "completed" and any(text in (run.error or "") for text in RESOURCE_ERRORS):
+    if run.status != "completed" and any(text in (run.error or "") for text in preloaded.SHARED_GPU_FAILURES):
         run.retried_after, run.status = run.error, None
         attempt(run, workdir, launch, retry=True)
     return run

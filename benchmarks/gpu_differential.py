@@ -69,7 +69,8 @@ class Run:
     seconds: Optional[float] = None
     peak_reserved_gb: Optional[float] = None
     retried_after: Optional[str] = None
-    """The first attempt's error, when it was the GPU's resources shared with the other runs (RESOURCE_ERRORS)."""
+    """The first attempt's error, when it was the GPU's resources shared with the other runs
+    (perf.preloaded.SHARED_GPU_FAILURES)."""
     log_tail: Optional[str] = None
     """The end of the log that says why a run failed (differential_launch.failure_log_tail): its folder is temporary."""
 

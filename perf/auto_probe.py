@@ -17,7 +17,8 @@ capture is clean, and no run pays the imports again. A job of several GPUs of th
 is probed at its own layout, one forked process per GPU. The runs of a round start together, as many as the GPU
 holds by the plan's estimate (AutoPlan.runs_at_once), so that their builds and captures overlap; each then waits,
 idle, before its first timed step (bridge.start_gate) until the runs before it have ended, and times its steps
-alone on the GPU. The runs' result.json files decide, the decision is
+alone on the GPU; one that failed for want of what the others held (memory beyond the estimate, a port) trains
+again alone. The runs' result.json files decide, the decision is
 cached, and ``<run dir>/auto.json`` keeps it, with the probe's wall time, for the run's result.json (its
 ``auto`` record); summary.md and summary.png in ``<run dir>/auto/`` are the probe's table and plot. The terminal
 gets a line as the probe starts and one saying what was chosen and why. Without a CUDA device nothing is
@@ -28,6 +29,7 @@ an error with its status and reason, recorded, never chosen, and the probe goes 
 """
 
 import logging
+import shutil
 import signal
 import time
 from contextlib import contextmanager
@@ -49,6 +51,7 @@ from bridge.result import AUTO_RECORD
 from bridge.start_gate import GATE_ENV, POLL_S, open_gate, ready_ranks
 from perf import preloaded
 from perf.launch import SignalForwarding, job_record, write_job
+from perf.preloaded import SHARED_GPU_FAILURES
 from perf.report import build_summary, load_jobs, write_summary
 
 log = logging.getLogger("graphbridge")
@@ -203,8 +206,15 @@ def run_round(auto: AutoPlan, order: List[str], timed_steps: int, round_dir: Pat
         write_job(config, run_dir, job_record({"cuda_graph": choice}, overrides))
         runs.append((choice, config, run_dir))
     at_once = auto.runs_at_once
-    return [measurement for start in range(0, len(runs), at_once)
-            for measurement in run_together(runs[start:start + at_once], launch)]
+    measurements = [measurement for start in range(0, len(runs), at_once)
+                    for measurement in run_together(runs[start:start + at_once], launch)]
+    # A run that failed for want of what the runs beside it held (memory, a port) trains again, alone.
+    return [run_together([run], launch)[0] if at_once > 1 and shared_gpu_failure(measurement) else measurement
+            for run, measurement in zip(runs, measurements)]
+
+
+def shared_gpu_failure(measurement: Measurement) -> bool:
+    return not measurement.measured and any(text in (measurement.reason or "") for text in SHARED_GPU_FAILURES)
 
 
 def run_together(runs: List[Tuple[str, GraphBridgeConfig, Path]], launch: Launcher) -> List[Measurement]:
@@ -212,6 +222,8 @@ def run_together(runs: List[Tuple[str, GraphBridgeConfig, Path]], launch: Launch
     gate (or has ended), let them time their steps one at a time, in order, each alone on the GPU: the next is let
     go once the one before has ended. A run not at its gate within RUN_TIMEOUT_S is killed, as is one that does not
     end within RUN_TIMEOUT_S of being let go."""
+    for _, _, run_dir in runs:  # a run trained again alone finds the gate of its first attempt: this probe's own
+        shutil.rmtree(run_dir / GATE, ignore_errors=True)
     started = time.monotonic()
     launched = [launch(config, run_dir, run_dir / GATE, port)
                 for (_, config, run_dir), port in zip(runs, free_ports(len(runs)))]

@@ -27,6 +27,9 @@ from typing import Callable, Dict, List, Optional, Sequence
 from bridge.machine import free_port
 
 PRELOADED = "perf.training_imports"
+SHARED_GPU_FAILURES = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "ncclUnhandledCudaError", "EADDRINUSE")
+"""How a run fails for want of what other runs on its GPU hold (their memory, a port one took): the fault of
+starting runs side by side (the GPU differential, cuda_graph=auto's probe), not of the run, which trains alone."""
 
 
 def train_job(job_dir: str) -> int:

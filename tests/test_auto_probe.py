@@ -302,6 +302,25 @@ def test_the_probe_forks_each_run_and_leaves_its_table_and_plot_in_the_run_direc
         assert eager["wall_s"] > 0 and (run_dir / "train.log").stat().st_size > 0
 
 
+def test_a_run_that_failed_for_want_of_what_the_runs_beside_it_held_trains_again_alone(tmp_path, cache_home,
+                                                                                      monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    plan, trained = gpu_plan(*SMALL), []
+    synthesized = synthesized_trainer({"none": (20.0, 20.1), "te_attn": 12.0}, trained)
+
+    def launch(config, run_dir, gate, port):
+        if run_dir.match("round1/3") and not (run_dir / "result.json").exists():  # te_attn, beside the others
+            (run_dir / "result.json").write_text(json.dumps({"status": "failed", "job": {}, "reason": (
+                "CUDA out of memory. Tried to allocate 2.00 GiB")}))
+            return Finished(1)
+        return synthesized.launch(config, run_dir, gate, port)
+
+    config = choose_graphs(plan, tmp_path, ProbeRuns(lambda: 0.0, launch))
+    assert config.model.cuda_graph_modules == ["attn"]
+    assert [c["status"] for c in json.loads((tmp_path / "auto.json").read_text())["candidates"]
+            if c["choice"] == "te_attn"] == ["completed"]
+
+
 def mtime(path: Path) -> int:
     return path.stat().st_mtime_ns
 

@@ -7,16 +7,13 @@ stricter than the GPU; a run that crashed after its plan accepted it must now be
 Slow (about two minutes of plans on one core): `pytest -m slow tests/test_gpu_records.py`."""
 
 import json
-import sys
 from typing import Dict, Tuple
 
 import pytest
 
 import bridge
+from perf.preloaded import SHARED_GPU_FAILURES
 from tests.gpu_witnesses import RESULTS, record_machine
-
-sys.path.insert(0, str(RESULTS.parents[0]))
-from differential_launch import RESOURCE_ERRORS  # noqa: E402  (benchmarks/ is a directory of scripts)
 
 RECORDS = sorted(path.relative_to(RESULTS).as_posix() for path in RESULTS.glob("*/mcore-*/gpu_differential*.json"))
 WITNESS_RECORDS = sorted(path.relative_to(RESULTS).as_posix() for path in RESULTS.glob("*/mcore-*/gpu_witnesses*.json"))
@@ -70,7 +67,7 @@ def test_what_a_gpu_trained_is_accepted_and_what_crashed_is_refused_or_trains_no
         rules = sorted({violation.rule for violation in bridge.plan(run["overrides"], machine=machine).violations})
         if run["status"] == "completed" and rules:
             refused_completed[run["index"]] = rules
-        shared_gpu = any(text in (run["error"] or "") for text in RESOURCE_ERRORS)  # the other runs' fault
+        shared_gpu = any(text in (run["error"] or "") for text in SHARED_GPU_FAILURES)  # the other runs' fault
         explained = (record, run["index"]) in TRAINS_NOW or (record, run["index"]) in UNDECIDED
         if run["status"] != "completed" and not rules and not shared_gpu and not explained:
             accepted_crashed[run["index"]] = run["error"]
