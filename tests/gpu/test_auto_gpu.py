@@ -1,6 +1,7 @@
 """cuda_graph=auto on a GPU, through the real command line: llama/tiny probes every candidate its plan lists
 (the optimizer inside the full-iteration graph among them), in rounds of successive halving where that pays,
-each run forked from one process that imported the training stack, within PROBE_BUDGET_S of wall time; it
+each run forked from one process that imported the training stack, the runs that fit the GPU started together
+and timed one at a time, within PROBE_BUDGET_S of wall time; it
 trains with the one it chose (eager unless a candidate beat eager by more than the probe's noise), records the
 probe in result.json and the run directory, and a second run of the same workload takes the decision from the
 cache without probing."""
@@ -33,6 +34,7 @@ def test_auto_probes_what_the_plan_lists_trains_the_winner_and_caches_it(cli, tm
     failed = [c for c in auto["candidates"] if c["status"] not in ("completed", "stopped_early")]
     assert not failed, failed  # each one is a plan-equals-run bug
     assert all(c["median_ms"] > 0 and c["spread_ms"] >= 0 for c in auto["candidates"])
+    assert all(round_["runs_at_once"] > 1 for round_ in auto["probe"]["rounds"]), auto["probe"]  # tiny: they fit
     assert auto["probe"]["wall_s"] <= PROBE_BUDGET_S, auto["probe"]
     eager = min(c["median_ms"] for c in auto["candidates"] if c["choice"] == "none")
     chosen = [c for c in auto["candidates"] if c["choice"] == auto["chosen"]]
