@@ -26,11 +26,20 @@ def gate_of_this_run() -> Optional[Path]:
 
 
 def wait_for_turn(folder: Path, rank: int) -> None:
-    """Mark ``rank`` ready and wait until the gate opens."""
+    """Mark ``rank`` ready and wait until the gate opens. Raises GateAbandoned once this process has lost its parent
+    (the probe's launcher ends with the probe): nobody would open the gate, and a run waiting without end would keep
+    its GPU memory."""
+    parent = os.getppid()
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"ready.{rank}").touch()
     while not (folder / OPEN).exists():
+        if os.getppid() != parent:
+            raise GateAbandoned(f"the probe that started this run ended before letting it time its steps ({folder})")
         time.sleep(POLL_S)
+
+
+class GateAbandoned(RuntimeError):
+    """The probe that started a run waiting at its gate ended."""
 
 
 def ready_ranks(folder: Path) -> int:

@@ -321,6 +321,16 @@ def test_a_run_that_failed_for_want_of_what_the_runs_beside_it_held_trains_again
             if c["choice"] == "te_attn"] == ["completed"]
 
 
+def test_a_run_waiting_at_its_gate_gives_up_once_the_probe_that_started_it_ended(tmp_path, monkeypatch):
+    from bridge.start_gate import GateAbandoned, wait_for_turn
+
+    parents = iter([100, 100, 1])  # the launcher's pid twice, then init's: reparented
+    monkeypatch.setattr(os, "getppid", lambda: next(parents))
+    with pytest.raises(GateAbandoned, match="ended before letting it time its steps"):
+        wait_for_turn(tmp_path / "gate", 0)
+    assert (tmp_path / "gate" / "ready.0").is_file()
+
+
 def mtime(path: Path) -> int:
     return path.stat().st_mtime_ns
 
