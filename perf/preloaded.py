@@ -89,13 +89,11 @@ class ForkedJob:
         """The first non-zero exit code (0 when every rank completed); None when one still runs at the timeout. A
         rank that fails ends the wait: kill() stops the others."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        pending = [child for child in self.children if child.pid is not None]
-        while pending and not any(child.exitcode for child in self.children):
+        while not self.ended():
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return None
-            wait([child.sentinel for child in pending], left)
-            pending = [child for child in pending if child.exitcode is None]
+            wait([child.sentinel for child in self.children if child.exitcode is None], left)
         return next((child.exitcode for child in self.children if child.exitcode), 0)
 
     def kill(self) -> None:

@@ -152,7 +152,7 @@ class AutoPlan:
         estimates = [candidate.plan.memory() for candidate in self.accepted]
         if not estimates or any(estimate is None or not estimate.capacity_gib for estimate in estimates):
             return 1
-        per_run_gib = max(engine_gib(estimate) for estimate in estimates) + PROCESS_OUTSIDE_ALLOCATOR_GIB
+        per_run_gib = max(estimate.graphbridge_gib for estimate in estimates) + PROCESS_OUTSIDE_ALLOCATOR_GIB
         by_memory = int(SHARED_GPU_MEMORY * min(estimate.capacity_gib for estimate in estimates) // per_run_gib)
         by_cores = (os.cpu_count() or 1) // max(self.gpus, 1)
         return max(1, min(len(self.probe_order), by_memory, by_cores))
@@ -235,11 +235,6 @@ class AutoPlan:
                                  for timed in ROUND_TIMED_STEPS]},
             "cache": {"path": self.path, "key": self.key, "cached": self.cached, "problem": self.cache_problem},
         }
-
-
-def engine_gib(estimate) -> float:
-    """What graphbridge's engine needs on a GPU by ``estimate`` (a bridge.memory estimate)."""
-    return estimate.engine_gib if estimate.engine_gib is not None else estimate.total_gib
 
 
 def plan_auto(plan: Plan, overrides: Sequence[str], machine: Optional[Machine] = None) -> Optional[AutoPlan]:

@@ -122,6 +122,11 @@ class MemoryEstimate:
                 + max(eager_activations, self.optimizer_step_gib) + self.graphs_gib + self.workspace_gib)
 
     @property
+    def graphbridge_gib(self) -> float:
+        """What graphbridge's engine needs for the job: engine_gib where it runs it otherwise, else total_gib."""
+        return self.engine_gib if self.engine_gib is not None else self.total_gib
+
+    @property
     def fits(self) -> Optional[bool]:
         return None if self.capacity_gib is None else self.total_gib <= USABLE_FRACTION * self.capacity_gib
 
