@@ -3,12 +3,14 @@ scripts/megatron_fixture.py records megatron-core's verdict on each, as for test
 
 from bridge.machine import GPU, Machine
 from tests.rule_cases import (
-    ALLTOALL, DROP_AND_PAD, EP_OVERLAP, FULL_ITERATION, H100, MOE, NO_TE, PACKAGES, PACKAGES_019, PP2, SELECTIVE, V19,
-    WITH_APEX, WITH_NSYS, Case, local, te,
+    ALLTOALL, DROP_AND_PAD, EIGHT_H100, EP_OVERLAP, FULL_ITERATION, H100, MOE, NO_TE, PACKAGES, PACKAGES_019, PP2,
+    SELECTIVE, TP2_SP, V19, WITH_APEX, WITH_NSYS, Case, local, te,
 )
 
 EXTRA_REJECTS = {
     "dropless_moe_capture": [Case({**MOE, **local()}), Case({**MOE, **te()})],
+    "block_scaled_gather_shapes": [Case({**TP2_SP, "model.fp8": "e4m3", "model.fp8_recipe": "blockwise",
+                                         "model.seq_length": 128, "dataset.seq_length": 128}, machine=EIGHT_H100)],
     "full_iteration_nan_checks": [Case({**FULL_ITERATION, "rerun_state_machine.check_for_nan_in_loss": True,
                                         "plan.format": "bridge"})],
     "grouped_gemm_package": [Case({**MOE, "model.moe_grouped_gemm": True, "model.moe_use_legacy_grouped_gemm": True}),

@@ -153,6 +153,10 @@ RULE_CASES = {
         Case({"model.context_parallel_size": 2, "train.num_gpus": 2, "model.transformer_impl": "local"},
              machine=EIGHT_H100),
         Case({"model.context_parallel_size": 2, "train.num_gpus": 2}, machine=EIGHT_H100)),
+    "block_scaled_gather_shapes": (
+        Case({**MLA, **TP2_SP, "model.fp8": "e4m3", "model.fp8_recipe": "blockwise"}, machine=EIGHT_H100),
+        Case({**MLA, **TP2_SP, "model.fp8": "e4m3", "model.fp8_recipe": "blockwise", "model.kv_lora_rank": 128},
+             machine=EIGHT_H100)),
     "quantized_norm_recompute_local_spec": (
         Case({"model.fp8": "e4m3", "model.transformer_impl": "local", **SELECTIVE,
               "model.recompute_modules": ["layernorm"]}),
@@ -298,14 +302,13 @@ RULE_CASES.update({
     "mla_recompute_in_layer_graphs": (Case({**MLA, **te("attn"), **SELECTIVE, "model.recompute_modules": ["layernorm"]}),
                                       Case({**MLA, **te("mlp"), **SELECTIVE, "model.recompute_modules": ["layernorm"]})),
     # The MoE layer's pre-MLP norm, freed inside the router+preprocess graph and recomputed by a backward hook
-    # (H100: illegal address at the first replay, 0.16.1 and 0.19.2); megatron-core itself keeps it eager, without
-    # recompute, under the allgather dispatcher.
+    # (illegal address at the first replay under fp8 on an H100, and in bf16 at two H200s, 0.16.1 and 0.19.2);
+    # megatron-core itself keeps it eager, without recompute, under the allgather dispatcher.
     "moe_norm_recompute_in_layer_graphs": (
         Case({**MOE, **ALLTOALL, "model.moe_permute_fusion": True, **te("attn", "moe_router", "moe_preprocess"),
-              **SELECTIVE, "model.recompute_modules": ["layernorm"], "model.fp8": "e4m3"}),
-        # bf16 router graphs train with it; 0.19.2, where the unfused permutation has a static size
-        Case({**MOE, **ALLTOALL, **te("attn", "moe_router", "moe_preprocess"), **SELECTIVE,
-              "model.recompute_modules": ["layernorm"]}, machine=ONE_H100_019)),
+              **SELECTIVE, "model.recompute_modules": ["layernorm"]}),
+        Case({**MOE, **te("attn", "moe_router", "moe_preprocess"), **SELECTIVE,
+              "model.recompute_modules": ["layernorm"]})),
     "router_fp64_graphs": (Case({**MOE, **te("moe_router", "moe_preprocess"), "model.moe_router_dtype": "fp64"}),
                            Case({**MOE, **te("moe_router", "moe_preprocess"), "model.moe_router_dtype": "fp32"})),
     "retained_backward_compiled_fusion": (

@@ -75,8 +75,7 @@ def expected_violations(row: PresetRow, impl: str, modules: Tuple[str, ...]) -> 
             rules.add("recompute_in_layer_graphs")
         if family == "deepseek" and "attn" in graphed and {"mla_up_proj", "layernorm"} & recomputed:
             rules.add("mla_recompute_in_layer_graphs")  # MLA's recompute inside graphed attention
-        alltoall, quantized = row.has("alltoall") or row.has("a2a"), row.precision != "bf16"
-        router_graphs = {"moe_router", "moe_preprocess"} <= mods and alltoall and quantized  # bf16 trains them
+        router_graphs = {"moe_router", "moe_preprocess"} <= mods and (row.has("alltoall") or row.has("a2a"))
         if (not dense and impl == "transformer_engine" and "layernorm" in recomputed
                 and (not mods or "moe" in mods or router_graphs)):
             rules.add("moe_norm_recompute_in_layer_graphs")  # the MoE layer's norm recomputed inside its graph

@@ -19,6 +19,7 @@ from bridge.validation import (  # noqa: F401  (importing registers the rules)
     megatron_rules,
     moe_graph_rules,
     moe_quantization_rules,
+    quantized_shape_rules,
     recompute_rules,
     resolution_rules,
     training_rules,

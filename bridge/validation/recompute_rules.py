@@ -259,20 +259,9 @@ def moe_norm_recomputed_in_layer_graphs(cfg) -> bool:
             and not (model.moe_shared_expert_intermediate_size and model.moe_shared_expert_overlap))
 
 
-def router_graphs_only(cfg) -> bool:
-    """Per-layer graphs of named modules without the moe module: the router's (and its preprocessing's)."""
-    modules = set(modules_of(cfg))
-    return bool(modules) and "moe" not in modules
-
-
-def quantized(model) -> bool:
-    return bool(model.fp8 or model.fp4)
-
-
 @rule("moe_norm_recompute_in_layer_graphs",
       rejects="selective recompute of layernorm where a Transformer Engine per-layer graph holds an MoE layer's "
-              "pre-MLP norm (whole layers, moe, or, under fp8 or fp4, moe_router with moe_preprocess under the "
-              "alltoall dispatcher)",
+              "pre-MLP norm (whole layers, moe, or moe_router with moe_preprocess under the alltoall dispatcher)",
       fix="drop layernorm from `model.recompute_modules`, graph a scope without the MoE layer (`cuda_graph=te_attn`), "
           "or `cuda_graph=full_iteration`")
 def moe_norm_recompute_in_layer_graphs(cfg, target):
@@ -282,10 +271,13 @@ def moe_norm_recompute_in_layer_graphs(cfg, target):
     # grouped GEMM failed so at the first replay: te_attn_moe_router on 0.16.1 (cudaErrorIllegalAddress, surfacing
     # at the dispatcher's device-to-host sync) and te_moe_router with a shared expert on 0.19.2 (illegal address,
     # NCCL watchdog abort); the same router graphs without the recompute, or with the allgather dispatcher (where
-    # megatron-core turns it off), trained. In bf16 the router graphs trained with it (te_moe_router, alltoall:
-    # witness moe_norm_recompute_bf16_te_moe_router of gpu_differential_24488cb.json on an H200, both releases); no
-    # run has trained a whole-layer or moe graph with it yet.
-    if not moe_norm_recomputed_in_layer_graphs(cfg) or (router_graphs_only(cfg) and not quantized(cfg.model)):
+    # megatron-core turns it off), trained. In bf16 too at two GPUs (0.19.2 on two H200s, gpu_differential_2gpu_c236fc3):
+    # te_attn_moe_router at PP2 (run 364, illegal address, NCCL watchdog abort) and te_moe_router at DP2 with the
+    # distributed optimizer's overlapped reduce (run 619: "Communication call has not been issued for this bucket
+    # (91/95 params have grad available)", gradients that never arrived). The bf16 router graphs trained at one GPU
+    # (witness moe_norm_recompute_bf16_te_moe_router, 24488cb and c236fc3, both releases), where nothing checks that
+    # every gradient came; the bf16 moe graph failed there too (moe_norm_recompute_bf16_te_moe).
+    if not moe_norm_recomputed_in_layer_graphs(cfg):
         return None
     kept = [name for name in recompute_modules(cfg.model) if name != "layernorm"]
     fix = f"model.recompute_modules=[{','.join(kept)}]" if kept else "model.recompute_granularity=null"
