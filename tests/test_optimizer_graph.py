@@ -7,7 +7,6 @@ The GPU side (megatron-core's optimizer itself, both layer specs, both releases)
 tests/gpu/test_optimizer_equivalence.py."""
 
 import copy
-import os
 import sys
 from pathlib import Path
 
@@ -91,19 +90,15 @@ class Chunk(torch.nn.Module):
 
 @pytest.fixture(scope="module")
 def model_parallel_state():
-    """megatron-core's model-parallel groups over a one-process gloo group: what the optimizer reads them from."""
+    """megatron-core's model-parallel groups over a one-process gloo group: what the optimizer reads them from. Its
+    store is in memory, as the megatron engine's one-process group has it (init_distributed)."""
     from megatron.core import parallel_state
 
-    from bridge.machine import free_port
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(os.environ, "MASTER_ADDR", "127.0.0.1")
-        patch.setitem(os.environ, "MASTER_PORT", str(free_port()))
-        torch.distributed.init_process_group("gloo", rank=0, world_size=1)
-        parallel_state.initialize_model_parallel()
-        yield
-        parallel_state.destroy_model_parallel()
-        torch.distributed.destroy_process_group()
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    parallel_state.initialize_model_parallel()
+    yield
+    parallel_state.destroy_model_parallel()
+    torch.distributed.destroy_process_group()
 
 
 def with_main_grads(chunk: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:

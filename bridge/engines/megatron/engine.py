@@ -61,7 +61,6 @@ from bridge.engines.megatron.lifecycle import GraphLifecycle, NoGraphs
 from bridge.engines.megatron.local import LocalLayerGraphs, local_graph_state_is_clean, reset_local_graph_state
 from bridge.engines.megatron.model_build import build_model_chunks
 from bridge.engines.megatron.transformer_engine import TransformerEngineGraphs
-from bridge.machine import free_port
 from bridge.translate import build_megatron_configs
 
 OPTIMIZER_GRAPH = "the optimizer graph (megatron-core OptimizerCudaGraphWrapper)"
@@ -279,9 +278,9 @@ def init_distributed() -> torch.device:
     """torchrun's environment, or a one-process NCCL group when started without torchrun (the
     catalogue's process_count rule checked that the process count is train.num_gpus)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size == 1:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
+    # One process keeps its rendezvous store in memory and takes no port: a port found free first can be another
+    # process's before the group binds it (EADDRINUSE on a busy machine, tests/gpu/test_failures_gpu.py at c236fc3).
+    store = torch.distributed.HashStore() if world_size == 1 else None
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     torch.cuda.set_device(device)
     # Graph capture on the legacy default stream fails (cudaErrorStreamCaptureImplicit in TE's
@@ -290,7 +289,8 @@ def init_distributed() -> torch.device:
     # No device_id: bound to a device, PyTorch creates the NCCL communicator of every group megatron-core makes
     # at once, used or not (benchmarks/results/h100/*/run_footprint.json: the device memory that cost). Unbound,
     # a group's communicator comes with its first collective, which the eager steps before any capture make.
-    torch.distributed.init_process_group("nccl", rank=int(os.environ.get("RANK", "0")), world_size=world_size)
+    torch.distributed.init_process_group("nccl", store=store, rank=int(os.environ.get("RANK", "0")),
+                                         world_size=world_size)
     return device
 
 
