@@ -34,6 +34,7 @@ def test_auto_probes_what_the_plan_lists_trains_the_winner_and_caches_it(cli, tm
     failed = [c for c in auto["candidates"] if c["status"] not in ("completed", "stopped_early")]
     assert not failed, failed  # each one is a plan-equals-run bug
     assert all(c["median_ms"] > 0 and c["spread_ms"] >= 0 for c in auto["candidates"])
+    print("MEASURED probe", json.dumps(auto["probe"]))  # its rounds and runs, in the log whether it passes or not
     assert all(round_["runs_at_once"] > 1 for round_ in auto["probe"]["rounds"]), auto["probe"]  # tiny: they fit
     assert auto["probe"]["wall_s"] <= PROBE_BUDGET_S, auto["probe"]
     eager = min(c["median_ms"] for c in auto["candidates"] if c["choice"] == "none")
