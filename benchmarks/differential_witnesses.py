@@ -62,8 +62,8 @@ WITNESS_CASES = {
     # the rule unasked on both releases (c236fc3); an MoE layer's router has not run there.
     **{f"te_graphs_local_spec_{graph}": ("recipe=llama/tiny", f"cuda_graph={graph}", "model.transformer_impl=local")
        for graph in ("te_layer", "te_attn")},
-    "te_graphs_local_spec_te_moe_router": ("recipe=qwen/tiny", "cuda_graph=te_moe_router", "model.transformer_impl=local",
-                                           ALLTOALL, *DROP_AND_PAD),
+    "te_graphs_local_spec_te_moe_router": ("recipe=qwen/tiny", "cuda_graph=te_moe_router",
+                                           "model.transformer_impl=local", ALLTOALL, *DROP_AND_PAD),
     # bf16 router graphs with the MoE norm recomputed trained at one GPU (24488cb, c236fc3) but not at two
     # (gpu_differential_2gpu_c236fc3 runs 364 and 619): the rule refuses them again.
     "moe_norm_recompute_bf16_te_moe_router": ("recipe=qwen/tiny", "cuda_graph=te_moe_router", SELECTIVE,

@@ -271,12 +271,13 @@ def moe_norm_recompute_in_layer_graphs(cfg, target):
     # grouped GEMM failed so at the first replay: te_attn_moe_router on 0.16.1 (cudaErrorIllegalAddress, surfacing
     # at the dispatcher's device-to-host sync) and te_moe_router with a shared expert on 0.19.2 (illegal address,
     # NCCL watchdog abort); the same router graphs without the recompute, or with the allgather dispatcher (where
-    # megatron-core turns it off), trained. In bf16 too at two GPUs (0.19.2 on two H200s, gpu_differential_2gpu_c236fc3):
-    # te_attn_moe_router at PP2 (run 364, illegal address, NCCL watchdog abort) and te_moe_router at DP2 with the
-    # distributed optimizer's overlapped reduce (run 619: "Communication call has not been issued for this bucket
-    # (91/95 params have grad available)", gradients that never arrived). The bf16 router graphs trained at one GPU
-    # (witness moe_norm_recompute_bf16_te_moe_router, 24488cb and c236fc3, both releases), where nothing checks that
-    # every gradient came; the bf16 moe graph failed there too (moe_norm_recompute_bf16_te_moe).
+    # megatron-core turns it off), trained. In bf16 too at two GPUs (0.19.2 on two H200s,
+    # gpu_differential_2gpu_c236fc3): te_attn_moe_router at PP2 (run 364, illegal address, NCCL watchdog abort) and
+    # te_moe_router at DP2 with the distributed optimizer's overlapped reduce (run 619: "Communication call has not
+    # been issued for this bucket (91/95 params have grad available)", gradients that never arrived). The bf16
+    # router graphs trained at one GPU (witness moe_norm_recompute_bf16_te_moe_router, 24488cb and c236fc3, both
+    # releases), where nothing checks that every gradient came; the bf16 moe graph failed there too
+    # (moe_norm_recompute_bf16_te_moe).
     if not moe_norm_recomputed_in_layer_graphs(cfg):
         return None
     kept = [name for name in recompute_modules(cfg.model) if name != "layernorm"]
