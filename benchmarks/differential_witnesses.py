@@ -134,6 +134,11 @@ WITNESS_CASES = {
                                       "model.pipeline_model_parallel_size=2", "train.micro_batch_size=1",
                                       "train.global_batch_size=2", *overrides)
        for vpp, overrides in (("", ()), ("_vpp", ("model.virtual_pipeline_model_parallel_size=2",)))},
+    # Block-scaled fp8 gathered by sequence parallelism (block_scaled_gather_shapes, witness 0.19.2 run 541 of
+    # c236fc3): deepseek/tiny's MLA ranks (64, 32) beside ranks of whole 128-blocks.
+    **{f"block_scaled_gather_mla_ranks_{ranks}": (*TWO_GPUS, "recipe=deepseek/tiny", "precision=fp8_sc", TP2, SP,
+                                                  *overrides)
+       for ranks, overrides in (("64_32", ()), ("128", ("model.q_lora_rank=128", "model.kv_lora_rank=128")))},
     # Transformer Engine's graphs on the local spec at two GPUs (te_graphs_need_te_spec; dense at one GPU trained).
     **{f"te_graphs_local_spec_te_layer_{name}": (*TWO_GPUS, "recipe=llama/tiny", "cuda_graph=te_layer",
                                                  "model.transformer_impl=local", *layout)
