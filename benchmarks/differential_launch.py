@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional
 
+from bridge.machine import EPHEMERAL_PORTS, ephemeral_ports
 from perf import preloaded
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,7 +22,6 @@ UNCHECKED = [sys.executable, str(ROOT / "benchmarks" / "unchecked_run.py")]
 RUN_TIMEOUT_S = 300
 LOG_TAIL = 40
 COMPOSING = threading.Lock()
-EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
 FAILURE_MARKERS = ("Traceback", "terminate called", "CUDA error", "Error")
 """What marks the log that says why a run failed, strongest first: a Python traceback, then a C++ abort's
 message (a rank that aborts in CUDA leaves no Python traceback)."""
@@ -33,10 +33,10 @@ def port_range_problem(first: int, count: int, ephemeral: Path = EPHEMERAL_PORTS
     ports of its ephemeral range to outgoing connections (NCCL's, the TCPStore clients'), so a rendezvous server
     that asks for one later may find it taken: on 2026-11-27 a multigpu test's torchrun failed on port 39632 with
     EADDRINUSE while another release's tests ran beside it."""
-    try:
-        low, high = map(int, ephemeral.read_text().split())
-    except (OSError, ValueError):  # not Linux: nothing to check against
+    span = ephemeral_ports(ephemeral)
+    if span is None:  # not Linux: nothing to check against
         return None
+    low, high = span
     last = first + count - 1
     if first <= high and last >= low:
         return (f"--port-base {first}: its {count} ports reach the kernel's ephemeral ports {low}-{high}, which "

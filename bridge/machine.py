@@ -12,12 +12,14 @@ catalogue judge a job against these facts, in ``mode=plan`` and again before a r
 import ctypes
 import importlib.metadata
 import importlib.util
+import random
 import re
 import shutil
 import socket
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from omegaconf import OmegaConf
@@ -188,16 +190,45 @@ def _gpu(driver, index: int) -> GPU:
     return GPU(name.value.decode(errors="replace"), (major.value, minor.value), memory.value if known else None)
 
 
+EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
+"""The ports Linux gives outgoing connections (NCCL's, TCPStore clients'), one of which may take a port found free
+before the rendezvous server binds it: EADDRINUSE on port 39111 for a one-process run beside three differentials
+(H200, c236fc3), and on 39632 for a multigpu test's torchrun (2026-11-27)."""
+RENDEZVOUS_SPAN = 8192
+"""How many ports just below the ephemeral range free_ports draws from."""
+
+
+def ephemeral_ports(path: Path = EPHEMERAL_PORTS) -> Optional[Tuple[int, int]]:
+    """The kernel's ephemeral port range (first, last), or None where it says none (not Linux)."""
+    try:
+        first, last = map(int, path.read_text().split())
+    except (OSError, ValueError):
+        return None
+    return first, last
+
+
 def free_port() -> int:
     """A TCP port free on this machine now, for a process group's rendezvous."""
     return free_ports(1)[0]
 
 
-def free_ports(count: int) -> List[int]:
-    """``count`` different TCP ports free on this machine now, for process groups that start together: each is
-    held while the next is found, so that the system cannot give the same one twice."""
+def free_ports(count: int, ephemeral: Path = EPHEMERAL_PORTS) -> List[int]:
+    """``count`` different TCP ports free on this machine now, for process groups that start together: drawn at
+    random from below the kernel's ephemeral range, where no outgoing connection takes one before its group binds
+    it (the kernel's own pick where the range is unknown or nothing there is free). Each is held while the next is
+    found, so that none comes twice."""
+    span = ephemeral_ports(ephemeral)
+    candidates = list(range(max(1024, span[0] - RENDEZVOUS_SPAN), span[0])) if span else []
+    random.SystemRandom().shuffle(candidates)  # not the global generator, which seeds a run
+    ports: List[int] = []
     with ExitStack() as held:
-        probes = [held.enter_context(socket.socket()) for _ in range(count)]
-        for probe in probes:
-            probe.bind(("127.0.0.1", 0))
-        return [probe.getsockname()[1] for probe in probes]
+        for port in candidates + [0] * count:
+            if len(ports) == count:
+                break
+            probe = held.enter_context(socket.socket())
+            try:
+                probe.bind(("", port))
+            except OSError:
+                continue
+            ports.append(probe.getsockname()[1])
+    return ports

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import shlex
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from bridge.config.schema import GraphBridgeConfig
-from bridge.machine import free_port
+from bridge.machine import RENDEZVOUS_SPAN, free_port, free_ports
 from perf import launch
 from perf.launch import LaunchError, first_host, training_command
 
@@ -263,3 +264,33 @@ def test_readme_local_sweep_runs_each_job_through_submitit_and_ends_with_a_summa
         rows = list(csv.DictReader(handle))
     assert [(row["cuda_graph"], row["status"]) for row in rows] == [("none", "completed"),
                                                                     ("full_iteration", "completed")]
+
+
+def test_rendezvous_ports_are_drawn_free_below_the_kernels_ephemeral_ports(tmp_path):
+    ephemeral = tmp_path / "ip_local_port_range"
+    ephemeral.write_text("32768\t60999\n")
+    ports = free_ports(6, ephemeral)
+    assert len(set(ports)) == 6 and all(32768 - RENDEZVOUS_SPAN <= port < 32768 for port in ports)
+    # Six candidates (1024-1029): with all but one held by listeners, that one comes, then the kernel's own picks.
+    ephemeral.write_text("1030 60999")
+    held = []
+    for port in range(1024, 1030):
+        listener = socket.socket()
+        try:
+            listener.bind(("", port))
+        except OSError:
+            listener.close()
+            continue
+        listener.listen()
+        held.append(listener)
+    assert held, "ports 1024-1029 all taken on this machine"
+    freed = held.pop()
+    free_now = freed.getsockname()[1]
+    freed.close()
+    try:
+        first, *others = free_ports(3, ephemeral)
+        assert first == free_now and len({first, *others}) == 3 and all(port >= 1030 for port in others)
+    finally:
+        for listener in held:
+            listener.close()
+    assert len(set(free_ports(2, tmp_path / "not_linux"))) == 2
