@@ -139,8 +139,12 @@ def training(rng: random.Random, data_parallel: int = 1) -> Dict[str, object]:
     micro = rng.choice([1, 2])
     changes: Dict[str, object] = {"train.micro_batch_size": micro,
                                   "train.global_batch_size": micro * data_parallel * rng.choice([1, 1, 2, 4])}
+    if rng.random() < 0.25:
+        # megatron-core's DDP then checks at every step that each parameter's gradient arrived, at one GPU too: bf16
+        # router graphs with the MoE norm recomputed lost four at two GPUs and trained at one, unchecked (c236fc3).
+        changes["ddp.overlap_grad_reduce"] = True
     for key, chance in (("optimizer.optimizer_in_graph", 0.15), ("ddp.use_distributed_optimizer", 0.15),
-                        ("ddp.overlap_grad_reduce", 0.1), ("rng.te_rng_tracker", 0.06),
+                        ("rng.te_rng_tracker", 0.06),
                         ("rerun_state_machine.check_for_nan_in_loss", 0.1), ("ddp.check_for_nan_in_grad", 0.06),
                         ("model.cuda_graph_use_single_mempool", 0.08),
                         ("model.cuda_graph_retain_backward_graph", 0.05)):

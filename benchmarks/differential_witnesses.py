@@ -65,10 +65,12 @@ WITNESS_CASES = {
     "te_graphs_local_spec_te_moe_router": ("recipe=qwen/tiny", "cuda_graph=te_moe_router",
                                            "model.transformer_impl=local", ALLTOALL, *DROP_AND_PAD),
     # bf16 router graphs with the MoE norm recomputed trained at one GPU (24488cb, c236fc3) but not at two
-    # (gpu_differential_2gpu_c236fc3 runs 364 and 619): the rule refuses them again.
-    "moe_norm_recompute_bf16_te_moe_router": ("recipe=qwen/tiny", "cuda_graph=te_moe_router", SELECTIVE,
-                                              "model.recompute_modules=[layernorm]", ALLTOALL,
-                                              "model.moe_permute_fusion=true"),
+    # (gpu_differential_2gpu_c236fc3 runs 364 and 619): the rule refuses them again. With the overlapped gradient
+    # reduce, megatron-core checks at one GPU too that every gradient arrived.
+    **{f"moe_norm_recompute_bf16_te_moe_router{name}": ("recipe=qwen/tiny", "cuda_graph=te_moe_router", SELECTIVE,
+                                                        "model.recompute_modules=[layernorm]", ALLTOALL,
+                                                        "model.moe_permute_fusion=true", *overrides)
+       for name, overrides in (("", ()), ("_overlap_grad_reduce", ("ddp.overlap_grad_reduce=true",)))},
     # megatron-core keeps a norm's recompute on inside local per-layer graphs too (can_recompute_pre_mlp_layernorm_
     # for_cudagraph answers yes for cuda_graph_impl=local), and no record has trained one yet: the local spec's
     # dense norms, and an MoE layer's pre-MLP norm on the TE spec.
