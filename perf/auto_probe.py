@@ -265,7 +265,8 @@ def wait_at_gates(runs: List[Tuple[str, GraphBridgeConfig, Path]], launched: Lis
 
 def launch_forked(config: GraphBridgeConfig, run_dir: Path, gate: Path, port: int) -> Launched:
     """One probe run, forked from the preloaded launcher on the job's GPUs of this node, to wait at ``gate``; its
-    process group meets at ``port``, a single process's too (bridge.engines.megatron.engine.init_distributed)."""
+    ranks meet at ``port`` (a single process keeps its store in memory and takes none: the megatron engine's
+    init_distributed)."""
     env = {"PYTHONUNBUFFERED": "1", GATE_ENV: str(gate), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     return preloaded.start(run_dir, run_dir / RUN_LOG, env, ranks=config.train.num_gpus, port=port)
 
