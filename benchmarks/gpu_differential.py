@@ -117,13 +117,30 @@ def samples(runs: List[Run], rng: random.Random, per_rule: int, twins: int, next
             next_index += 1
     graphed = [run for run in runs if run.plan["runnable_here"] and "cuda_graph=none" not in run.overrides]
     for run in rng.sample(graphed, min(twins, len(graphed))):
-        overrides = [("cuda_graph=none" if item.startswith("cuda_graph=") else item) for item in run.overrides
-                     if not item.startswith("optimizer.optimizer_in_graph=")]
-        twin = Run(next_index, overrides, EAGER_TWIN, plan_verdict(overrides), twin_of=run.index)
-        if twin.plan["runnable_here"]:
+        twin = eager_twin(run, next_index)
+        if twin:
             extra.append(twin)
             next_index += 1
     return extra
+
+
+def eager_twin(run: Run, index: int) -> Optional[Run]:
+    """``run`` without its graphs (nor the optimizer step inside them), if this machine's plan accepts that."""
+    overrides = [("cuda_graph=none" if item.startswith("cuda_graph=") else item) for item in run.overrides
+                 if not item.startswith("optimizer.optimizer_in_graph=")]
+    twin = Run(index, overrides, EAGER_TWIN, plan_verdict(overrides), twin_of=run.index)
+    return twin if twin.plan["runnable_here"] else None
+
+
+def witness_twins(cases: List[Run]) -> List[Run]:
+    """The eager twin of each graphed witness case (--witness-twins): a case that trains with a rule unasked shows
+    whether it trains the same, and not only that it completes."""
+    twins = []
+    for case in cases:
+        graphed = any(item.startswith("cuda_graph=") and item != "cuda_graph=none" for item in case.overrides)
+        twin = eager_twin(case, cases[-1].index + 1 + len(twins)) if graphed else None
+        twins += [twin] if twin else []
+    return twins
 
 
 def witnesses(first_index: int, gpus: int, labels: List[str]) -> List[Run]:
@@ -176,8 +193,8 @@ def max_relative_gap(losses: List[float], reference: List[float]) -> Optional[fl
     return max((abs(a - b) / max(abs(b), 1e-6) for a, b in zip(losses, reference)), default=None)
 
 
-def eager_agreement(runs: List[Run]) -> Dict[str, object]:
-    """Each completed twin pair: the largest relative loss gap over the first steps."""
+def twin_pairs(runs: List[Run]) -> List[Dict[str, object]]:
+    """Each graphed run whose eager twin completed, both completed: the largest relative loss gap between them."""
     by_index = {run.index: run for run in runs}
     pairs = []
     for twin in runs:
@@ -187,6 +204,12 @@ def eager_agreement(runs: List[Run]) -> Dict[str, object]:
         gap = max_relative_gap(graphed.losses, twin.losses)
         pairs.append({"graphed": graphed.index, "twin": twin.index, "max_relative_gap": 0.0 if gap is None else gap,
                       "cuda_graph": next(o for o in graphed.overrides if o.startswith("cuda_graph="))})
+    return pairs
+
+
+def eager_agreement(runs: List[Run]) -> Dict[str, object]:
+    """The twin pairs compared, and those whose graphed run left its twin's losses by more than LOSS_TOLERANCE."""
+    pairs = twin_pairs(runs)
     differ = [pair for pair in pairs if pair["max_relative_gap"] > LOSS_TOLERANCE]
     return {"compared": len(pairs), "tolerance": LOSS_TOLERANCE, "differ": differ,
             "largest_gap": max((pair["max_relative_gap"] for pair in pairs), default=None)}
@@ -204,6 +227,7 @@ def summary(runs: List[Run], args, environment: Dict[str, object], elapsed: floa
             for rule in run.unchecked_rules:
                 bypass[rule]["completed" if run.status == "completed" else "failed"] += 1
     classes = Counter(failure_class(run.error) for run in crashed)
+    gaps = {pair["graphed"]: pair["max_relative_gap"] for pair in twin_pairs(runs)}
     return {
         **environment, "num_gpus": args.gpus, "seed": args.seed, "drawn": len(drawn), "accepted": len(accepted),
         "trained": len(trained), "completed": len(trained) - len(crashed), "crash_after_accept": len(crashed),
@@ -215,7 +239,8 @@ def summary(runs: List[Run], args, environment: Dict[str, object], elapsed: floa
         "bypassed_rules": {rule: dict(counts) for rule, counts in sorted(bypass.items())},
         "eager_twins": eager_agreement(runs),
         "witnesses": [{"label": run.label, "overrides": run.overrides, "unchecked_rules": run.unchecked_rules,
-                       "status": run.status, "error": run.error} for run in runs if run.kind == WITNESS],
+                       "status": run.status, "error": run.error, "eager_gap": gaps.get(run.index)}
+                      for run in runs if run.kind == WITNESS],
         "launcher": args.launcher, "steps": STEPS, "elapsed_s": round(elapsed, 1), "earlier_blocks": earlier_blocks,
     }
 
@@ -253,6 +278,8 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--eager-twins", type=int, default=30)
     parser.add_argument("--witnesses", nargs="*", default=None, metavar="LABEL",
                         help="first train WITNESS_CASES, rules unasked: those of --gpus GPUs, or the LABELs named")
+    parser.add_argument("--witness-twins", action="store_true",
+                        help="train each graphed witness case's eager twin as well and record their loss gap")
     parser.add_argument("--deadline-s", type=float, default=None, help="start no run after this many seconds")
     parser.add_argument("--run-env", action="append", default=[], metavar="NAME=VALUE",
                         help="set in every training process (benchmarks/run_footprint.py measures what pays off)")
@@ -288,6 +315,7 @@ def main() -> int:
     env = environment(["python", "benchmarks/gpu_differential.py", *sys.argv[1:]])
     runs = drawn_runs(args.seed, args.count, args.workers, args.gpus)
     first = witnesses(len(runs), args.gpus, args.witnesses) if args.witnesses is not None else []
+    first += witness_twins(first) if args.witness_twins and first else []
     rest = [run for run in runs if run.plan["runnable_here"]]
     rest += samples(runs, random.Random(args.seed), args.bypass_per_rule, args.eager_twins, len(runs) + len(first))
     # Mixed, so that the refused samples and eager twins train before --deadline-s as the accepted ones do (queued

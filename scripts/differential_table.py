@@ -47,15 +47,20 @@ def markdown() -> str:
                   "- failures after an accepting plan: "
                   + ("; ".join(f"{c['count']}x {c['cause']} (run {c['example']})" for c in s["failure_classes"])
                      or "none")]
-        lines += ["", "| witness | rules unasked | status | error |", "|---|---|---|---|"]
-        lines += [f"| {w['label']} | {', '.join(w['unchecked_rules']) or '-'} | {w['status']} | {first_line(w['error'])} |"
-                  for w in s["witnesses"]]
+        lines += ["", "| witness | rules unasked | status | loss gap to its eager twin | error |", "|---|---|---|---|---|"]
+        lines += [f"| {w['label']} | {', '.join(w['unchecked_rules']) or '-'} | {w['status']} | {gap(w)} | "
+                  f"{first_line(w['error'])} |" for w in s["witnesses"]]
     return "\n".join(lines)
 
 
 def commits(summary) -> str:
     """The commit of each block of device time the record took (--resume), the first first."""
     return " + ".join([block["commit"] for block in summary.get("earlier_blocks", [])] + [summary["commit"]])
+
+
+def gap(witness) -> str:
+    """The largest relative loss gap to the case's eager twin (gpu_differential.py --witness-twins), or '-'."""
+    return "-" if witness.get("eager_gap") is None else f"{witness['eager_gap']:.1e}"
 
 
 def first_line(error) -> str:

@@ -12,6 +12,7 @@
 #   bash scripts/gpu_check.sh differential2 [ARGS] # the same at two GPUs a configuration (*_2gpu files)
 #   bash scripts/gpu_check.sh differential4 [ARGS] # four GPUs a configuration, mostly two parallelisms (*_4gpu)
 #   bash scripts/gpu_check.sh differentials2 [ARGS] # both releases at two GPUs each, on four GPUs
+#   bash scripts/gpu_check.sh witnesses LABEL...  # witness cases beside their eager twins (witnesses2: two GPUs a case)
 #   bash scripts/gpu_check.sh differentials [ARGS] # two GPUs: 0.16.1 on GPU 0 and 0.19.2 on GPU 1 at once (TE 2.10.0),
 #                                        # each with half the cores (nvidia-h100-x2: both releases in one session)
 #   bash scripts/gpu_check.sh launchers2 LABEL... # witness cases by fresh processes and the preloaded launcher at once
@@ -97,6 +98,13 @@ PY
     python3 benchmarks/gpu_differential.py --out "$out/gpu_differential$suffix.json" "$@" 2>&1 \
       | tee "$out/gpu_differential$suffix.log" | tail -40
     kill %1
+    ;;
+  witnesses|witnesses2)  # LABEL... [ARGS]: witness cases alone (a GPU, or two a case), each graphed one beside its
+    # eager twin: whether a case that completes with its rule unasked trains the same (gpu_witnesses[_2gpu].json)
+    gpus=${1#witnesses}; suffix=${gpus:+_${gpus}gpu}
+    shift
+    python3 benchmarks/gpu_differential.py --gpus "${gpus:-1}" --count 0 --witness-twins --launcher preloaded \
+      --out "$out/gpu_witnesses$suffix.json" --witnesses "$@" 2>&1 | tee "$out/gpu_witnesses$suffix.log" | tail -20
     ;;
   differentials|differentials2)  # a differential a release, side by side on GPUs of their own, rendezvous ports apart
     # (both ranges below 32768, where Linux's ephemeral ports begin: gpu_differential.py refuses a range that reaches them)

@@ -33,6 +33,23 @@ def test_both_releases_two_gpu_differentials_start_the_harness_once_each(tmp_pat
         assert [witness["label"] for witness in summary["witnesses"]] == ["timeout_b15bb2a_320"]
 
 
+def test_the_witnesses_mode_queues_each_graphed_case_beside_its_eager_twin(tmp_path):
+    """witnesses trains the cases named and, after them, each graphed one with cuda_graph=none; none trains here
+    (--deadline-s 0), but the record names every run and which case each twin belongs to."""
+    env = stand_in_environment(tmp_path, MCORE="0.16.1")
+    labels = ["te_graphs_local_spec_te_layer", "fp8_mx"]
+    command = ["bash", "scripts/gpu_check.sh", "witnesses", *labels, "--deadline-s", "0"]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    record = json.loads((tmp_path / "out" / "mcore-0.16.1" / "gpu_witnesses.json").read_text())
+    assert record["summary"]["drawn"] == 0 and "--witness-twins" in record["summary"]["command"]
+    cases = {run["label"]: run for run in record["runs"] if run["kind"] == "witness"}
+    twins = [run for run in record["runs"] if run["kind"] == "eager_twin"]
+    assert sorted(cases) == ["fp8_mx", "te_graphs_local_spec_te_layer"]  # fp8_mx sets no graph: no twin
+    assert [twin["twin_of"] for twin in twins] == [cases["te_graphs_local_spec_te_layer"]["index"]]
+    assert "cuda_graph=none" in twins[0]["overrides"] and "model.transformer_impl=local" in twins[0]["overrides"]
+
+
 def test_the_launchers_mode_starts_both_launchers_on_gpus_of_their_own_and_fails_without_evidence(tmp_path):
     """launchers2 trains the cases named by fresh processes and by the preloaded launcher; with nothing trained
     (--deadline-s 0) there is nothing to rely on, so it exits 1, and a block falls back to fresh processes."""

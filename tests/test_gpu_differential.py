@@ -1,6 +1,7 @@
 """The GPU differential's harness on the CPU: its draws are overrides the CLI takes, its grouping of failures and
 its eager-twin comparison (benchmarks/gpu_differential.py; the GPU runs it through scripts/gpu_check.sh)."""
 
+import argparse
 import json
 import math
 import os
@@ -54,6 +55,19 @@ def test_a_graphed_run_whose_losses_leave_its_eager_twin_is_reported():
     agreement = eager_agreement([graphed, close, stale, far])
     assert agreement["compared"] == 2
     assert [pair["graphed"] for pair in agreement["differ"]] == [2]
+
+
+def test_a_witness_case_beside_its_eager_twin_records_their_gap_and_one_without_a_twin_none():
+    twinned = Run(0, ["recipe=llama/tiny", "cuda_graph=te_layer"], gpu_differential.WITNESS, label="twinned",
+                  status="completed", losses=[8.3, 8.1, 7.5])
+    alone = Run(1, ["recipe=llama/tiny", "cuda_graph=te_attn"], gpu_differential.WITNESS, label="alone",
+                status="completed", losses=[8.3, 8.1, 7.9])
+    twin = Run(2, ["recipe=llama/tiny", "cuda_graph=none"], EAGER_TWIN, twin_of=0, status="completed",
+               losses=[8.3, 8.1, 7.9])
+    arguments = argparse.Namespace(gpus=1, seed=0, launcher="preloaded")
+    witnesses = gpu_differential.summary([twinned, alone, twin], arguments, {}, 1.0, [])["witnesses"]
+    assert [w["label"] for w in witnesses] == ["twinned", "alone"]
+    assert witnesses[0]["eager_gap"] == pytest.approx(0.4 / 7.9) and witnesses[1]["eager_gap"] is None
 
 
 @pytest.mark.slow
