@@ -170,3 +170,25 @@ def test_the_cli_trains_on_two_gpus_and_rank_zero_reports(cli, tmp_path):
     assert result["step_time_ms"]["count"] > 0 and result["memory"]["peak_allocated_gb"] > 0
     assert "graphbridge run: completed" in done.stdout  # the summary, printed once
     assert done.stdout.count("graphbridge run: completed") == 1
+
+
+def test_auto_probes_at_the_jobs_own_two_gpu_layout_and_trains_its_choice(cli, tmp_path):
+    """cuda_graph=auto at data parallel 2: every candidate the plan lists is probed on both GPUs, as the job runs
+    (issue 40), none fails, and the job trains with the choice and records the probe; it ends within the timeout
+    (a two-rank probe once left one GPU idle for over a minute, ee6740e)."""
+    if not HAVE_TE:
+        pytest.skip("needs Transformer Engine")
+    overrides = ("recipe=llama/tiny", "cuda_graph=auto", *DP2)
+    env = {**job_environment(FIRST_PORT + 44), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    planned = json.loads(cli("mode=plan", "plan.format=json", *overrides, cwd=ROOT, env=env).stdout)["auto"]
+    done = cli(*overrides, f"hydra.run.dir={tmp_path / 'job'}", cwd=ROOT, env=env, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads((tmp_path / "job" / "result.json").read_text())
+    auto = result["auto"]
+    print("MEASURED two-GPU probe", json.dumps(auto["probe"]))
+    assert auto["source"] == "probe" and auto["probe"]["gpus"] == 2 == planned["probe"]["gpus"]
+    assert sorted({c["choice"] for c in auto["candidates"]}) == sorted(set(planned["probe"]["runs"]))
+    failed = [c for c in auto["candidates"] if c["status"] not in ("completed", "stopped_early")]
+    assert not failed, failed  # each one is a plan-equals-run bug at this layout
+    assert result["status"] == "completed" and (result["effective_impl"] != "none" or auto["chosen"] == "none")
+
