@@ -267,7 +267,7 @@ def launch_forked(config: GraphBridgeConfig, run_dir: Path, gate: Path, port: in
     """One probe run, forked from the preloaded launcher on the job's GPUs of this node, to wait at ``gate``; its
     ranks meet at ``port`` (a single process keeps its store in memory and takes none: the megatron engine's
     init_distributed)."""
-    env = {"PYTHONUNBUFFERED": "1", GATE_ENV: str(gate), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    env = {"PYTHONUNBUFFERED": "1", GATE_ENV: str(gate)}  # the rendezvous: preloaded.rank_environment
     return preloaded.start(run_dir, run_dir / RUN_LOG, env, ranks=config.train.num_gpus, port=port)
 
 
