@@ -81,7 +81,8 @@ WORKLOADS: Dict[str, Workload] = {
         "megatron-core's own optimizer graph",
         moe_proxy("qwen/qwen3_30b_a3b", "h100", *DROP_AND_PAD, "ddp.use_distributed_optimizer=true"),
         {EAGER: ("cuda_graph=none",), "full_iteration": ("cuda_graph=full_iteration",),
-         "full_iteration+optimizer": FULL_ITERATION_WITH_OPTIMIZER}, megatron_core=">=0.19"),
+         "full_iteration+optimizer": FULL_ITERATION_WITH_OPTIMIZER, AUTO: ("cuda_graph=auto",)},
+        megatron_core=">=0.19"),  # auto: on 0.19 its candidates hold megatron-core's optimizer graph (issue 39's row)
     "qwen3_moe_ep2": Workload(
         "Qwen3-30B-A3B layer shapes, 2 layers, EP=2 over two GPUs (real all-to-all), dropless",
         moe_proxy("qwen/qwen3_30b_a3b", "h100", *EP2),
