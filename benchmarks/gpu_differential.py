@@ -246,11 +246,12 @@ def summary(runs: List[Run], args, environment: Dict[str, object], elapsed: floa
 
 
 def environment(command: List[str]) -> Dict[str, object]:
-    from bridge.machine import probe
+    from bridge.machine import host_cpu, probe
 
     machine = probe()
     return {"megatron_core": machine.version("megatron-core"), "transformer_engine": machine.version("transformer-engine"),
             "torch": machine.version("torch"), "gpu": machine.gpus[0].name if machine.gpus else None,
+            "host_cpu": host_cpu(),  # a run's seconds are mostly the host's: records compare only with it named
             "commit": os.environ.get("GRAPHBRIDGE_COMMIT") or git_commit(), "command": " ".join(command)}
 
 

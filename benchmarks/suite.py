@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bridge.atomic import write_json_atomic  # noqa: E402
 from bridge.auto.candidates import option_named  # noqa: E402
-from bridge.machine import cuda_gpus, installed_version, release  # noqa: E402
+from bridge.machine import cuda_gpus, host_cpu, installed_version, release  # noqa: E402
 from suite_workloads import AUTO, EAGER, WORKLOADS, Workload  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -172,7 +172,7 @@ def summarize(name: str, steps: int, rounds: int, finished: List[dict]) -> dict:
     commits = list(dict.fromkeys(each["commit"] for each in finished))
     return {"workload": name, "description": workload.description, "gpus": workload.gpus, "steps": steps,
             "rounds": rounds, "rounds_done": len(finished), "date": finished[-1]["date"], "gpu": environment.get("gpu"),
-            "driver": driver_version(),
+            "driver": driver_version(), "host_cpu": host_cpu(),
             "versions": {key: environment.get(key) for key in ("torch", "megatron_core", "transformer_engine",
                                                                 "python")}
                         | {"graphbridge": " + ".join(str(commit) for commit in commits)},

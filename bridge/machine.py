@@ -12,6 +12,7 @@ catalogue judge a job against these facts, in ``mode=plan`` and again before a r
 import ctypes
 import importlib.metadata
 import importlib.util
+import os
 import random
 import re
 import shutil
@@ -188,6 +189,20 @@ def _gpu(driver, index: int) -> GPU:
     driver.cuDeviceGetAttribute(ctypes.byref(minor), COMPUTE_CAPABILITY_MINOR, device)
     known = driver.cuDeviceTotalMem_v2(ctypes.byref(memory), device) == 0
     return GPU(name.value.decode(errors="replace"), (major.value, minor.value), memory.value if known else None)
+
+
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def host_cpu(cpuinfo: Path = CPUINFO) -> Optional[str]:
+    """The host's processor and how many logical CPUs this process sees, for records whose steps or runs the host
+    bounds (MoE proxies, the differential's runs): their times move with it. None where the kernel says nothing."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return None
+    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), None)
+    return f"{model}, {os.cpu_count()} CPUs" if model else None
 
 
 EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")

@@ -69,9 +69,11 @@ def rounds_so_far(record: dict) -> str:
 def table(record: dict) -> List[str]:
     versions = record["versions"]
     lines = [f"### {record['workload']}: {record['description']}", "",
-             f"{record['gpus']} x {record['gpu']} (driver {record['driver']}), torch {versions['torch']}, megatron-core "
-             f"{versions['megatron_core']}, Transformer Engine {versions['transformer_engine']}, graphbridge "
-             f"{versions['graphbridge']}, {record['date']}: `{record['suite_command']}`" + rounds_so_far(record), "",
+             f"{record['gpus']} x {record['gpu']} (driver {record['driver']}"
+             + (f"; host {record['host_cpu']}" if record.get("host_cpu") else "")
+             + f"), torch {versions['torch']}, megatron-core {versions['megatron_core']}, Transformer Engine "
+             f"{versions['transformer_engine']}, graphbridge {versions['graphbridge']}, {record['date']}: "
+             f"`{record['suite_command']}`" + rounds_so_far(record), "",
              HEADER, "|" + "---|" * HEADER.count(" | ") + "---|"]
     for name, row in record["variants"].items():
         spread = f"{number(row['p10_ms'], '.2f')}-{number(row['p90_ms'], '.2f')}" if row["p10_ms"] else ""

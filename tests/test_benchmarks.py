@@ -3,6 +3,7 @@ results (a synthetic result here; the committed ones in benchmarks/results/)."""
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -15,7 +16,7 @@ from sections import with_section
 
 import bridge
 from bridge.config.releases import RELEASES, in_range
-from bridge.machine import GPU
+from bridge.machine import GPU, host_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -97,8 +98,17 @@ def test_rounds_alternate_the_order_and_keep_the_middle_round(monkeypatch, tmp_p
     assert graphed["median_ms"] == 4.0 and graphed["speedup"] == pytest.approx(12.5)
     assert graphed["speedup_range"] == pytest.approx([8.0, 15.0])  # the failed third round has no ratio
     assert record["suite_command"] == "python benchmarks/suite.py two_variants --steps 40 --rounds 3"
+    assert record["host_cpu"] == host_cpu()  # host-bound rows move with it
     assert "| full_iteration | 4.00 |  | 12.50x (8.00-15.00) |" in "\n".join(benchmark_table.table(record | {
         "driver": "580", "date": "2026-11-24", "versions": {**record["versions"], "torch": "2.11"}}))
+
+
+def test_a_record_names_the_hosts_processor_as_the_kernel_gives_it(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9654 96-Core Processor\n")
+    assert host_cpu(cpuinfo) == f"AMD EPYC 9654 96-Core Processor, {os.cpu_count()} CPUs"
+    cpuinfo.write_text("processor\t: 0\n")
+    assert host_cpu(cpuinfo) is None and host_cpu(tmp_path / "missing") is None
 
 
 H100_019 = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "megatron_core": "0.19.2",
