@@ -63,7 +63,7 @@ case "${1:-tests}" in
   tests)
     targets=("${@:2}")
     { echo "commit $(commit) with megatron-core $mcore, TE ${TE-2.10.0}"
-      python3 -m pytest -o addopts= -m "gpu and not multigpu" "${targets[@]:-tests}" -q -rA -p no:cacheprovider 2>&1; } \
+      python3 -m pytest -o addopts= -m "gpu and not multigpu" "${targets[@]:-tests}" -q -rA --durations=15 -p no:cacheprovider 2>&1; } \
       | tee "$out/gpu_tests.log" | tail -70
     ;;
   sweep)
@@ -156,7 +156,7 @@ PY
     gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
     log=multigpu_tests.log; [ "$gpus" -gt 2 ] && log=multigpu_tests_${gpus}gpu.log
     { echo "commit $(commit) with megatron-core $mcore, TE ${TE-2.10.0}, on $gpus GPUs"
-      python3 -m pytest -o addopts= -m multigpu tests -q -rA -p no:cacheprovider "$@" 2>&1; } | tee "$out/$log" | tail -40
+      python3 -m pytest -o addopts= -m multigpu tests -q -rA --durations=15 -p no:cacheprovider "$@" 2>&1; } | tee "$out/$log" | tail -40
     ;;
   dp2)
     sweep /tmp/sweep_dp2 sweep=dense_scopes recipe=llama/tiny train.num_gpus=2 train.global_batch_size=4
