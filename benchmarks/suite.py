@@ -37,7 +37,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -96,15 +96,16 @@ def variant_arguments(workload: Workload, overrides: Tuple[str, ...], steps: int
 
 
 def run_variant(workload: Workload, overrides: Tuple[str, ...], job_dir: Path, steps: int,
-                timeout_s: float = VARIANT_TIMEOUT_S) -> Measured:
+                timeout_s: float = VARIANT_TIMEOUT_S, cpus: Optional[Set[int]] = None) -> Measured:
     """One variant through the CLI in a fresh process (its output in ``<job_dir>.log``), stopped with its
-    children after ``timeout_s``."""
+    children after ``timeout_s``; bound, with its children, to ``cpus`` when given (benchmarks/host_noise.py)."""
     arguments = variant_arguments(workload, overrides, steps)
     command, log_path = ["graphbridge", *arguments], job_dir.with_name(job_dir.name + ".log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    bind = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     with open(log_path, "wb") as log, subprocess.Popen([*GRAPHBRIDGE, *arguments, f"hydra.run.dir={job_dir}"],
                                                        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                                       start_new_session=True) as process:
+                                                       start_new_session=True, preexec_fn=bind) as process:
         try:
             process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:

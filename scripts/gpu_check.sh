@@ -7,6 +7,8 @@
 #   bash scripts/gpu_check.sh tests      # every gpu-marked test that needs one GPU (or: tests <paths>)
 #   bash scripts/gpu_check.sh sweep      # the dense-scope sweep (profiled)
 #   bash scripts/gpu_check.sh suite W... # the benchmark suite's workloads W (python benchmarks/suite.py --list)
+#   bash scripts/gpu_check.sh host_noise W [ARGS] # workload W's eager step over fresh processes, unbound and bound
+#                                        # to the GPU's own CPUs (benchmarks/host_noise.py)
 #   bash scripts/gpu_check.sh auto [OVERRIDES] # cuda_graph=auto's probe from an empty cache (default llama/tiny)
 #   bash scripts/gpu_check.sh differential [ARGS] # plan equals run: benchmarks/gpu_differential.py ARGS
 #   bash scripts/gpu_check.sh differential2 [ARGS] # the same at two GPUs a configuration (*_2gpu files)
@@ -65,6 +67,10 @@ case "${1:-tests}" in
     { echo "commit $(commit) with megatron-core $mcore, TE ${TE-2.10.0}"
       python3 -m pytest -o addopts= -m "gpu and not multigpu" "${targets[@]:-tests}" -q -rA --durations=15 -p no:cacheprovider 2>&1; } \
       | tee "$out/gpu_tests.log" | tail -70
+    ;;
+  host_noise)  # WORKLOAD [ARGS]: a variant's step time over fresh processes, unbound and bound to the GPU's CPUs
+    shift
+    python3 benchmarks/host_noise.py "$@" --out "$out/host_noise_$1.json" 2>&1 | tee "$out/host_noise_$1.log" | tail -12
     ;;
   sweep)
     sweep /tmp/sweep_dense sweep=dense_scopes recipe=llama/tiny perf.profile=true

@@ -5,6 +5,7 @@ mistake in that mapping once started gpu_check.sh from itself without end and sp
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,3 +76,25 @@ def test_the_auto_mode_runs_auto_from_an_empty_cache_and_says_what_the_probe_cos
     runs = list((tmp_path / "out" / "mcore-0.16.1").glob("auto_*"))
     assert [run.suffix for run in runs] == [""]  # the run directory; its decision cache is gone
     assert json.loads((runs[0] / "result.json").read_text())["auto"]["source"] == "no_cuda_device"
+
+
+def test_the_host_noise_mode_trains_a_variant_unbound_and_bound_turn_by_turn(tmp_path):
+    """One run of each mode, the bound one on CPU 0 (a GPU would name its own CPUs): both median step times and the
+    CPUs bound are in the record."""
+    env = stand_in_environment(tmp_path, MCORE="0.16.1")
+    command = ["bash", "scripts/gpu_check.sh", "host_noise", "llama_tiny_local", "--runs", "1", "--steps", "12",
+               "--cpus", "0"]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    record = json.loads((tmp_path / "out" / "mcore-0.16.1" / "host_noise_llama_tiny_local.json").read_text())
+    assert record["cpus_bound"] == [0] and record["variant"] == "eager"
+    assert all(len(mode["medians_ms"]) == 1 and mode["median_ms"] > 0 for mode in record["modes"].values())
+
+
+def test_host_noise_without_a_gpu_to_name_its_cpus_says_so_in_one_line_and_exits_2(tmp_path):
+    done = subprocess.run([sys.executable, "benchmarks/host_noise.py", "llama_tiny_local", "--out",
+                           str(tmp_path / "noise.json")], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PATH": os.path.dirname(sys.executable)})  # no nvidia-smi
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "no GPU says which CPUs are beside it here: name them with --cpus"]
+    assert not (tmp_path / "noise.json").exists()
