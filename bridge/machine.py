@@ -202,7 +202,8 @@ def host_cpu(cpuinfo: Path = CPUINFO) -> Optional[str]:
     except OSError:
         return None
     model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), None)
-    return f"{model}, {os.cpu_count()} CPUs" if model else None
+    seen = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{model}, {seen} CPUs" if model else None
 
 
 EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")

@@ -65,7 +65,8 @@ case "${1:-tests}" in
   tests)
     targets=("${@:2}")
     { echo "commit $(commit) with megatron-core $mcore, TE ${TE-2.10.0}"
-      python3 -m pytest -o addopts= -m "gpu and not multigpu" "${targets[@]:-tests}" -q -rA --durations=15 -p no:cacheprovider 2>&1; } \
+      python3 -m pytest -o addopts= -m "gpu and not multigpu" "${targets[@]:-tests}" -q -rA --durations=15 \
+        -p no:cacheprovider 2>&1; } \
       | tee "$out/gpu_tests.log" | tail -70
     ;;
   host_noise)  # WORKLOAD [ARGS]: a variant's step time over fresh processes, unbound and bound to the GPU's CPUs

@@ -106,7 +106,7 @@ def test_rounds_alternate_the_order_and_keep_the_middle_round(monkeypatch, tmp_p
 def test_a_record_names_the_hosts_processor_as_the_kernel_gives_it(tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9654 96-Core Processor\n")
-    assert host_cpu(cpuinfo) == f"AMD EPYC 9654 96-Core Processor, {os.cpu_count()} CPUs"
+    assert host_cpu(cpuinfo) == f"AMD EPYC 9654 96-Core Processor, {len(os.sched_getaffinity(0))} CPUs"
     cpuinfo.write_text("processor\t: 0\n")
     assert host_cpu(cpuinfo) is None and host_cpu(tmp_path / "missing") is None
 
