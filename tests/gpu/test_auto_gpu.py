@@ -1,10 +1,10 @@
 """cuda_graph=auto on a GPU, through the real command line: llama/tiny probes every candidate its plan lists
 (the optimizer inside the full-iteration graph among them), in rounds of successive halving where that pays,
 each run forked from one process that imported the training stack, the runs that fit the GPU started together
-and timed one at a time, within PROBE_BUDGET_S of wall time; it
-trains with the one it chose (eager unless a candidate beat eager by more than the probe's noise), records the
-probe in result.json and the run directory, and a second run of the same workload takes the decision from the
-cache without probing."""
+and timed one at a time; it trains with the one it chose (eager unless a candidate beat eager by more than the
+probe's noise), records the probe in result.json and the run directory, and a second run of the same workload
+takes the decision from the cache without probing. The probe's wall time is printed, not judged: issue 40's 60 s goal is a measurement on a
+machine of its own (`gpu_check.sh auto`, docs/benchmarks.md), and this test runs beside the other release's."""
 
 import json
 import os
@@ -18,7 +18,6 @@ if not torch.cuda.is_available():
 
 AUTO = ("recipe=llama/tiny", "cuda_graph=auto")
 PROBE_TIMEOUT_S = 900  # the probe's forked runs, each building megatron-core, then the 50-step run
-PROBE_BUDGET_S = 60  # issue 40's goal for llama/tiny on an H100
 
 
 def test_auto_probes_what_the_plan_lists_trains_the_winner_and_caches_it(cli, tmp_path):
@@ -36,7 +35,6 @@ def test_auto_probes_what_the_plan_lists_trains_the_winner_and_caches_it(cli, tm
     assert all(c["median_ms"] > 0 and c["spread_ms"] >= 0 for c in auto["candidates"])
     print("MEASURED probe", json.dumps(auto["probe"]))  # its rounds and runs, in the log whether it passes or not
     assert all(round_["runs_at_once"] > 1 for round_ in auto["probe"]["rounds"]), auto["probe"]  # tiny: they fit
-    assert auto["probe"]["wall_s"] <= PROBE_BUDGET_S, auto["probe"]
     eager = min(c["median_ms"] for c in auto["candidates"] if c["choice"] == "none")
     chosen = [c for c in auto["candidates"] if c["choice"] == auto["chosen"]]
     if auto["chosen"] != "none":  # never slower than eager, by the probe's own numbers
