@@ -36,7 +36,7 @@ export PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/gpu-out}/mcore-$mcore
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
-echo "host: $(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) CPUs" | tee -a "$out/gpu.txt"
+python3 -c "from bridge.machine import host_cpu; print('host:', host_cpu())" | tee -a "$out/gpu.txt"
 
 commit() {  # what the logs name: the snapshot session.sh runs, else this tree's HEAD
   echo "${GRAPHBRIDGE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"
