@@ -1,6 +1,7 @@
 """Write the GPU differential's tables into docs/gpu_differential.md (between the differential markers), from
 the committed records benchmarks/results/<gpu>/mcore-<release>/gpu_differential.json (one GPU a configuration),
-gpu_differential_2gpu.json and gpu_differential_4gpu.json (two and four).
+gpu_differential_2gpu.json and gpu_differential_4gpu.json (two and four), and the witness-only records
+gpu_witnesses[_2gpu].json (`gpu_check.sh witnesses`: named witness cases beside their eager twins).
 
     python scripts/differential_table.py          # rewrite the section
     python scripts/differential_table.py --check  # exit 1 when it is out of date
@@ -16,12 +17,13 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "gpu_differential.md"
 RESULTS = ROOT / "benchmarks" / "results"
 RECORDS = ("gpu_differential.json", "gpu_differential_2gpu.json", "gpu_differential_4gpu.json")
+WITNESS_RECORDS = ("gpu_witnesses.json", "gpu_witnesses_2gpu.json")
 COUNTS = ("drawn", "accepted", "trained", "completed", "crash_after_accept")
 
 
-def records():
+def records(names=RECORDS):
     """Each committed record's path (relative to the repository) and summary, by GPU and release."""
-    for name in RECORDS:
+    for name in names:
         for path in sorted(RESULTS.glob(f"*/mcore-*/{name}")):
             yield path.relative_to(ROOT).as_posix(), json.loads(path.read_text())["summary"]
 
@@ -47,10 +49,18 @@ def markdown() -> str:
                   "- failures after an accepting plan: "
                   + ("; ".join(f"{c['count']}x {c['cause']} (run {c['example']})" for c in s["failure_classes"])
                      or "none")]
-        lines += ["", "| witness | rules unasked | status | loss gap to its eager twin | error |", "|---|---|---|---|---|"]
-        lines += [f"| {w['label']} | {', '.join(w['unchecked_rules']) or '-'} | {w['status']} | {gap(w)} | "
-                  f"{first_line(w['error'])} |" for w in s["witnesses"]]
+        lines += witness_table(s)
+    for path, s in records(WITNESS_RECORDS):
+        lines += ["", f"`{path}` ({s.get('num_gpus', 1)} x {s['gpu']}, megatron-core {s['megatron_core']}, "
+                      f"TE {s['transformer_engine']}, at {commits(s)}: `{s['command']}`):"] + witness_table(s)
     return "\n".join(lines)
+
+
+def witness_table(summary) -> list:
+    """The record's witness cases: the rules each trained without, how it ended, and its gap to its eager twin."""
+    return ["", "| witness | rules unasked | status | loss gap to its eager twin | error |", "|---|---|---|---|---|"] + [
+        f"| {w['label']} | {', '.join(w['unchecked_rules']) or '-'} | {w['status']} | {gap(w)} | "
+        f"{first_line(w['error'])} |" for w in summary["witnesses"]]
 
 
 def commits(summary) -> str:
