@@ -10,7 +10,8 @@ Besides the accepted configurations it trains two samples:
 - refused ones with the refusing rules not asked again (benchmarks/unchecked_run.py): a rule whose refused
   configurations all train is over-strict;
 - the eager twin of graphed ones (the same overrides with cuda_graph=none): a graphed run whose losses leave
-  its twin's by more than LOSS_TOLERANCE trains differently, a failure like a crash.
+  its twin's by more than ROUNDING_TOLERANCE (LOSS_TOLERANCE where it draws dropout) trains differently, a
+  failure like a crash.
 
 Several runs share the GPU at once (--workers); the JSON is rewritten atomically after every run, so a run cut
 off by its time limit still leaves what it finished, and --deadline-s stops starting runs in time. --resume
@@ -46,9 +47,13 @@ from differential_witnesses import WITNESS_CASES, gpus_of  # noqa: E402
 STEPS = 6
 """Enough for the default three eager warmup steps, the capture and two replays."""
 LOSS_TOLERANCE = 0.02
-"""Largest relative gap, at any of the first STEPS steps, between a graphed run's loss and its eager twin's.
-A graph that replays stale inputs or skips an update leaves its twin by far more; rounding (graphs and eager
-kernels sum in other orders) by far less over six steps."""
+"""Largest relative gap, at any of the first STEPS steps, between a graphed run's loss and its eager twin's when
+the run draws dropout: graphs and eager kernels draw their masks from other RNG streams (up to 1.6 % measured).
+A graph that replays stale inputs or skips an update leaves its twin by far more."""
+ROUNDING_TOLERANCE = 0.002
+"""The same without dropout, where only rounding parts the two (graphs and eager kernels sum in other orders):
+at most 4.2e-4 in every twin pair of the records up to 0d3b80c, and 0 in most. Transformer Engine's graphs on
+the local spec left their twins by 7.9e-3 from the capture step on (gpu_witnesses.json at 0d3b80c)."""
 ACCEPTED, BYPASS, EAGER_TWIN, WITNESS = "accepted", "bypass", "eager_twin", "witness"
 OUTCOME = ("status", "error", "losses", "seconds", "peak_reserved_gb", "retried_after", "log_tail")
 """What training a run gave, which --resume takes over from the record."""
@@ -203,15 +208,24 @@ def twin_pairs(runs: List[Run]) -> List[Dict[str, object]]:
             continue
         gap = max_relative_gap(graphed.losses, twin.losses)
         pairs.append({"graphed": graphed.index, "twin": twin.index, "max_relative_gap": 0.0 if gap is None else gap,
+                      "tolerance": LOSS_TOLERANCE if draws_dropout(graphed.overrides) else ROUNDING_TOLERANCE,
                       "cuda_graph": next(o for o in graphed.overrides if o.startswith("cuda_graph="))})
     return pairs
 
 
+def draws_dropout(overrides: List[str]) -> bool:
+    """Whether the run sets a dropout above zero (the recipes' own are zero)."""
+    return any(re.fullmatch(r"model\.\w*dropout=([0-9.e-]+)", item) and float(item.split("=")[1]) > 0
+               for item in overrides)
+
+
 def eager_agreement(runs: List[Run]) -> Dict[str, object]:
-    """The twin pairs compared, and those whose graphed run left its twin's losses by more than LOSS_TOLERANCE."""
+    """The twin pairs compared, and those whose graphed run left its twin's losses by more than the pair's tolerance
+    (LOSS_TOLERANCE with dropout, ROUNDING_TOLERANCE without)."""
     pairs = twin_pairs(runs)
-    differ = [pair for pair in pairs if pair["max_relative_gap"] > LOSS_TOLERANCE]
-    return {"compared": len(pairs), "tolerance": LOSS_TOLERANCE, "differ": differ,
+    differ = [pair for pair in pairs if pair["max_relative_gap"] > pair["tolerance"]]
+    return {"compared": len(pairs), "tolerance": LOSS_TOLERANCE, "rounding_tolerance": ROUNDING_TOLERANCE,
+            "differ": differ,
             "largest_gap": max((pair["max_relative_gap"] for pair in pairs), default=None)}
 
 
