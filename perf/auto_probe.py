@@ -13,16 +13,16 @@ would save, round 1 times every run in full and decides alone.
 Each run is the candidate's configuration, written as the launcher writes a job (with the probe's length), and
 trained in a process of its own, forked from one that imported torch, Transformer Engine and megatron-core once
 (perf.preloaded, whose server starts and imports before the first run, apart from the runs' times): each
-capture is clean, and no run pays the imports again. A job of several GPUs of this node
-is probed at its own layout, one forked process per GPU. The runs of a round start together, as many as the GPU
-holds by the plan's estimate (AutoPlan.runs_at_once), so that their builds and captures overlap; each then waits,
-idle, before its first timed step (bridge.start_gate) until the runs before it have ended, and times its steps
-alone on the GPU; one that failed for want of what the others held (memory beyond the estimate, a port) trains
-again alone. The runs' result.json files decide, the decision is
-cached, and ``<run dir>/auto.json`` keeps it, with the probe's wall time, for the run's result.json (its
-``auto`` record); summary.md and summary.png in ``<run dir>/auto/`` are the probe's table and plot. The terminal
-gets a line as the probe starts and one saying what was chosen and why. Without a CUDA device nothing is
-probed: graphs cannot pay off there, and the run trains eagerly.
+capture is clean, and no run pays the imports again. A job of several GPUs of this node is probed at its own
+layout, one forked process per GPU. The runs of a round start together, as many as the GPU holds by the plan's
+estimate (AutoPlan.runs_at_once), so that their builds and captures overlap; each then waits, idle, before its
+first timed step (bridge.start_gate) until the runs before it have written their results (their teardown is not
+waited for), and times its steps alone on the GPU; one that failed for want of what the others held (memory
+beyond the estimate, a port) trains again alone. The runs' result.json files decide, the decision is cached, and
+``<run dir>/auto.json`` keeps it, with the probe's wall time, for the run's result.json (its ``auto`` record);
+summary.md and summary.png in ``<run dir>/auto/`` are the probe's table and plot. The terminal gets a line as the
+probe starts and one saying what was chosen and why. Without a CUDA device nothing is probed: graphs cannot pay
+off there, and the run trains eagerly.
 
 A candidate that fails in the probe was accepted by the plan, so it is a plan-equals-run bug: it is logged as
 an error with its status and reason, recorded, never chosen, and the probe goes on.
@@ -47,7 +47,7 @@ from bridge.config.graphs import EAGER_CHOICE
 from bridge.config.schema import GraphBridgeConfig
 from bridge.machine import free_ports
 from bridge.planning import Plan
-from bridge.result import AUTO_RECORD
+from bridge.result import AUTO_RECORD, RESULT_FILE
 from bridge.start_gate import GATE_ENV, POLL_S, open_gate, ready_ranks
 from perf import preloaded
 from perf.launch import SignalForwarding, job_record, write_job
@@ -69,8 +69,6 @@ class Launched(Protocol):
     """A probe run started: its processes, forked from the preloaded launcher (perf.preloaded.ForkedJob)."""
 
     def ended(self) -> bool: ...
-
-    def wait(self, timeout_s: Optional[float]) -> Optional[int]: ...
 
     def kill(self) -> None: ...
 
@@ -220,8 +218,8 @@ def shared_gpu_failure(measurement: Measurement) -> bool:
 def run_together(runs: List[Tuple[str, GraphBridgeConfig, Path]], launch: Launcher) -> List[Measurement]:
     """Start every run of ``runs`` at once: their builds, warm-ups and captures overlap. Once each waits at its
     gate (or has ended), let them time their steps one at a time, in order, each alone on the GPU: the next is let
-    go once the one before has ended. A run not at its gate within RUN_TIMEOUT_S is killed, as is one that does not
-    end within RUN_TIMEOUT_S of being let go."""
+    go once the one before has written its result (wait_for_result). A run not at its gate within RUN_TIMEOUT_S is
+    killed, as is one without a result within RUN_TIMEOUT_S of being let go."""
     for _, _, run_dir in runs:  # a run trained again alone finds the gate of its first attempt: this probe's own
         shutil.rmtree(run_dir / GATE, ignore_errors=True)
     started = time.monotonic()
@@ -233,13 +231,22 @@ def run_together(runs: List[Tuple[str, GraphBridgeConfig, Path]], launch: Launch
         for (choice, _, run_dir), job, setup_s in zip(runs, launched, ready_s):
             let_go = time.monotonic()
             open_gate(run_dir / GATE)
-            job.wait(RUN_TIMEOUT_S)
-            job.kill()
+            wait_for_result(run_dir, job)
+            job.kill()  # what is left after its result is teardown, which the probe does not wait for
             measurements.append(measured(choice, run_dir, round(setup_s + time.monotonic() - let_go, 2)))
         return measurements
     finally:
         for job in launched:
             job.kill()
+
+
+def wait_for_result(run_dir: Path, job: Launched) -> None:
+    """Until the run let go has written its result.json (its steps are over and recorded), or has ended, or
+    RUN_TIMEOUT_S has passed. Its teardown (graphs, memory, the process group: seconds of a tiny run) is not
+    waited for: the probe kills it and lets the next run go."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not (run_dir / RESULT_FILE).exists() and not job.ended() and time.monotonic() < deadline:
+        time.sleep(POLL_S)
 
 
 def wait_at_gates(runs: List[Tuple[str, GraphBridgeConfig, Path]], launched: List[Launched],

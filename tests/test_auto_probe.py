@@ -22,6 +22,7 @@ from bridge.machine import GPU, Machine
 from bridge.planning import build_plan
 from bridge.prepare import prepare
 from bridge.start_gate import GATE_ENV
+from perf import auto_probe
 from perf.auto_probe import ProbeRuns, choose_graphs
 
 SMALL = ("model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64", "train.train_iters=5")
@@ -127,9 +128,6 @@ class Finished:
 
     def ended(self) -> bool:
         return True
-
-    def wait(self, timeout_s):
-        return self.code
 
     def kill(self) -> None:
         pass
@@ -300,6 +298,39 @@ def test_the_probe_forks_each_run_and_leaves_its_table_and_plot_in_the_run_direc
         assert result["train_iters"] == 34 and result["step_time_ms"]["count"] == 31
         assert eager["median_ms"] == result["step_time_ms"]["median"] > 0 and eager["spread_ms"] >= 0
         assert eager["wall_s"] > 0 and (run_dir / "train.log").stat().st_size > 0
+
+
+class TearingDown:
+    """A probe run whose result is written and whose process has not ended: it tears down until killed."""
+
+    def __init__(self):
+        self.killed = False
+
+    def ended(self) -> bool:
+        return self.killed
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+def test_the_next_probe_run_goes_once_the_one_before_wrote_its_result_not_once_it_tore_down(tmp_path, cache_home,
+                                                                                            monkeypatch):
+    monkeypatch.setattr(auto_probe, "RUN_TIMEOUT_S", 60.0)
+    trained, launched = [], []
+    synthesized = synthesized_trainer({"none": (20.0, 20.1), "te_attn": 12.0}, trained)
+
+    def launch(config, run_dir, gate, port):
+        synthesized.launch(config, run_dir, gate, port)  # writes its result.json
+        gate.mkdir(parents=True, exist_ok=True)
+        (gate / "ready.0").touch()  # and waits at its gate
+        launched.append(TearingDown())
+        return launched[-1]
+
+    started = time.monotonic()
+    config = choose_graphs(gpu_plan(*SMALL), tmp_path, ProbeRuns(lambda: 0.0, launch))
+    assert config.model.cuda_graph_modules == ["attn"]
+    assert time.monotonic() - started < 30  # no run waited out RUN_TIMEOUT_S for a process to end
+    assert launched and all(job.killed for job in launched)
 
 
 def test_a_run_that_failed_for_want_of_what_the_runs_beside_it_held_trains_again_alone(tmp_path, cache_home,
