@@ -81,13 +81,17 @@ case "${1:-tests}" in
     python3 benchmarks/suite.py "$@" --out "$out" 2>&1 | grep -v "step/s\|it/s" | tail -40
     ;;
   auto)  # [OVERRIDES] (default recipe=llama/tiny): cuda_graph=auto from an empty decision cache, so that it probes;
-    # its run directory (each probe run's log and result, result.json with the auto record) into $out/auto_<time>
+    # its run directory (each probe run's log and result, result.json with the auto record) into $out/auto_<time>,
+    # and beside it, as flat files the device call brings back (it leaves deep folders out), the run's
+    # result.json as auto_<time>.json and what this prints as auto_<time>.log
     shift
     dir="$out/auto_$(date +%H%M%S)"
-    XDG_CACHE_HOME="$dir.cache" python3 -m perf.main cuda_graph=auto "${@:-recipe=llama/tiny}" hydra.run.dir="$dir" \
-      2>&1 | grep -v "step/s\|it/s" | tail -25
-    rm -rf "$dir.cache"
-    python3 - "$dir/result.json" <<'PY'
+    {
+      XDG_CACHE_HOME="$dir.cache" python3 -m perf.main cuda_graph=auto "${@:-recipe=llama/tiny}" hydra.run.dir="$dir" \
+        2>&1 | grep -v "step/s\|it/s" | tail -25
+      rm -rf "$dir.cache"
+      cp "$dir/result.json" "$dir.json"
+      python3 - "$dir.json" <<'PY'
 import json, sys
 auto = json.load(open(sys.argv[1]))["auto"]
 probe = auto.get("probe") or {}
@@ -96,6 +100,7 @@ print(f"auto chose {auto['chosen']} ({auto['source']}): probe {probe.get('wall_s
 for run in auto["candidates"]:
     print(f"  {run['choice']:<36} {run['status']:<14} median {run['median_ms']} ms, run {run.get('wall_s')} s")
 PY
+    } | tee "$dir.log"
     ;;
   differential|differential2|differential4)  # the GPU differential's JSON (rewritten after every run), its log and
     # the GPUs' load; differentialN trains each configuration on N GPUs (*_Ngpu files)

@@ -67,15 +67,19 @@ def test_the_launchers_mode_starts_both_launchers_on_gpus_of_their_own_and_fails
 
 
 def test_the_auto_mode_runs_auto_from_an_empty_cache_and_says_what_the_probe_cost(tmp_path):
-    """On this CPU there is nothing to probe: the run trains eagerly and says so; its run directory stays in $out."""
+    """On this CPU there is nothing to probe: the run trains eagerly and says so; its run directory stays in $out,
+    its result.json and output beside it as flat files."""
     env = stand_in_environment(tmp_path, MCORE="0.16.1")
     command = ["bash", "scripts/gpu_check.sh", "auto", "recipe=llama/tiny", "model.num_layers=1", "train.train_iters=2"]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "auto chose none (no_cuda_device): probe None s" in done.stdout
-    runs = list((tmp_path / "out" / "mcore-0.16.1").glob("auto_*"))
-    assert [run.suffix for run in runs] == [""]  # the run directory; its decision cache is gone
-    assert json.loads((runs[0] / "result.json").read_text())["auto"]["source"] == "no_cuda_device"
+    runs = sorted((tmp_path / "out" / "mcore-0.16.1").glob("auto_*"), key=lambda path: path.suffix)
+    assert [run.suffix for run in runs] == ["", ".json", ".log"]  # its decision cache is gone
+    run_dir, result, log = runs
+    assert json.loads((run_dir / "result.json").read_text())["auto"]["source"] == "no_cuda_device"
+    assert result.read_text() == (run_dir / "result.json").read_text()
+    assert "auto chose none (no_cuda_device)" in log.read_text()
 
 
 def test_the_host_noise_mode_trains_a_variant_unbound_and_bound_turn_by_turn(tmp_path):
