@@ -11,7 +11,7 @@
 #   .gpu/te-<v>           Transformer Engine's Python package, and its PyTorch extension: the wheel
 #                         built on an H100 where ../shared/gpu/wheels has one, else the source tree
 #                         that scripts/gpu/build-te.sh builds there
-#   .gpu/te-<v>-core      TE's core library wheel (~180 MB) in parts of 22 MiB, and MANIFEST
+#   .gpu/te-<v>-core      TE's core library wheel (~180 MB) in parts of 16 MiB, and MANIFEST
 #   .gpu/bin              setup.sh and build-te.sh (scripts/gpu/)
 # Each device call carries at most 64 MiB: see scripts/gpu/README.md for the order of the calls.
 set -euo pipefail
@@ -60,7 +60,7 @@ for v in "${transformer_engine[@]}"; do
     tmp=$(mktemp -d)
     dl "$tmp" "transformer-engine-cu13==$v"
     wheel=$(ls "$tmp"/transformer_engine_cu13-*.whl)
-    (cd ".gpu/te-$v-core" && rm -f part* && split -b 22M "$wheel" part)
+    (cd ".gpu/te-$v-core" && rm -f part* && split -b 16M "$wheel" part)
     printf 'wheel %s\nparts %s\nsha256 %s\n' "$(basename "$wheel")" "$(ls ".gpu/te-$v-core" | grep -c '^part')" \
       "$(sha256sum "$wheel" | cut -c1-64)" > ".gpu/te-$v-core/MANIFEST"
     rm -rf "$tmp"
