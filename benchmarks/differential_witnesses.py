@@ -58,10 +58,15 @@ WITNESS_CASES = {
                                                   "model.transformer_impl=local", SELECTIVE,
                                                   "model.recompute_modules=[layernorm]")
        for precision in ("fp8_sc", "bf16")},
-    # Transformer Engine's graphs on the local spec (te_graphs_need_te_spec): dense te_layer and te_attn trained with
-    # the rule unasked on both releases (c236fc3); an MoE layer's router has not run there.
+    # Transformer Engine's graphs on the local spec (te_graphs_need_te_spec): dense te_layer and te_attn complete,
+    # but leave their eager twins from the capture step on (0d3b80c). megatron-core replays a layer graph with an
+    # all-false attention mask where the step passed none, and the local spec's unfused softmax makes its causal
+    # mask only when given none: the replays would attend to later tokens. The fused softmax (causal kernel, mask
+    # unread) and te_mlp (attention outside the graph) test that reading.
     **{f"te_graphs_local_spec_{graph}": ("recipe=llama/tiny", f"cuda_graph={graph}", "model.transformer_impl=local")
-       for graph in ("te_layer", "te_attn")},
+       for graph in ("te_layer", "te_attn", "te_mlp")},
+    "te_graphs_local_spec_te_attn_fused_softmax": ("recipe=llama/tiny", "cuda_graph=te_attn",
+                                                   "model.transformer_impl=local", "model.masked_softmax_fusion=true"),
     "te_graphs_local_spec_te_moe_router": ("recipe=qwen/tiny", "cuda_graph=te_moe_router",
                                            "model.transformer_impl=local", ALLTOALL, *DROP_AND_PAD),
     # bf16 router graphs with the MoE norm recomputed trained at one GPU (24488cb, c236fc3) but not at two

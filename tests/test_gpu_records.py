@@ -63,8 +63,11 @@ REFUSES_WHAT_TRAINS = {
         "train the same: their losses equal the twin's up to the capture step and leave it there (0.79 % by the "
         "sixth step, te_layer and te_attn alike), while graphed draws without dropout on the TE spec, and "
         "local_layer on the local spec, match their twins exactly; the router case matches its twin exactly. "
-        "Refused draws trained with the rule unasked failed (3 and 5 in the 0d3b80c differentials), and none at "
-        "two GPUs has trained yet",
+        "megatron-core's code says why (0.19.2, TransformerLayer._get_te_cuda_graph_replay_args): a replay given no "
+        "attention mask is given an all-false one, and the local spec's unfused softmax makes its causal mask only "
+        "when given none, so the replays attend to later tokens. Refused draws trained with the rule unasked failed "
+        "(3 and 5 in the 0d3b80c differentials), and none at two GPUs has trained yet; the witness cases "
+        "te_graphs_local_spec_te_mlp and _te_attn_fused_softmax test that reading next",
 }
 """Rules that stay although a configuration they refuse trained on a GPU with them unasked, and why."""
 
