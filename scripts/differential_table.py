@@ -1,7 +1,8 @@
 """Write the GPU differential's tables into docs/gpu_differential.md (between the differential markers), from
 the committed records benchmarks/results/<gpu>/mcore-<release>/gpu_differential.json (one GPU a configuration),
-gpu_differential_2gpu.json and gpu_differential_4gpu.json (two and four), and the witness-only records
-gpu_witnesses[_2gpu].json (`gpu_check.sh witnesses`: named witness cases beside their eager twins).
+gpu_differential_2gpu.json and gpu_differential_4gpu.json (two and four), and every witness-only record
+gpu_witnesses*.json (`gpu_check.sh witnesses`: named witness cases beside their eager twins; an earlier one kept
+as gpu_witnesses[_2gpu]_<commit>.json).
 
     python scripts/differential_table.py          # rewrite the section
     python scripts/differential_table.py --check  # exit 1 when it is out of date
@@ -17,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "gpu_differential.md"
 RESULTS = ROOT / "benchmarks" / "results"
 RECORDS = ("gpu_differential.json", "gpu_differential_2gpu.json", "gpu_differential_4gpu.json")
-WITNESS_RECORDS = ("gpu_witnesses.json", "gpu_witnesses_2gpu.json")
+WITNESS_RECORDS = ("gpu_witnesses*.json",)
 COUNTS = ("drawn", "accepted", "trained", "completed", "crash_after_accept")
 
 
