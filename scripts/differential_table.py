@@ -59,9 +59,9 @@ def markdown() -> str:
 
 def witness_table(summary) -> list:
     """The record's witness cases: the rules each trained without, how it ended, and its gap to its eager twin."""
-    return ["", "| witness | rules unasked | status | loss gap to its eager twin | error |", "|---|---|---|---|---|"] + [
-        f"| {w['label']} | {', '.join(w['unchecked_rules']) or '-'} | {w['status']} | {gap(w)} | "
-        f"{first_line(w['error'])} |" for w in summary["witnesses"]]
+    head = ["", "| witness | rules unasked | status | loss gap to its eager twin | error |", "|---|---|---|---|---|"]
+    return head + [f"| {w['label']} | {', '.join(w['unchecked_rules']) or '-'} | {w['status']} | {gap(w)} | "
+                   f"{first_line(w['error'])} |" for w in summary["witnesses"]]
 
 
 def commits(summary) -> str:
