@@ -123,9 +123,6 @@ def test_probe_runs_start_together_as_far_as_the_gpus_memory_and_the_cores_go(mo
 class Finished:
     """A probe run that ended as it was launched."""
 
-    def __init__(self, code: int):
-        self.code = code
-
     def ended(self) -> bool:
         return True
 
@@ -150,9 +147,9 @@ def synthesized_trainer(medians: dict, trained: list, start_s: float = 0.0) -> P
             "status": "completed", "effective_impl": config.model.cuda_graph_impl.value, "step_time_ms": steps,
             "job": job}
         (run_dir / "result.json").write_text(json.dumps(result))
-        return 0 if median else 1
+        return Finished()
 
-    return ProbeRuns(lambda: 0.5, lambda config, run_dir, gate, port: Finished(train(config, run_dir)))
+    return ProbeRuns(lambda: 0.5, lambda config, run_dir, gate, port: train(config, run_dir))
 
 
 def test_the_run_trains_with_the_winner_records_the_probe_and_flags_a_failed_candidate(tmp_path, cache_home, caplog):
@@ -343,7 +340,7 @@ def test_a_run_that_failed_for_want_of_what_the_runs_beside_it_held_trains_again
         if run_dir.match("round1/3") and not (run_dir / "result.json").exists():  # te_attn, beside the others
             (run_dir / "result.json").write_text(json.dumps({"status": "failed", "job": {}, "reason": (
                 "CUDA out of memory. Tried to allocate 2.00 GiB")}))
-            return Finished(1)
+            return Finished()
         return synthesized.launch(config, run_dir, gate, port)
 
     config = choose_graphs(plan, tmp_path, ProbeRuns(lambda: 0.0, launch))
