@@ -26,19 +26,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 import suite  # noqa: E402
 from bridge.atomic import write_json_atomic  # noqa: E402
-from bridge.machine import host_cpu  # noqa: E402
+from bridge.machine import cpu_list, host_cpu  # noqa: E402
 from suite_workloads import EAGER, WORKLOADS  # noqa: E402
 
 UNBOUND, BOUND = "unbound", "bound"
-
-
-def cpu_list(text: str) -> Set[int]:
-    """The CPUs a kernel list names ("0-15,32-47")."""
-    cpus = set()
-    for part in filter(None, text.strip().split(",")):
-        first, _, last = part.partition("-")
-        cpus.update(range(int(first), int(last or first) + 1))
-    return cpus
 
 
 def gpu_local_cpus() -> Optional[Set[int]]:

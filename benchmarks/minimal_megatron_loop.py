@@ -194,15 +194,6 @@ def trainer_median(overrides, job_dir: Path) -> float:
     return json.loads((job_dir / RESULT).read_text())["step_time_ms"]["median"]
 
 
-def cpu_list(text: str) -> set:
-    """'2-5,8' -> {2, 3, 4, 5, 8}"""
-    cpus = set()
-    for part in text.split(","):
-        first, _, last = part.partition("-")
-        cpus.update(range(int(first), int(last or first) + 1))
-    return cpus
-
-
 def child_env() -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
@@ -219,6 +210,8 @@ def main() -> None:
     parser.add_argument("--child", nargs=3, metavar=("LOOP", "CUDA_GRAPH", "LOCAL_SPEC"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cpus and not args.child:
+        from bridge.machine import cpu_list
+
         os.sched_setaffinity(0, cpu_list(args.cpus))  # the children inherit it
     # The first replay follows capture at step cuda_graph_warmup_steps (3); both sides skip it.
     skipped = 5

@@ -21,7 +21,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from omegaconf import OmegaConf
 
@@ -204,6 +204,15 @@ def host_cpu(cpuinfo: Path = CPUINFO) -> Optional[str]:
     model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), None)
     seen = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return f"{model}, {seen} CPUs" if model else None
+
+
+def cpu_list(text: str) -> Set[int]:
+    """The CPUs a kernel CPU list names ("0-15,32-47", as /sys and taskset write them)."""
+    cpus = set()
+    for part in filter(None, text.strip().split(",")):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
 
 
 EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
