@@ -33,6 +33,7 @@ PIPELINE_KINDS = {"pipeline", "virtual_pipeline"}
 DISPATCHERS = ("allgather", "alltoall", "flex")
 FUSIONS = ("bias_dropout_fusion", "masked_softmax_fusion", "apply_rope_fusion", "bias_activation_fusion",
            "gradient_accumulation_fusion", "persist_layer_norm", "cross_entropy_loss_fusion")
+DROPOUTS = ("model.attention_dropout", "model.hidden_dropout")
 
 
 def draw(rng: random.Random, gpus: int = 1) -> List[str]:
@@ -67,7 +68,7 @@ def fusions(rng: random.Random) -> Dict[str, object]:
     changes: Dict[str, object] = {f"model.{name}": True for name in FUSIONS if rng.random() < 0.15}
     if changes.get("model.cross_entropy_loss_fusion") and rng.random() < 0.5:
         changes["model.cross_entropy_fusion_impl"] = "te"
-    for key in ("model.attention_dropout", "model.hidden_dropout"):
+    for key in DROPOUTS:
         if rng.random() < 0.12:
             changes[key] = 0.1
     return changes

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from bridge.atomic import write_json_atomic  # noqa: E402
-from differential_draw import draw  # noqa: E402
+from differential_draw import DROPOUTS, draw  # noqa: E402
 from differential_launch import Launch, port_range_problem, train  # noqa: E402
 from differential_witnesses import WITNESS_CASES, gpus_of  # noqa: E402
 
@@ -215,8 +215,7 @@ def twin_pairs(runs: List[Run]) -> List[Dict[str, object]]:
 
 def draws_dropout(overrides: List[str]) -> bool:
     """Whether the run sets a dropout above zero (the recipes' own are zero)."""
-    return any(re.fullmatch(r"model\.\w*dropout=([0-9.e-]+)", item) and float(item.split("=")[1]) > 0
-               for item in overrides)
+    return any(key in DROPOUTS and float(value) > 0 for key, _, value in (item.partition("=") for item in overrides))
 
 
 def eager_agreement(runs: List[Run]) -> Dict[str, object]:
