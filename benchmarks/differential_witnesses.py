@@ -67,8 +67,8 @@ WITNESS_CASES = {
        for graph in ("te_layer", "te_attn", "te_mlp")},
     "te_graphs_local_spec_te_attn_fused_softmax": ("recipe=llama/tiny", "cuda_graph=te_attn",
                                                    "model.transformer_impl=local", "model.masked_softmax_fusion=true"),
-    "te_graphs_local_spec_te_moe_router": ("recipe=qwen/tiny", "cuda_graph=te_moe_router",
-                                           "model.transformer_impl=local", ALLTOALL, *DROP_AND_PAD),
+    **{f"te_graphs_local_spec_{graph}": ("recipe=qwen/tiny", f"cuda_graph={graph}", "model.transformer_impl=local",
+                                         ALLTOALL, *DROP_AND_PAD) for graph in ("te_moe_router", "te_attn_moe_router")},
     # bf16 router graphs with the MoE norm recomputed trained at one GPU (24488cb, c236fc3) but not at two
     # (gpu_differential_2gpu_c236fc3 runs 364 and 619): the rule refuses them again. With the overlapped gradient
     # reduce, megatron-core checks at one GPU too that every gradient arrived.

@@ -1,7 +1,8 @@
 """What the megatron engine does to the model it builds so that a graphed run and its eager twin start from the
 same weights and compute the same layer, checked on the CPU with stand-ins for the GPU-only modules:
 Transformer Engine's attention sinks are zeroed (TE before 2.14 leaves them uninitialised), and a YaRN model's
-TE-graphed layers are captured with its rotary embedding (megatron-core's helper gives it to rope models only).
+TE-graphed layers are captured with its rotary embedding (megatron-core's helper gives it to rope models only),
+and a local-spec layer's graphed attention replays with the causal mask it was captured with.
 A pipeline rank without a layer of the TE scope meets the others' capture instead of refusing to build."""
 
 from types import SimpleNamespace
@@ -12,7 +13,7 @@ import torch
 from bridge.engines.megatron import compat
 from bridge.engines.megatron import transformer_engine as te_graphs
 from bridge.engines.megatron.model_build import zero_attention_sinks
-from bridge.engines.megatron.transformer_engine import rotary_inputs, unwrapped
+from bridge.engines.megatron.transformer_engine import DotProductAttention, causal_replays, rotary_inputs, unwrapped
 
 
 class TEAttention(torch.nn.Module):
@@ -79,16 +80,35 @@ class Rotary:
         return (emb, 1.0) if self.returns_tuple else emb
 
 
+def local_attention() -> torch.nn.Module:
+    """megatron-core's own DotProductAttention (the local spec), unbuilt: its __init__ needs parallel state."""
+    attention = DotProductAttention.__new__(DotProductAttention)
+    torch.nn.Module.__init__(attention)
+    return attention
+
+
 class Layer(torch.nn.Module):
-    def __init__(self, attention_graphed=True):
+    def __init__(self, attention_graphed=True, attention=None):
         super().__init__()
         self.attention_graphed = attention_graphed
+        self.self_attention = torch.nn.Module()
+        self.self_attention.core_attention = attention or MegatronTEAttention()
 
     def get_layer_static_inputs(self, seq_length, micro_batch_size):
         inputs = {"hidden_states": torch.ones(seq_length, micro_batch_size, HIDDEN)}
-        if self.attention_graphed:
-            inputs["attention_mask"] = torch.zeros(micro_batch_size, 1, seq_length, seq_length, dtype=torch.bool)
+        if self.attention_graphed:  # causal, as TransformerLayer captures it
+            causal = ~torch.tril(torch.ones(seq_length, seq_length)).bool()
+            inputs["attention_mask"] = causal.reshape(1, 1, seq_length, seq_length).tile(micro_batch_size, 1, 1, 1)
         return inputs
+
+    def _get_te_cuda_graph_replay_args(self, hidden_states, **kwargs):
+        """TransformerLayer's: the kwargs of the layer's call, with an all-false mask where the step passed none;
+        with its attention outside the graph, the layer ran the attention itself and passes no kwargs."""
+        kwargs = dict(kwargs, is_first_microbatch=True) if self.attention_graphed else {"is_first_microbatch": True}
+        if self.attention_graphed and kwargs.get("attention_mask") is None:
+            seq_length, micro_batch_size = hidden_states.shape[:2]
+            kwargs["attention_mask"] = torch.zeros(micro_batch_size, 1, seq_length, seq_length, dtype=torch.bool)
+        return (hidden_states,), kwargs
 
 
 class Model(torch.nn.Module):
@@ -153,6 +173,25 @@ def test_rope_mla_and_ungraphed_layers_are_left_to_megatron_core():
     assert "rotary_pos_emb" not in rope.decoder.layers[0].get_layer_static_inputs(SEQ, BATCH)
 
 
+def test_a_local_spec_layer_replays_with_the_causal_mask_it_was_captured_with():
+    layer, te_layer = Layer(attention=local_attention()), Layer()
+    assert causal_replays([layer, te_layer]) == [layer]
+    hidden = torch.ones(SEQ, BATCH, HIDDEN)
+    _, replayed = layer._get_te_cuda_graph_replay_args(hidden, attention_mask=None)
+    assert torch.equal(replayed["attention_mask"], layer.get_layer_static_inputs(SEQ, BATCH)["attention_mask"])
+    given = torch.rand(BATCH, 1, SEQ, SEQ) > 0.5
+    assert layer._get_te_cuda_graph_replay_args(hidden, attention_mask=given)[1]["attention_mask"] is given
+    _, te_replayed = te_layer._get_te_cuda_graph_replay_args(hidden, attention_mask=None)
+    assert not te_replayed["attention_mask"].any(), "Transformer Engine's causal attention reads no mask"
+
+
+def test_a_local_spec_layer_whose_attention_runs_outside_the_graph_is_given_no_mask():
+    layer = Layer(attention_graphed=False, attention=local_attention())
+    causal_replays([layer])
+    _, replayed = layer._get_te_cuda_graph_replay_args(torch.ones(SEQ, BATCH, HIDDEN), attention_mask=None)
+    assert "attention_mask" not in replayed
+
+
 def helper_of(layers, calls):
     """Stands in for megatron-core's TECudaGraphHelper that finds ``layers`` on this rank; notes its captures."""
 
@@ -181,6 +220,7 @@ def pipeline(monkeypatch, ranks: int, layers_elsewhere: int = 0, calls=None) -> 
 
 def test_the_lifecycle_patches_its_graphed_layers_and_delete_restores_them(monkeypatch):
     model = Model()
+    model.decoder.layers[1].self_attention.core_attention = local_attention()
     layers = list(model.decoder.layers)
     monkeypatch.setattr(te_graphs, "TECudaGraphHelper", helper_of(layers, []))
     pipeline(monkeypatch, ranks=1)
@@ -188,8 +228,10 @@ def test_the_lifecycle_patches_its_graphed_layers_and_delete_restores_them(monke
     graphs = te_graphs.TransformerEngineGraphs([wrapped(model)], config, SEQ, BATCH, optimizer=None,
                                                toggle_forward_pre_hook=False)
     assert "rotary_pos_emb" in layers[0].get_layer_static_inputs(SEQ, BATCH)
+    assert "_get_te_cuda_graph_replay_args" in vars(layers[1])
     graphs.delete()
     assert all("get_layer_static_inputs" not in vars(layer) for layer in layers)
+    assert "_get_te_cuda_graph_replay_args" not in vars(layers[1])
     assert "rotary_pos_emb" not in layers[0].get_layer_static_inputs(SEQ, BATCH)
 
 

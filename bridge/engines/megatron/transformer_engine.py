@@ -12,7 +12,8 @@ dense layer sits on the first stage). It builds no graph and meets the others' c
 only a pipeline with no such layer on any rank is refused.
 
 A YaRN model's graphed attention gets its rotary embedding as a captured input (``rotary_inputs``):
-megatron-core's helper hands it only to ``rope`` models.
+megatron-core's helper hands it only to ``rope`` models. A local-spec layer's graphed attention gets a causal mask at
+every replay (``causal_replays``): megatron-core hands it an all-false one.
 """
 
 from functools import partial
@@ -21,6 +22,7 @@ from typing import Callable, List, Optional, Set
 import torch
 from megatron.core import parallel_state
 from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
+from megatron.core.transformer.dot_product_attention import DotProductAttention
 
 from bridge.diagnosis import graph_region
 from bridge.engines.megatron.compat import capture_layer_graphs, graph_module_names
@@ -41,6 +43,7 @@ class TransformerEngineGraphs:
                              "rank; "
                              "pick modules the model has (attn, mlp for dense layers, moe_router for MoE)")
         self.rotary_layers = rotary_inputs(model_chunks, self.helper.flattened_callables)
+        self.causal_layers = causal_replays(self.helper.flattened_callables)
         self.warmup_steps = transformer_config.cuda_graph_warmup_steps
         self.toggle_forward_pre_hook = toggle_forward_pre_hook
         self.first_step = FirstStep()
@@ -77,7 +80,9 @@ class TransformerEngineGraphs:
             self.helper.delete_cuda_graphs()
         for layer in self.rotary_layers:
             del layer.get_layer_static_inputs  # the class's again
-        self.rotary_layers = []
+        for layer in self.causal_layers:
+            del layer._get_te_cuda_graph_replay_args
+        self.rotary_layers = self.causal_layers = []
 
 
 def layers_in_pipeline(count: int) -> int:
@@ -124,6 +129,38 @@ def with_rotary_embedding(static_inputs: Callable, model, seq_length: int, micro
         embedding = model.rotary_pos_emb(rotary_seq_len)
         inputs["rotary_pos_emb"] = embedding[0] if isinstance(embedding, tuple) else embedding  # YaRN: (emb, mscale)
     return inputs
+
+
+def causal_replays(graphed_layers) -> List[torch.nn.Module]:
+    """Replay the graphed attention of local-spec layers with the causal mask it was captured with; returns the
+    layers changed.
+
+    A layer's static inputs hold a causal attention mask when its attention is in the graph
+    (TransformerLayer.get_layer_static_inputs), but where the step passes no mask, as causal models do, each replay
+    copies in an all-false one (TransformerLayer._get_te_cuda_graph_replay_args: 0.16.1 and 0.19.2). Transformer
+    Engine's attention, of mask type causal, reads no mask; megatron-core's own DotProductAttention (the local spec)
+    builds its causal mask only when given none, so it applies the all-false one and attends to later tokens:
+    llama/tiny te_layer on the local spec left its eager twin from the capture step on (0.79 % by step 6 at
+    0d3b80c, gpu_witnesses_0d3b80c.json), while te_mlp, whose attention stays outside the graph, matched it."""
+    changed = []
+    for layer in graphed_layers:
+        attention = getattr(getattr(layer, "self_attention", None), "core_attention", None)
+        if isinstance(attention, DotProductAttention):
+            layer._get_te_cuda_graph_replay_args = partial(replay_args_with_causal_mask,
+                                                           layer._get_te_cuda_graph_replay_args)
+            changed.append(layer)
+    return changed
+
+
+def replay_args_with_causal_mask(replay_args: Callable, *args, **kwargs):
+    graph_args, graph_kwargs = replay_args(*args, **kwargs)
+    filled = graph_kwargs.get("attention_mask")
+    if kwargs.get("attention_mask") is None and filled is not None:
+        batch, heads, queries, keys = filled.shape
+        # True where a query may not look: the later keys, as the captured static input has it.
+        causal = ~torch.ones(queries, keys, dtype=torch.bool, device=filled.device).tril()
+        graph_kwargs["attention_mask"] = causal.expand(batch, heads, queries, keys)
+    return graph_args, graph_kwargs
 
 
 def unwrapped(chunk: torch.nn.Module) -> torch.nn.Module:
