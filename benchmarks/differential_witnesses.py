@@ -58,15 +58,13 @@ WITNESS_CASES = {
                                                   "model.transformer_impl=local", SELECTIVE,
                                                   "model.recompute_modules=[layernorm]")
        for precision in ("fp8_sc", "bf16")},
-    # Transformer Engine's graphs on the local spec (te_graphs_need_te_spec): dense te_layer and te_attn complete,
-    # but leave their eager twins from the capture step on (0d3b80c). megatron-core replays a layer graph with an
-    # all-false attention mask where the step passed none, and the local spec's unfused softmax makes its causal
-    # mask only when given none: the replays would attend to later tokens. The fused softmax (causal kernel, mask
-    # unread) and te_mlp (attention outside the graph) test that reading.
+    # Transformer Engine's graphs on the local spec, which a rule refused until 6e4647f: dense te_layer and te_attn
+    # left their eager twins from the capture step on (0.79 % by step 6 at 0d3b80c), since megatron-core replays a
+    # layer graph with an all-false mask where the step passed none, and the local spec's attention then attends to
+    # later tokens. The engine replays the causal mask now (transformer_engine.causal_replays), and every case
+    # equals its twin (gpu_witnesses.json at 6e4647f, both releases); te_mlp keeps the attention outside the graph.
     **{f"te_graphs_local_spec_{graph}": ("recipe=llama/tiny", f"cuda_graph={graph}", "model.transformer_impl=local")
        for graph in ("te_layer", "te_attn", "te_mlp")},
-    "te_graphs_local_spec_te_attn_fused_softmax": ("recipe=llama/tiny", "cuda_graph=te_attn",
-                                                   "model.transformer_impl=local", "model.masked_softmax_fusion=true"),
     **{f"te_graphs_local_spec_{graph}": ("recipe=qwen/tiny", f"cuda_graph={graph}", "model.transformer_impl=local",
                                          ALLTOALL, *DROP_AND_PAD) for graph in ("te_moe_router", "te_attn_moe_router")},
     # bf16 router graphs with the MoE norm recomputed trained at one GPU (24488cb, c236fc3) but not at two
@@ -146,7 +144,8 @@ WITNESS_CASES = {
     **{f"block_scaled_gather_mla_ranks_{ranks}": (*TWO_GPUS, "recipe=deepseek/tiny", "precision=fp8_sc", TP2, SP,
                                                   *overrides)
        for ranks, overrides in (("64_32", ()), ("128", ("model.q_lora_rank=128", "model.kv_lora_rank=128")))},
-    # Transformer Engine's graphs on the local spec at two GPUs (te_graphs_need_te_spec; dense at one GPU trained).
+    # Transformer Engine's graphs on the local spec at two GPUs: they completed at cfa782d, before the engine replayed
+    # the causal mask; at one GPU they equal eager since (6e4647f).
     **{f"te_graphs_local_spec_te_layer_{name}": (*TWO_GPUS, "recipe=llama/tiny", "cuda_graph=te_layer",
                                                  "model.transformer_impl=local", *layout)
        for name, layout in (("tp2", (TP2,)), ("pp2", ("model.pipeline_model_parallel_size=2",

@@ -217,8 +217,6 @@ RULE_CASES.update({
         Case({**FULL_ITERATION, "optimizer.optimizer_in_graph": True, "ddp.use_distributed_optimizer": True}),
         Case({**FULL_ITERATION, "optimizer.optimizer_in_graph": True, "ddp.use_distributed_optimizer": True},
              machine=ONE_H100_019)),
-    "te_graphs_need_te_spec": (Case({**te("attn"), "model.transformer_impl": "local"}),
-                               Case({**local(), "model.transformer_impl": "local"})),
     "expert_bias": (Case({**MOE, "model.add_bias_linear": True, "model.moe_grouped_gemm": True,
                           "model.bias_dropout_fusion": True}),
                     Case({**MOE, "model.add_bias_linear": True, "model.moe_grouped_gemm": True})),

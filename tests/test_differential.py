@@ -50,7 +50,6 @@ STRICTER = {
     "optimizer_in_graph": "graphbridge's option (the optimizer inside the full-iteration graph) and what it needs",
     "optimizer_graph_distributed": "graphbridge's capturable AdamW keeps unsharded state where 0.16.1 has no optimizer "
                                    "graph (tests/test_gpu_records.py: REFUSES_WHAT_TRAINS)",
-    "te_graphs_need_te_spec": "Transformer Engine's graphs capture TE modules, which the local spec has none of",
     "attention_variant_needs_te_spec": "linear-attention variants have a TE-only block spec (Megatron-LM's gpt_builders)",
     "nccl_graph_register": "Bridge's rule for NCCL's buffer registration under graph capture with expandable segments",
     "legacy_scope": "the older CUDA-graph spellings, judged before translation",

@@ -54,20 +54,6 @@ REFUSES_WHAT_TRAINS = {
         "and four gradients that never arrived); at one GPU too, four of 95 gradients never arrived once the "
         "overlapped reduce checked for them (witness moe_norm_recompute_bf16_te_moe_router_overlap_grad_reduce, "
         "h200 gpu_differential.json at 1ab7470, both releases): the runs that completed had nothing to check for them",
-    "te_graphs_need_te_spec":
-        "dense llama/tiny on the local spec trained with it unasked under te_layer and te_attn on both releases "
-        "(witness cases of h200 gpu_differential_c236fc3.json; te_layer also in fp8_cs and bf16 draws on 0.16.1, "
-        "24488cb run 1452 and c236fc3 run 1460), and MoE qwen/tiny under te_moe_router (witness "
-        "te_graphs_local_spec_te_moe_router, h200 gpu_differential.json at 1ab7470, both releases), all at one GPU. "
-        "Beside their eager twins (h200 gpu_witnesses.json at 0d3b80c, both releases) the dense cases do not "
-        "train the same: their losses equal the twin's up to the capture step and leave it there (0.79 % by the "
-        "sixth step, te_layer and te_attn alike), while graphed draws without dropout on the TE spec, and "
-        "local_layer on the local spec, match their twins exactly; the router case matches its twin exactly. "
-        "megatron-core's code says why (0.19.2, TransformerLayer._get_te_cuda_graph_replay_args): a replay given no "
-        "attention mask is given an all-false one, and the local spec's unfused softmax makes its causal mask only "
-        "when given none, so the replays attend to later tokens. Refused draws trained with the rule unasked failed "
-        "(3 and 5 in the 0d3b80c differentials), and none at two GPUs has trained yet; the witness cases "
-        "te_graphs_local_spec_te_mlp and _te_attn_fused_softmax test that reading next",
 }
 """Rules that stay although a configuration they refuse trained on a GPU with them unasked, and why."""
 

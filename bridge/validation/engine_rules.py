@@ -193,19 +193,6 @@ def optimizer_graph_distributed(cfg, target):
         "ddp.use_distributed_optimizer=false, or optimizer.optimizer_in_graph=false")
 
 
-@rule("te_graphs_need_te_spec", engine="megatron",
-      rejects="Transformer Engine graphs with megatron-core's local layer spec",
-      fix="`model.transformer_impl=transformer_engine`, or `cuda_graph=local_layer` / `full_iteration`")
-def te_graphs_need_te_spec(cfg, target):
-    if impl_of(cfg) == TE and cfg.model.transformer_impl != "transformer_engine":
-        return violation(
-            "te_graphs_need_te_spec", [IMPL, "model.transformer_impl"],
-            "Transformer Engine graphs capture TE layers; set model.transformer_impl=transformer_engine, or use "
-            "cuda_graph=local_layer / cuda_graph=full_iteration with the local spec",
-        )
-    return None
-
-
 @rule("attention_variant_needs_te_spec", engine="megatron",
       rejects="`model.experimental_attention_variant` with megatron-core's local layer spec",
       fix="`model.transformer_impl=transformer_engine`")
