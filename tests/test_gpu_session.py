@@ -50,6 +50,18 @@ def test_a_job_without_its_snapshot_is_refused_with_the_fix(tmp_path):
     assert "carry .snap" in refused.stdout
 
 
+def test_a_later_job_of_the_same_commit_runs_from_the_snapshot_already_here(tmp_path):
+    checkout, state, out = tmp_path / "checkout", tmp_path / "state", tmp_path / "out"
+    (checkout / ".snap" / "abc1234").mkdir(parents=True)
+    out.mkdir()
+    assert session("start", "abc1234", "first", "true", cwd=checkout, state=state, out=out).returncode == 0
+    (checkout / ".snap" / "abc1234").rmdir()  # the next call carried no .snap
+    later = session("start", "abc1234", "later", "echo ran > $OUT/later", cwd=checkout, state=state, out=out)
+    assert later.returncode == 0, later.stdout
+    session("wait", "20", cwd=checkout, state=state, out=out)
+    assert (state / "out" / "later").read_text() == "ran\n"  # the jobs' OUT
+
+
 def test_wait_ends_with_the_jobs_and_brings_back_what_they_wrote(tmp_path):
     checkout, state, out = tmp_path / "checkout", tmp_path / "state", tmp_path / "out"
     (checkout / ".snap" / "abc1234").mkdir(parents=True)

@@ -2,7 +2,7 @@
 # Runs longer than one device call (at most 10 minutes), on the GPU machine after `bash .gpu/bin/setup.sh`.
 # The machine goes back 30 s after the last call ends, and every job with it: keep one call in flight.
 # Each job runs from a snapshot of a commit, so that the next call's copy of the working tree changes nothing
-# under it. On the development machine, before the call that starts a job (carry .snap):
+# under it. On the development machine, before the call that starts a job (carry .snap, which git ignores):
 #   c=$(git rev-parse --short HEAD); mkdir -p .snap/$c && git archive HEAD | tar x -C .snap/$c
 # Then, on the GPU machine:
 #   bash scripts/gpu/session.sh start C NAME 'COMMAND'  # COMMAND in the snapshot of C, in the background;
@@ -50,8 +50,11 @@ pack() {
 case ${1:-} in
   start)
     commit=${2:?commit}; name=${3:?job name}; command=${4:?command}
-    [ -d ".snap/$commit" ] || { echo "no snapshot .snap/$commit: carry .snap (see this script's header)"; exit 2; }
-    [ -d "$state/snap-$commit" ] || cp -a ".snap/$commit" "$state/snap-$commit"
+    # A snapshot that an earlier start of this machine copied serves later jobs: a call need not carry it again.
+    if [ ! -d "$state/snap-$commit" ]; then
+      [ -d ".snap/$commit" ] || { echo "no snapshot .snap/$commit: carry .snap (see this script's header)"; exit 2; }
+      cp -a ".snap/$commit" "$state/snap-$commit"
+    fi
     cat > "$state/$name.sh" <<JOB
 cd $state/snap-$commit
 export OUT=$state/out GRAPHBRIDGE_COMMIT=$commit
