@@ -179,6 +179,8 @@ def test_a_local_spec_layer_replays_with_the_causal_mask_it_was_captured_with():
     hidden = torch.ones(SEQ, BATCH, HIDDEN)
     _, replayed = layer._get_te_cuda_graph_replay_args(hidden, attention_mask=None)
     assert torch.equal(replayed["attention_mask"], layer.get_layer_static_inputs(SEQ, BATCH)["attention_mask"])
+    _, again = layer._get_te_cuda_graph_replay_args(hidden, attention_mask=None)
+    assert again["attention_mask"].data_ptr() == replayed["attention_mask"].data_ptr(), "one mask for every replay"
     given = torch.rand(BATCH, 1, SEQ, SEQ) > 0.5
     assert layer._get_te_cuda_graph_replay_args(hidden, attention_mask=given)[1]["attention_mask"] is given
     _, te_replayed = te_layer._get_te_cuda_graph_replay_args(hidden, attention_mask=None)

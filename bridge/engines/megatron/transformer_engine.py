@@ -16,7 +16,7 @@ megatron-core's helper hands it only to ``rope`` models. A local-spec layer's gr
 every replay (``causal_replays``): megatron-core hands it an all-false one.
 """
 
-from functools import partial
+from functools import lru_cache, partial
 from typing import Callable, List, Optional, Set
 
 import torch
@@ -82,6 +82,7 @@ class TransformerEngineGraphs:
             del layer.get_layer_static_inputs  # the class's again
         for layer in self.causal_layers:
             del layer._get_te_cuda_graph_replay_args
+        causal_mask.cache_clear()
         self.rotary_layers = self.causal_layers = []
 
 
@@ -157,10 +158,15 @@ def replay_args_with_causal_mask(replay_args: Callable, *args, **kwargs):
     filled = graph_kwargs.get("attention_mask")
     if kwargs.get("attention_mask") is None and filled is not None:
         batch, heads, queries, keys = filled.shape
-        # True where a query may not look: the later keys, as the captured static input has it.
-        causal = ~torch.ones(queries, keys, dtype=torch.bool, device=filled.device).tril()
-        graph_kwargs["attention_mask"] = causal.expand(batch, heads, queries, keys)
+        graph_kwargs["attention_mask"] = causal_mask(queries, keys, filled.device).expand(batch, heads, queries, keys)
     return graph_args, graph_kwargs
+
+
+@lru_cache(maxsize=4)
+def causal_mask(queries: int, keys: int, device: torch.device) -> torch.Tensor:
+    """True where a query may not look: the later keys, as the captured static input has it. Made once, since every
+    replay of every layer reads it (queries x keys bytes: 64 MiB at a sequence of 8192)."""
+    return ~torch.ones(queries, keys, dtype=torch.bool, device=device).tril()
 
 
 def unwrapped(chunk: torch.nn.Module) -> torch.nn.Module:
