@@ -77,6 +77,13 @@ def planned_auto(cli, tmp_path, cache_home, *overrides: str) -> dict:
     return json.loads(result.stdout)["auto"]
 
 
+def test_on_the_local_spec_auto_weighs_transformer_engines_graphs_too(cli, tmp_path, cache_home):
+    # They replay the causal mask their attention was captured with (transformer_engine.causal_replays), so they
+    # train as eager there: gpu_witnesses.json at 6e4647f, both releases.
+    local = planned_auto(cli, tmp_path, cache_home, "model.transformer_impl=local")
+    assert [c["choice"] for c in local["candidates"] if c["accepted"]] == DENSE_CANDIDATES
+
+
 def test_the_optimizer_in_the_graph_is_a_candidate_unless_the_user_chose_where_it_runs(cli, tmp_path, cache_home):
     by_choice = {c["choice"]: c for c in planned_auto(cli, tmp_path, cache_home)["candidates"]}
     assert by_choice[OPTIMIZER_IN_GRAPH]["overrides"] == ["cuda_graph=full_iteration",
