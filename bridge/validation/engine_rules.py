@@ -15,7 +15,7 @@ from bridge.config.engines import (
     TORCH_SOFTMAX_TYPES,
 )
 from bridge.config.graphs import graph_impl
-from bridge.validation.graph_facts import FULL_ITERATION, IMPL, LOCAL, MODULES, TE, impl_of, is_graphed, modules_of
+from bridge.validation.graph_facts import FULL_ITERATION, IMPL, LOCAL, MODULES, impl_of, is_graphed, modules_of
 from bridge.validation.registry import rule, violation
 
 MEGATRON_WHERE_IT_RUNS = "`engine=megatron` where a CUDA GPU and megatron-core are"

@@ -3,7 +3,6 @@ megatron-core 0.16.1 (R7-R13 in the reference: scopes, EP A2A overlap, delayed w
 dropless-dispatch limit measured on the GPU."""
 
 from bridge.validation.graph_facts import (
-    FULL_ITERATION,
     IMPL,
     LOCAL,
     MODULES,
