@@ -310,8 +310,9 @@ RULE_CASES.update({
     "router_fp64_graphs": (Case({**MOE, **te("moe_router", "moe_preprocess"), "model.moe_router_dtype": "fp64"}),
                            Case({**MOE, **te("moe_router", "moe_preprocess"), "model.moe_router_dtype": "fp32"})),
     "retained_backward_compiled_fusion": (
-        Case({**te("mlp"), "model.cuda_graph_retain_backward_graph": True, "model.bias_dropout_fusion": True}),
-        Case({**FULL_ITERATION, "model.cuda_graph_retain_backward_graph": True, "model.bias_dropout_fusion": True})),
+        Case({**te("mlp"), "model.cuda_graph_retain_backward_graph": True, "model.bias_dropout_fusion": True,
+              "model.hidden_dropout": 0.1}),
+        Case({**te("mlp"), "model.cuda_graph_retain_backward_graph": True, "model.bias_dropout_fusion": True})),
     "quantized_experts_fp64_probs": (
         Case({**MOE, **ALLTOALL, "model.fp8": "e4m3", "model.moe_grouped_gemm": True, "model.moe_router_dtype": "fp64"}),
         Case({**MOE, **ALLTOALL, "model.fp8": "e4m3", "model.moe_grouped_gemm": True, "model.moe_router_dtype": "fp32"})),
