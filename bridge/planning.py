@@ -131,7 +131,9 @@ class Plan:
 
     def to_text(self) -> str:
         graphs, cfg, model = self.graphs(), self.config, self.config.model
-        verdict = self.verdict_with_memory() if self.valid else f"INVALID ({len(self.config_violations)} violations, on stderr)"
+        count = len(self.config_violations)
+        verdict = self.verdict_with_memory() if self.valid else (
+            f"INVALID ({count} violation{'' if count == 1 else 's'}, on stderr)")
         graphed = self.auto.graphed_summary() if self.auto is not None else graphs["summary"]
         lines = [f"graphbridge plan: {verdict}", f"  graphed:   {graphed}"]
         if graphs["parked"]:

@@ -38,7 +38,7 @@ def test_dryrun_json_plan_keeps_stdout_machine_readable(workload_cli, tmp_path):
 def test_dryrun_of_an_invalid_config_exits_2_with_the_violation(workload_cli, tmp_path):
     result = workload_cli("--dryrun", "--cuda_graph_impl", "transformer_engine", "engine=torch", cwd=tmp_path)
     assert result.returncode == 2
-    assert "graphbridge plan: INVALID" in result.stdout
+    assert "graphbridge plan: INVALID (1 violation, on stderr)" in result.stdout
     assert "[engine_impl]" in result.stderr and "Traceback" not in result.stderr
 
 
