@@ -11,6 +11,7 @@ from pathlib import Path
 
 import benchmark_table
 import differential_table
+import equivalence_table
 import pytest
 from sections import with_section
 
@@ -269,3 +270,10 @@ def test_the_gpu_differential_tables_are_up_to_date_with_the_committed_records()
     docs = (ROOT / "docs" / "gpu_differential.md").read_text()
     assert with_section(docs, "differential", differential_table.markdown()) == docs, (
         "docs/gpu_differential.md is out of date: run python scripts/differential_table.py")
+
+
+def test_the_equivalence_tables_are_up_to_date_with_the_committed_records():
+    docs = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert with_section(docs, "equivalence", equivalence_table.markdown()) == docs, (
+        "docs/benchmarks.md's equivalence section is out of date: run python scripts/equivalence_table.py")
+    assert "| `full_iteration` | 6 of 6 | 0 | 0 | yes |" in docs
