@@ -1,7 +1,8 @@
 """Write the benchmark tables into docs/benchmarks.md from the raw results, never typed numbers: the
 suite's (between the suite markers) from benchmarks/results/*.json that benchmarks/suite.py writes, and
 graphbridge beside Megatron-Bridge (the vs_bridge markers) from benchmarks/results/vs_bridge/*.json that
-benchmarks/vs_bridge.py writes.
+benchmarks/vs_bridge.py writes, and the equivalence tables (the equivalence markers) from
+benchmarks/results/<gpu>/mcore-<release>/equivalence.json that benchmarks/equivalence.py writes.
 
     python scripts/benchmark_table.py          # rewrite the section
     python scripts/benchmark_table.py --check  # exit 1 when it is out of date
@@ -17,6 +18,7 @@ from sections import write_or_check
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import vs_bridge  # noqa: E402  (its table; importing it needs no Bridge)
+from equivalence import LATE_WINDOW, WINDOW, window_gap  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 DOCS = ROOT / "docs" / "benchmarks.md"
@@ -131,9 +133,51 @@ def vs_bridge_markdown(directory: Path = RESULTS / "vs_bridge") -> str:
     return "\n".join([intro, ""] + blocks).rstrip()
 
 
+def gap_percent(gap: float) -> str:
+    return "0" if gap == 0 else f"{100 * gap:.3g} %"
+
+
+def largest_gap(runs: List[dict], window) -> float:
+    return max(abs(window_gap(run["losses"], run["eager_losses"], tuple(window))) for run in runs)
+
+
+def equivalence_row(record: dict, variant: str) -> str:
+    """A variant's runs: how many completed, the largest |window gap| to the eager twin over its seeds and specs,
+    from the per-step losses (steps 10-29, judged since issue 29's records, and 50-99), and the verdict under
+    the record's own window and tolerance (twice the gap of its rounding-only pair)."""
+    runs = [run for run in record["runs"] if run["variant"] == variant]
+    completed = [run for run in runs if run["status"] == "completed"]
+    if not completed:
+        reasons = sorted({(run.get("reason") or run["status"]).split("]")[0].lstrip("[") for run in runs})
+        return f"| `{variant}` | 0 of {len(runs)} | refused ({', '.join(reasons)}) | | |"
+    if variant == record["rounding_variant"]:
+        verdict = "the rounding pair: sets the tolerance"
+    else:
+        verdict = "yes" if largest_gap(completed, record["window"]) <= record["tolerance"] else "**no**"
+    return (f"| `{variant}` | {len(completed)} of {len(runs)} | {gap_percent(largest_gap(completed, WINDOW))} | "
+            f"{gap_percent(largest_gap(completed, LATE_WINDOW))} | {verdict} |")
+
+
+def equivalence_markdown(directory: Path = RESULTS) -> str:
+    """One table per committed equivalence record."""
+    lines = []
+    for path in sorted(directory.glob("*/mcore-*/equivalence.json")):
+        record = json.loads(path.read_text())
+        start, end = record["window"]
+        lines += [f"`{path.relative_to(ROOT).as_posix()}`: {record['gpu']}, megatron-core {record['megatron_core']}, "
+                  f"TE {record['transformer_engine']}, graphbridge {record['commit']}, {record['date']}; seeds "
+                  f"{', '.join(str(seed) for seed in record['seeds'])}, {record['steps']} steps; judged over steps "
+                  f"{start}-{end - 1} within {gap_percent(record['tolerance'])} (`{record['command']}`)", "",
+                  "| variant | runs completed | largest window gap, steps 10-29 | steps 50-99 | within tolerance |",
+                  "|---|---|---|---|---|"]
+        lines += [equivalence_row(record, variant) for variant in record["variants"]] + [""]
+    return "\n".join(lines).rstrip() if lines else "No record is committed yet."
+
+
 def main() -> int:
     return (write_or_check(DOCS, "suite", markdown(), "python scripts/benchmark_table.py")
-            or write_or_check(DOCS, "vs_bridge", vs_bridge_markdown(), "python scripts/benchmark_table.py"))
+            or write_or_check(DOCS, "vs_bridge", vs_bridge_markdown(), "python scripts/benchmark_table.py")
+            or write_or_check(DOCS, "equivalence", equivalence_markdown(), "python scripts/benchmark_table.py"))
 
 
 if __name__ == "__main__":
