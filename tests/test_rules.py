@@ -2,6 +2,7 @@
 and a row in docs/rules.md."""
 
 import json
+import shutil
 
 import pytest
 import rule_table
@@ -116,6 +117,31 @@ def test_a_gpu_witness_is_refused_by_its_rule(rule):
     assert run["status"] in ("failed", "timeout") and witness.error in run["error"]  # a timeout: a hang
     machine = record_machine(record["summary"])
     assert rule in {violation.rule for violation in bridge.plan(run["overrides"], machine=machine).violations}
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="torch.compile on the CPU needs a C++ compiler")
+@pytest.mark.parametrize("dropout,refused", [(0.1, True), (0.0, False)])
+def test_the_compiled_bias_dropout_add_refuses_a_retained_backward_only_with_dropout(dropout, refused):
+    """retained_backward_compiled_fusion's premise, on the CPU through megatron-core's own fused function: with
+    dropout its compiled backward keeps the mask as a donated buffer, and once a step has compiled that backward,
+    a backward that retains the graph (as capture's does) is refused; without dropout nothing is kept."""
+    import torch
+    from megatron.core.fusions.fused_bias_dropout import bias_dropout_add_fused_train
+
+    def step(**backward):
+        hidden, residual = torch.randn(8, 16, requires_grad=True), torch.randn(8, 16, requires_grad=True)
+        bias_dropout_add_fused_train((hidden, None), residual, dropout).sum().backward(**backward)
+
+    # Cached compilations skip the donated-buffer bookkeeping: torch 2.11 hid the refusal behind its caches.
+    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
+        torch._dynamo.reset()
+        step()  # the eager steps before capture compile the backward
+        if refused:
+            with pytest.raises(RuntimeError, match="donated buffers"):
+                step(retain_graph=True)
+        else:
+            step(retain_graph=True)
+        torch._dynamo.reset()
 
 
 QWEN_FP8_FP64 = ["recipe=qwen/tiny", "precision=fp8_cs", "model.moe_token_dispatcher_type=alltoall",
