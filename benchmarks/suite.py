@@ -8,8 +8,9 @@ fresh process, raw results as JSON under benchmarks/results/ (GPU, versions, the
 Every variant runs ``--steps`` steps with perf.profile=true: the first perf.warmup_steps (3) steps,
 the capture step and the 5 profiled steps are left out of the step-time statistics (>= 30 timed at
 the default 40), and the profiled steps give the GPU-busy fraction. Per variant: median, p10, p90
-step time, GPU-busy, peak allocated and reserved memory, capture time, graphs, and the speedup over
-the eager variant of the same workload. A variant that fails is recorded with its status, reason and
+step time, GPU-busy, peak allocated and reserved memory, capture time, graphs, the speedup over
+the eager variant of the same workload, and the variant process's wall time (what a round's device minutes go
+to beside the steps). A variant that fails is recorded with its status, reason and
 the last lines of its output; one that runs past ``--variant-timeout-s`` is stopped with its ranks and
 recorded as timed out, and the block goes on.
 
@@ -62,6 +63,9 @@ class Measured:
     result: dict = field(default_factory=dict)
     log_tail: Optional[List[str]] = None
     """The last lines of a variant's output when it did not complete: the device's scratch is gone with it."""
+    wall_s: Optional[float] = None
+    """The variant's whole process, from start to exit: beside its steps, what its imports, build, capture,
+    profile and teardown cost (a block's device minutes go there)."""
 
     def row(self) -> dict:
         step, memory = self.result.get("step_time_ms") or {}, self.result.get("memory") or {}
@@ -74,7 +78,7 @@ class Measured:
                 "capture_time_s": self.result.get("capture_time_s"), "graph_count": self.result.get("graph_count"),
                 "tflops_per_gpu": self.result.get("tflops_per_gpu"), "command": " ".join(self.command),
                 "auto_chosen": (self.result.get("auto") or {}).get("chosen"), "auto_probe": self.probe(),
-                "log_tail": self.log_tail}
+                "wall_s": self.wall_s, "log_tail": self.log_tail}
 
     def probe(self) -> Optional[dict]:
         """What the auto variant's probe measured, when this run probed (a decision from the cache carries the
@@ -103,6 +107,7 @@ def run_variant(workload: Workload, overrides: Tuple[str, ...], job_dir: Path, s
     command, log_path = ["graphbridge", *arguments], job_dir.with_name(job_dir.name + ".log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     bind = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    started = time.monotonic()
     with open(log_path, "wb") as log, subprocess.Popen([*GRAPHBRIDGE, *arguments, f"hydra.run.dir={job_dir}"],
                                                        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                                        start_new_session=True, preexec_fn=bind) as process:
@@ -111,10 +116,11 @@ def run_variant(workload: Workload, overrides: Tuple[str, ...], job_dir: Path, s
         except subprocess.TimeoutExpired:
             stop_session(process)
             return Measured(command, {"status": "timeout", "reason": f"no end after {timeout_s:.0f} s: stopped"},
-                            tail(log_path))
+                            tail(log_path), round(time.monotonic() - started, 1))
+    wall_s = round(time.monotonic() - started, 1)
     result_path = job_dir / "result.json"
     result = json.loads(result_path.read_text()) if result_path.is_file() else {}
-    return Measured(command, result, None if result.get("status") == "completed" else tail(log_path))
+    return Measured(command, result, None if result.get("status") == "completed" else tail(log_path), wall_s)
 
 
 def stop_session(process: subprocess.Popen) -> None:

@@ -172,6 +172,8 @@ def test_a_variant_that_hangs_or_dies_is_recorded_with_its_last_lines(monkeypatc
     measured = suite.run_variant(workload, workload.variants["eager"], tmp_path / "eager", 40, timeout_s=3)
     row = measured.row()
     assert row["status"] == status and says in "\n".join(row["log_tail"])
+    # the process's life: a stopped one's runs to its stop at the timeout (3 s), a dead one's to its exit
+    assert (3 <= row["wall_s"] < 60) if status == "timeout" else (0 <= row["wall_s"] < 3)
     assert row["command"].startswith("graphbridge recipe=llama/tiny cuda_graph=none")
     leftover = subprocess.run(["pgrep", "-f", token], capture_output=True, text=True).stdout.split()
     assert not leftover, f"the variant's children outlived it: {leftover}"
