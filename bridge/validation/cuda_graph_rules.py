@@ -314,7 +314,8 @@ def retained_backward_compiled_fusion(cfg, target):
     # donated buffer, and a backward compiled by the eager warm-up steps then refuses the capture's retain_graph=True:
     # te_mlp at hidden_dropout=0.1 failed so on an H100 (0.19.2, "compiled with non-empty donated buffers"). Without
     # dropout nothing is kept: qwen/tiny's te_attn with both trained on one H200 on both releases (7d4567f, the
-    # differential's sample with this rule unasked), and torch 2.11 on the CPU shows the same split at p=0 and 0.1.
+    # differential's sample with this rule unasked). The CPU shows the same split at p=0 and 0.1 (tests/test_rules.py,
+    # through megatron-core's own fused function).
     # full_iteration with both trained.
     model = cfg.model
     if (impl_of(cfg) == TE and model.cuda_graph_retain_backward_graph and model.bias_dropout_fusion
