@@ -82,11 +82,18 @@ WITNESS_CASES = {
                                                         "model.moe_permute_fusion=true", *overrides)
        for name, overrides in (("", ()), ("_overlap_grad_reduce", ("ddp.overlap_grad_reduce=true",)))},
     # megatron-core keeps a norm's recompute on inside local per-layer graphs too (can_recompute_pre_mlp_layernorm_
-    # for_cudagraph answers yes for cuda_graph_impl=local), and no record has trained one yet: the local spec's
-    # dense norms, and an MoE layer's pre-MLP norm on the TE spec.
+    # for_cudagraph answers yes for cuda_graph_impl=local): the local spec's dense norms, and an MoE layer's pre-MLP
+    # norm on the TE spec. Both trained on both releases in every H200 record since 24488cb.
     "local_layer_norm_recompute_local_spec": ("recipe=llama/tiny", "cuda_graph=local_layer",
                                               "model.transformer_impl=local", SELECTIVE,
                                               "model.recompute_modules=[layernorm]"),
+    # Transformer Engine's graphs with the norms recomputed (local_spec_norm_recompute_in_te_graphs): on the local
+    # spec te_attn and te_mlp failed at the first replay, on the TE spec, which fuses those norms, te_attn trained
+    # (local_spec_norm_recompute_f0650f3.log, 0.19.2).
+    **{f"norm_recompute_{impl}_spec_{graph}": ("recipe=llama/tiny", f"cuda_graph={graph}",
+                                               f"model.transformer_impl={impl}", SELECTIVE,
+                                               "model.recompute_modules=[layernorm]")
+       for impl in ("local", "transformer_engine") for graph in ("te_attn", "te_mlp")},
     "local_layer_moe_norm_recompute": ("recipe=qwen/tiny", "cuda_graph=local_layer", SELECTIVE,
                                        "model.recompute_modules=[layernorm]", ALLTOALL, *DROP_AND_PAD),
     **{f"local_spec_grouped_gemm_{on}": ("recipe=qwen/tiny", "model.transformer_impl=local",

@@ -161,6 +161,10 @@ RULE_CASES = {
         Case({"model.fp8": "e4m3", "model.transformer_impl": "local", **SELECTIVE,
               "model.recompute_modules": ["layernorm"]}),
         Case({"model.fp8": "e4m3", **SELECTIVE, "model.recompute_modules": ["layernorm"]})),
+    # The accept case is the same graph on the TE spec, which fuses the input norm into linear_qkv.
+    "local_spec_norm_recompute_in_te_graphs": (
+        Case({"model.transformer_impl": "local", **te("attn"), **SELECTIVE, "model.recompute_modules": ["layernorm"]}),
+        Case({**te("attn"), **SELECTIVE, "model.recompute_modules": ["layernorm"]})),
     "moe_router_without_transformer_engine": (Case(MOE, machine=NO_TE), Case(MOE)),
     "expert_bias_tensor_parallel": (Case({**MOE, **TP2_SP, "model.add_bias_linear": True}, megatron=True),
                                     Case({**MOE, **TP2_SP, "model.add_bias_linear": True,

@@ -2,7 +2,8 @@
 (`model.transformer_impl=local`), or on a machine without Transformer Engine. Its modules are torch's (or apex's,
 where installed), and each refuses some settings at model build or at the first step."""
 
-from bridge.config.model_facts import is_moe_model, recompute_modules
+from bridge.config.model_facts import has_dense_layers, is_moe_model, recompute_modules
+from bridge.validation.graph_facts import IMPL, MODULES, TE, impl_of, modules_of
 from bridge.validation.registry import rule, violation
 
 
@@ -91,3 +92,44 @@ def quantized_norm_recompute_local_spec(cfg, target):
                      "asks them to keep their unquantized input), and it builds its local layer spec here; drop "
                      "layernorm from model.recompute_modules, train in bf16, or use Transformer Engine's layers "
                      "(model.transformer_impl=transformer_engine where Transformer Engine is installed)")
+
+
+def norms_recomputed_in_te_graphs(cfg, target) -> list:
+    """The local spec's norms that selective recompute of layernorm frees inside Transformer Engine per-layer graphs:
+    the input norm where a graph holds attention, and dense layers' pre-MLP norm where one holds their MLP. (The TE
+    spec fuses both into the linear after them; an MoE layer's pre-MLP norm is moe_norm_recompute_in_layer_graphs'.)"""
+    model = cfg.model
+    if (target.engine != "megatron" or impl_of(cfg) != TE or model.recompute_granularity != "selective"
+            or "layernorm" not in recompute_modules(model) or not builds_local_spec(cfg, target)):
+        return []
+    graphed = set(modules_of(cfg)) or {"attn", "mlp"}
+    norms = ["the input norm"] if "attn" in graphed else []
+    if "mlp" in graphed and has_dense_layers(model):
+        norms.append("dense layers' pre-MLP norm")
+    return norms
+
+
+@rule("local_spec_norm_recompute_in_te_graphs", environment=True,
+      rejects="selective recompute of layernorm inside Transformer Engine per-layer graphs of attention or a dense "
+              "MLP, where megatron-core builds its local layer spec",
+      fix="drop layernorm from `model.recompute_modules`, Transformer Engine's layers "
+          "(`model.transformer_impl=transformer_engine`), or `cuda_graph=local_layer` or `full_iteration`")
+def local_spec_norm_recompute_in_te_graphs(cfg, target):
+    # The local spec's norms are modules of their own, so megatron-core recomputes them without reentry
+    # (CheckpointWithoutOutput: the output is freed after its consumer and rebuilt by a backward hook), inside the
+    # graph that holds them; the replay then reads the freed output. Witness: run 1068 of gpu_differential.json at
+    # f0650f3 on an H200, both releases (qwen/tiny, te_attn, cudaErrorIllegalAddress at the first replay), and
+    # local_spec_norm_recompute_f0650f3.log there (0.19.2): llama/tiny's te_attn, te_mlp and te_layer failed so;
+    # the same runs with core_attn recompute, on the TE spec, or under local_layer trained.
+    norms = norms_recomputed_in_te_graphs(cfg, target)
+    if not norms:
+        return None
+    kept = [name for name in recompute_modules(cfg.model) if name != "layernorm"]
+    fix = f"model.recompute_modules=[{','.join(kept)}]" if kept else "model.recompute_granularity=null"
+    return violation("local_spec_norm_recompute_in_te_graphs",
+                     ["model.recompute_modules", IMPL, MODULES, "model.transformer_impl"],
+                     f"megatron-core builds its local layer spec here and recomputes {' and '.join(norms)} inside "
+                     "the Transformer Engine per-layer graph: it frees the norm's output in the forward and rebuilds "
+                     f"it in the backward, and the replay then reads freed memory (an illegal memory access); set {fix}, "
+                     "use Transformer Engine's layers (model.transformer_impl=transformer_engine where Transformer "
+                     "Engine is installed), or cuda_graph=local_layer or full_iteration")
