@@ -41,7 +41,9 @@ def draw(rng: random.Random, gpus: int = 1) -> List[str]:
     recipe = rng.choice(TINY_RECIPES)
     graphs = FITTING_GRAPHS[recipe] if rng.random() < 0.8 else CUDA_GRAPHS
     changes: Dict[str, object] = {"cuda_graph": rng.choice(graphs), "precision": rng.choice(PRECISIONS)}
-    if rng.random() < 0.15:
+    # The local spec one draw in four: Transformer Engine's graphs are accepted there since 6e4647f, and at one in
+    # seven its first crash after accept (local_spec_norm_recompute_in_te_graphs) took 1500 draws to show.
+    if rng.random() < 0.25:
         changes["model.transformer_impl"] = "local"
     changes.update(recompute(rng))
     changes.update(fusions(rng))

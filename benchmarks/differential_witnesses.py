@@ -94,6 +94,12 @@ WITNESS_CASES = {
                                                f"model.transformer_impl={impl}", SELECTIVE,
                                                "model.recompute_modules=[layernorm]")
        for impl in ("local", "transformer_engine") for graph in ("te_attn", "te_mlp")},
+    # What else megatron-core 0.19 recomputes inside those graphs on the local spec (0.16.1 refuses it:
+    # recompute_in_layer_graphs): one draw of te_attn with core_attn trained (qwen/tiny, 7d4567f), none of te_mlp.
+    **{f"local_spec_recompute_{module}_{graph}": ("recipe=llama/tiny", f"cuda_graph={graph}",
+                                                  "model.transformer_impl=local", SELECTIVE,
+                                                  f"model.recompute_modules=[{module}]")
+       for module, graph in (("core_attn", "te_attn"), ("mlp", "te_mlp"))},
     "local_layer_moe_norm_recompute": ("recipe=qwen/tiny", "cuda_graph=local_layer", SELECTIVE,
                                        "model.recompute_modules=[layernorm]", ALLTOALL, *DROP_AND_PAD),
     **{f"local_spec_grouped_gemm_{on}": ("recipe=qwen/tiny", "model.transformer_impl=local",
