@@ -199,24 +199,27 @@ def auto_across_rounds(workload: Workload, auto_rows: List[dict], rounds: List[D
     """What the auto row says over all rounds: its ratio to the best is the median of the per-round ratios
     (each from one machine and one round, as the speedups' range), and so is the ratio of the variant it chose
     (which sets the same overrides) to the best: where those two differ, auto chose well and its run landed
-    elsewhere between processes. Also every choice it made, and the probe from the round that probed (later
-    rounds on the same machine take the cached decision)."""
+    elsewhere between processes. Also every choice it made, and the probe of the last round that probed: rounds on
+    the same machine take the cached decision, and a round resumed on a fresh machine or at a newer commit probes
+    again, for the catalogue and candidates of that commit. Every probe's wall time stays, in round order."""
     ratios = sorted(ratio for ratio in (against_the_best(rows, rows[AUTO]["median_ms"]) for rows in rounds) if ratio)
     chosen_ratios = sorted(ratio for ratio in (against_the_best(rows, chosen_median(workload, rows)) for rows in rounds)
                            if ratio)
-    probes = [probe_of(row) for row in auto_rows if probe_of(row)]
+    probes = probes_of(auto_rows)
     chosen = list(dict.fromkeys(row["auto_chosen"] for row in auto_rows if row.get("auto_chosen")))
     return {"vs_best": middle(ratios), "vs_best_range": [ratios[0], ratios[-1]] if len(ratios) > 1 else None,
             "chosen_vs_best": middle(chosen_ratios), "auto_chosen": " / ".join(chosen) or None,
-            "auto_probe_s": probes[0]["wall_s"] if probes else None, "auto_probe": probes[0] if probes else None}
+            "auto_probe_s": probes[-1]["wall_s"] if probes else None, "auto_probe": probes[-1] if probes else None,
+            "auto_probes_s": [probe["wall_s"] for probe in probes]}
 
 
-def probe_of(row: dict) -> Optional[dict]:
-    """A round's probe; a round recorded before the suite kept it (75b3d6e) has its wall time alone, which only
-    the first round, the one that probed, can be trusted for."""
-    if "auto_probe" in row:
-        return row["auto_probe"]
-    return {"wall_s": row["auto_probe_s"]} if row.get("auto_probe_s") is not None else None
+def probes_of(auto_rows: List[dict]) -> List[dict]:
+    """The probes of the auto variant's rounds, in order. Rounds recorded before the suite kept the probe (75b3d6e)
+    carry the wall time of the decision's probe alone, in every round: only the first of them, the one that probed,
+    counts."""
+    legacy = [row["auto_probe_s"] for row in auto_rows if "auto_probe" not in row and row.get("auto_probe_s") is not None]
+    kept = [row["auto_probe"] for row in auto_rows if row.get("auto_probe")]
+    return ([{"wall_s": legacy[0]}] if legacy else []) + kept
 
 
 def middle(values: List[float]) -> Optional[float]:

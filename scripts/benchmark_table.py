@@ -49,11 +49,14 @@ def busy(fraction) -> str:
 
 
 def auto_notes(row: dict) -> str:
-    """What the auto variant chose, how long its probe took, its step time over the best other variant's (with
-    --rounds: the median of the per-round ratios, and their range) and that of the variant it chose."""
+    """What the auto variant chose, how long its last probe took (and any earlier one), its step time over the best
+    other variant's (with --rounds: the median of the per-round ratios, and their range) and that of the variant it
+    chose."""
     notes = [f"chose {row['auto_chosen']}"]
     if row.get("auto_probe_s") is not None:
-        notes.append(f"probe {row['auto_probe_s']:.0f} s")
+        earlier = row.get("auto_probes_s", [])[:-1]
+        notes.append(f"probe {row['auto_probe_s']:.0f} s"
+                     + (f" (earlier rounds' {', '.join(f'{wall:.0f}' for wall in earlier)} s)" if earlier else ""))
     if row.get("vs_best") is not None:
         spread = row.get("vs_best_range")
         notes.append(f"{row['vs_best']:.2f}x the best" + (f" ({spread[0]:.2f}-{spread[1]:.2f})" if spread else ""))
@@ -106,7 +109,8 @@ def markdown(directory: Path = RESULTS) -> str:
              "every step, which adds the host's time per step to launch-bound and graphed steps. A command with "
              "`--rounds N` ran every variant N times in alternating order: its row is the middle round, and the "
              "brackets after the speedup give the lowest and highest per-round ratio. The auto row names its choice, "
-             "the probe's wall time (from the round that probed; later rounds take the cached decision) and its step "
+             "the probe's wall time (from the last round that probed, at its commit; rounds on the same machine take "
+             "the cached decision, and earlier probes follow in brackets) and its step "
              "time over the best other variant's, the median of the per-round ratios; then the same ratio for the "
              "variant that sets what it chose. Where the two differ, auto chose well and its own run (the same "
              "configuration in another process) landed elsewhere: the noise between processes. A record cut off by "
