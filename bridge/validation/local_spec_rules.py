@@ -120,7 +120,8 @@ def local_spec_norm_recompute_in_te_graphs(cfg, target):
     # graph that holds them; the replay then reads the freed output. Witness: run 1068 of gpu_differential.json at
     # f0650f3 on an H200, both releases (qwen/tiny, te_attn, cudaErrorIllegalAddress at the first replay), and
     # local_spec_norm_recompute_f0650f3.log there (0.19.2): llama/tiny's te_attn, te_mlp and te_layer failed so;
-    # the same runs with core_attn recompute, on the TE spec, or under local_layer trained.
+    # run 1068 with core_attn recomputed instead trained, and so did the norm recomputed under te_attn on the TE spec
+    # and under local_layer on the local spec.
     norms = norms_recomputed_in_te_graphs(cfg, target)
     if not norms:
         return None
