@@ -4,6 +4,7 @@ where installed), and each refuses some settings at model build or at the first 
 
 from bridge.config.model_facts import has_dense_layers, is_moe_model, recompute_modules
 from bridge.validation.graph_facts import IMPL, MODULES, TE, impl_of, modules_of
+from bridge.validation.recompute_rules import recompute_without
 from bridge.validation.registry import rule, violation
 
 
@@ -125,8 +126,7 @@ def local_spec_norm_recompute_in_te_graphs(cfg, target):
     norms = norms_recomputed_in_te_graphs(cfg, target)
     if not norms:
         return None
-    kept = [name for name in recompute_modules(cfg.model) if name != "layernorm"]
-    fix = f"model.recompute_modules=[{','.join(kept)}]" if kept else "model.recompute_granularity=null"
+    fix = recompute_without(cfg.model, ("layernorm",))
     return violation("local_spec_norm_recompute_in_te_graphs",
                      ["model.recompute_modules", IMPL, MODULES, "model.transformer_impl"],
                      f"megatron-core builds its local layer spec here and recomputes {' and '.join(norms)} inside "

@@ -158,6 +158,12 @@ def cpu_offloading_conflicts(cfg, target):
     return None
 
 
+def recompute_without(model, dropped) -> str:
+    """The override that recomputes what the user asked for but ``dropped``: the modules left, or none at all."""
+    kept = [name for name in recompute_modules(model) if name not in dropped]
+    return f"model.recompute_modules=[{','.join(kept)}]" if kept else "model.recompute_granularity=null"
+
+
 def recomputed_inside_layer_graphs(cfg, modules) -> list:
     """Of ``modules``, those selective recompute would checkpoint inside a per-layer graph (local or TE): the
     attention's core, norms and MLA up-projections for attn graphs, a dense MLP for mlp graphs, the MoE layer
@@ -188,8 +194,7 @@ def recompute_in_layer_graphs(cfg, target):
     inside = recomputed_inside_layer_graphs(cfg, ("core_attn", "mlp", "moe", "shared_experts"))
     if not inside:
         return None
-    kept = [name for name in recompute_modules(cfg.model) if name not in inside]
-    fix = f"model.recompute_modules=[{','.join(kept)}]" if kept else "model.recompute_granularity=null"
+    fix = recompute_without(cfg.model, inside)
     return violation(
         "recompute_in_layer_graphs", [IMPL, MODULES, "model.recompute_modules"],
         f"megatron-core {target.megatron_core} recomputes {', '.join(inside)} with reentrant checkpointing, which "
@@ -280,8 +285,7 @@ def moe_norm_recompute_in_layer_graphs(cfg, target):
     # (moe_norm_recompute_bf16_te_moe).
     if not moe_norm_recomputed_in_layer_graphs(cfg):
         return None
-    kept = [name for name in recompute_modules(cfg.model) if name != "layernorm"]
-    fix = f"model.recompute_modules=[{','.join(kept)}]" if kept else "model.recompute_granularity=null"
+    fix = recompute_without(cfg.model, ("layernorm",))
     return violation(
         "moe_norm_recompute_in_layer_graphs", [IMPL, MODULES, "model.recompute_modules"],
         "megatron-core frees the MoE layer's pre-MLP norm output inside the per-layer graph and recomputes it in "
