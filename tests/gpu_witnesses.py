@@ -33,8 +33,8 @@ WITNESSES_2GPU_0192 = "h200/mcore-0.19.2/gpu_witnesses_2gpu_cfa782d.json"
 TWO_GPU_RUNS_0192 = "h200/mcore-0.19.2/gpu_differential_2gpu_4ebf167.json"
 H200_0161 = "h200/mcore-0.16.1/gpu_differential_24488cb.json"
 """Runs of two GPUs each (num_gpus 2 in their summaries), on two H200s."""
-H200_F0650F3_0161 = "h200/mcore-0.16.1/gpu_differential.json"
-"""The one-GPU differential at f0650f3 (seed 11); a newer one keeps it as gpu_differential_f0650f3.json."""
+H200_F0650F3_0161 = "h200/mcore-0.16.1/gpu_differential_f0650f3.json"
+"""The one-GPU differential at f0650f3 (seed 11), before the rule it witnesses."""
 GPU_WITNESSES = {
     "allgather_dispatch_capture": GpuWitness(ON_0161, 706, "Cannot copy between CPU and CUDA tensors during CUDA graph"),
     "dropless_permute_capture": GpuWitness(ON_0161, 709, "cudaErrorStreamCaptureUnsupported"),

@@ -118,11 +118,12 @@ def norms_recomputed_in_te_graphs(cfg, target) -> list:
 def local_spec_norm_recompute_in_te_graphs(cfg, target):
     # The local spec's norms are modules of their own, so megatron-core recomputes them without reentry
     # (CheckpointWithoutOutput: the output is freed after its consumer and rebuilt by a backward hook), inside the
-    # graph that holds them; the replay then reads the freed output. Witness: run 1068 of gpu_differential.json at
-    # f0650f3 on an H200, both releases (qwen/tiny, te_attn, cudaErrorIllegalAddress at the first replay), and
-    # local_spec_norm_recompute_f0650f3.log there (0.19.2): llama/tiny's te_attn, te_mlp and te_layer failed so;
-    # run 1068 with core_attn recomputed instead trained, and so did the norm recomputed under te_attn on the TE spec
-    # and under local_layer on the local spec.
+    # graph that holds them; the replay then reads the freed output. Witness: run 1068 of
+    # gpu_differential_f0650f3.json at f0650f3 on an H200, both releases (qwen/tiny, te_attn, cudaErrorIllegalAddress
+    # at the first replay), and local_spec_norm_recompute_f0650f3.log there (0.19.2): llama/tiny's te_attn, te_mlp
+    # and te_layer failed so; run 1068 with core_attn recomputed instead trained, and so did the norm recomputed under
+    # te_attn on the TE spec and under local_layer on the local spec. The witness cases norm_recompute_* of the
+    # differential at 8a7890f showed both sides again on both releases.
     norms = norms_recomputed_in_te_graphs(cfg, target)
     if not norms:
         return None
