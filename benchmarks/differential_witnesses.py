@@ -105,6 +105,14 @@ WITNESS_CASES = {
     **{f"local_spec_grouped_gemm_{on}": ("recipe=qwen/tiny", "model.transformer_impl=local",
                                          f"model.moe_grouped_gemm={on}", "train.micro_batch_size=1",
                                          "train.global_batch_size=1") for on in ("true", "false")},
+    # fp64 router probabilities into the grouped experts under fp8 (quantized_experts_fp64_probs): with drop-and-pad
+    # at capacity 128 (a multiple of 16), gpt_oss/tiny under te_layer trained with the rule bypassed on both releases
+    # (8a7890f); at capacity factor 1.1 the capacity is 141, which leaves Fp8Padding rows to pad.
+    **{f"fp64_probs_drop_and_pad_capacity_{capacity}": ("recipe=gpt_oss/tiny", "precision=fp8_sc", ALLTOALL,
+                                                        f"model.moe_expert_capacity_factor={factor}",
+                                                        "model.moe_pad_expert_input_to_capacity=true",
+                                                        "model.moe_router_dtype=fp64")
+       for capacity, factor in (("128", "1.0"), ("141", "1.1"))},
     # Two GPUs: the parallel-layout classes a random two-GPU run found after an accepting plan (reference section 9),
     # each beside its control, and DeepSeek-V3's GB200 graphs and recompute (attn, moe_router and moe_preprocess graphs
     # with mla_up_proj recomputed) on the tiny model, experts split as in the preset.

@@ -170,3 +170,25 @@ def test_what_the_two_gpu_differential_saw_fail_at_4ebf167_is_refused_with_its_f
     assert result.returncode == 2 and "Traceback" not in result.stderr
     line = next(line for line in result.stderr.splitlines() if line.startswith(f"  [{refused_by}]"))
     assert "set model.moe_router_dtype=fp32" in line
+
+
+GPT_OSS_FP8_FP64_DROP_AND_PAD = ["recipe=gpt_oss/tiny", "precision=fp8_sc", "model.moe_token_dispatcher_type=alltoall",
+                                 "model.moe_pad_expert_input_to_capacity=true", "model.moe_router_dtype=fp64",
+                                 "gpu=h100"]
+
+
+@pytest.mark.parametrize("release", ["0.16.1", "0.19.2"])
+@pytest.mark.parametrize("factor,refused", [("1.0", False), ("1.1", True)])
+def test_fp64_probs_into_fp8_experts_plan_valid_where_drop_and_pad_leaves_no_rows_to_pad(cli, tmp_path, release,
+                                                                                         factor, refused):
+    """gpt_oss/tiny's router sees 512 tokens and sends each of 8 experts its top-2 share: capacity 128 at factor 1.0,
+    a multiple of fp8's 16 rows, which trained on the GPU with the rule bypassed; 141 at factor 1.1 is not, and the
+    refusal names the alignment."""
+    result = cli("mode=plan", *GPT_OSS_FP8_FP64_DROP_AND_PAD, f"model.moe_expert_capacity_factor={factor}",
+                 f"plan.megatron_core={release}", cwd=tmp_path)
+    if not refused:
+        assert result.returncode == 0, result.stderr[-2000:]
+        return
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    line = next(line for line in result.stderr.splitlines() if line.startswith("  [quantized_experts_fp64_probs]"))
+    assert "expert capacity is a multiple of 16 (it is 141 here)" in line
