@@ -60,7 +60,7 @@ for v in "${transformer_engine[@]}"; do
     tmp=$(mktemp -d)
     dl "$tmp" "transformer-engine-cu13==$v"
     wheel=$(ls "$tmp"/transformer_engine_cu13-*.whl)
-    (cd ".gpu/te-$v-core" && rm -f part* && split -b 16M "$wheel" part)
+    (cd ".gpu/te-$v-core" && rm -f part* && split -b 8M "$wheel" part)
     printf 'wheel %s\nparts %s\nsha256 %s\n' "$(basename "$wheel")" "$(ls ".gpu/te-$v-core" | grep -c '^part')" \
       "$(sha256sum "$wheel" | cut -c1-64)" > ".gpu/te-$v-core/MANIFEST"
     rm -rf "$tmp"
