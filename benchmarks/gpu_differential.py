@@ -39,7 +39,7 @@ from typing import Dict, List, Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from bridge.atomic import write_json_atomic  # noqa: E402
+from bridge.atomic import write_text_atomic  # noqa: E402
 from differential_draw import DROPOUTS, draw  # noqa: E402
 from differential_launch import Launch, port_range_problem, train  # noqa: E402
 from differential_witnesses import WITNESS_CASES, gpus_of  # noqa: E402
@@ -319,6 +319,14 @@ def arguments() -> argparse.Namespace:
     return args
 
 
+def record_text(summary_of_runs: dict, runs: list) -> str:
+    """The record as JSON: its summary indented to read, then a run a line (an indented run took twice the bytes,
+    and every byte of the committed records travels with each GPU call)."""
+    head = json.dumps({"summary": summary_of_runs}, indent=2)[:-2]  # all but the closing "\n}"
+    lines = ",\n".join(f"    {json.dumps(run)}" for run in runs)
+    return f'{head},\n  "runs": ' + (f"[\n{lines}\n  ]" if runs else "[]") + "\n}\n"
+
+
 def main() -> int:
     args = arguments()
     start = time.monotonic()
@@ -350,8 +358,8 @@ def main() -> int:
           f"{args.workers} at once", flush=True)
 
     def record() -> None:
-        write_json_atomic(args.out, {"summary": summary(all_runs, args, env, time.monotonic() - start, earlier_blocks),
-                                     "runs": [asdict(run) for run in all_runs]})
+        write_text_atomic(args.out, record_text(summary(all_runs, args, env, time.monotonic() - start, earlier_blocks),
+                                                [asdict(run) for run in all_runs]))
 
     ports = port_range_problem(args.port_base, 2 * len(all_runs))  # Launch.port: two a run, for its retry
     if ports:

@@ -95,6 +95,8 @@ def test_the_harness_plans_trains_and_records_through_the_cli(tmp_path):
     assert summary["drawn"] == 3 and summary["trained"] == summary["accepted"]
     assert {run["kind"] for run in record["runs"]} <= {"accepted", "bypass"}
     assert gpu_differential.STEPS == summary["steps"]
+    run_lines = [line for line in out.read_text().splitlines() if line.startswith('    {"index": ')]
+    assert len(run_lines) == len(record["runs"])  # a run a line, not an indented run's dozens
 
 
 def test_the_preloaded_launcher_trains_a_job_as_the_cli_would_and_says_why_one_fails(tmp_path):
