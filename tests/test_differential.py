@@ -120,8 +120,8 @@ def test_the_catalogue_accepts_nothing_megatron_core_refuses_at_scale(release_pa
 @pytest.mark.slow
 @pytest.mark.parametrize("release_path", RELEASES)
 def test_the_gpu_differentials_two_and_four_gpu_draws_agree_with_megatron_core(release_path):
-    """The draws of the next GPU blocks (scripts/gpu/README.md: seed 32 at two GPUs, 41 at four), judged here
+    """The draws of the next GPU blocks (scripts/gpu/README.md: seed 33 at two GPUs, 41 at four), judged here
     first: a configuration megatron-core refuses would be GPU time spent on a missing rule."""
-    check([record for world_size, seed in ((2, 32), (4, 41))
+    check([record for world_size, seed in ((2, 33), (4, 41))
            for record in differential(seed=seed, count=300, release_path=release_path, world_size=world_size,
                                       first_role_only=False, gpu_draws=True)])
