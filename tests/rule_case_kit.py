@@ -38,6 +38,7 @@ DP2 = {"train.num_gpus": 2, "train.global_batch_size": 4}
 MLA = {"model.multi_latent_attention": True, "model.kv_lora_rank": 32, "model.qk_head_dim": 16,
        "model.qk_pos_emb_head_dim": 8, "model.v_head_dim": 16}
 ALLTOALL = {"model.moe_token_dispatcher_type": "alltoall"}
+GATED_DELTA_NET = {"model.experimental_attention_variant": "gated_delta_net", "model.linear_attention_freq": 4}
 FUSED_QUICK_GEGLU = {"model.activation_func": "quick_gelu", "model.gated_linear_unit": True,
                      "model.bias_activation_fusion": True}
 """GPT-OSS's activation, fused: megatron-core fuses it in MoE experts only."""

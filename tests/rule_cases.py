@@ -13,9 +13,9 @@ The machines, the configuration fragments, Case, build and fired are tests/rule_
 """
 
 from tests.rule_case_kit import (
-    ALLTOALL, DP2, DROP_AND_PAD, EIGHT_H100, EP_OVERLAP, FULL_ITERATION, FULL_RECOMPUTE, FUSED_QUICK_GEGLU, H100_80GB,
-    LAPTOP, LLAMA_8B, MLA, MOE, NO_MEGATRON, NO_TE, ONE_B200, ONE_H100_019, PP2, SELECTIVE, TE_WITHOUT_EXTENSION,
-    TP2_SP, WITH_APEX, WITH_APEX_KERNELS, WITH_GROUPED_GEMM, WITH_NSYS, Case, local, te,
+    ALLTOALL, DP2, DROP_AND_PAD, EIGHT_H100, EP_OVERLAP, FULL_ITERATION, FULL_RECOMPUTE, FUSED_QUICK_GEGLU,
+    GATED_DELTA_NET, H100_80GB, LAPTOP, LLAMA_8B, MLA, MOE, NO_MEGATRON, NO_TE, ONE_B200, ONE_H100_019, PP2, SELECTIVE,
+    TE_WITHOUT_EXTENSION, TP2_SP, WITH_APEX, WITH_APEX_KERNELS, WITH_GROUPED_GEMM, WITH_NSYS, Case, local, te,
 )
 # Re-exported: tests and scripts/megatron_fixture.py import these from here.
 from tests.rule_case_kit import H100, ONE_H100, PACKAGES, PACKAGES_019, build, fired  # noqa: F401
@@ -116,6 +116,13 @@ RULE_CASES = {
     # megatron-core floors hidden/heads silently here and fails later, at model build.
     "attention_heads": (Case({"model.hidden_size": 100, "model.num_attention_heads": 3}),
                         Case({"model.hidden_size": 96, "model.num_attention_heads": 3})),
+    "tensor_parallel_heads": (Case({"train.num_gpus": 4, "model.tensor_model_parallel_size": 4, "model.hidden_size": 96,
+                                    "model.num_attention_heads": 6}, megatron=True),
+                              Case({"train.num_gpus": 4, "model.tensor_model_parallel_size": 4, "model.hidden_size": 96,
+                                    "model.num_attention_heads": 8}, megatron=True)),
+    "gated_delta_net_context_parallel": (
+        Case({**GATED_DELTA_NET, "train.num_gpus": 2, "model.context_parallel_size": 2}, megatron=True),
+        Case({**GATED_DELTA_NET, "train.num_gpus": 2, "model.tensor_model_parallel_size": 2}, megatron=True)),
     "moe_layer_freq": (Case({**MOE, "model.num_layers": 3, "model.moe_layer_freq": [0, 1]}),
                        Case({**MOE, "model.num_layers": 3, "model.moe_layer_freq": [0, 1, 1]})),
     "gpu_count": (Case({"train.num_gpus": 3, "model.tensor_model_parallel_size": 2}),
@@ -232,8 +239,7 @@ RULE_CASES.update({
         Case({"model.experimental_attention_variant": "gated_delta_net", "model.linear_attention_freq": 2})),
     "gated_delta_net_layout": (
         Case({"model.experimental_attention_variant": "gated_delta_net"}, megatron=True),
-        Case({"model.experimental_attention_variant": "gated_delta_net", "model.linear_attention_freq": 4},
-             megatron=True)),
+        Case({**GATED_DELTA_NET}, megatron=True)),
     # This machine.
     "engine_device": (Case({"engine": "megatron", "device": "cpu"}), Case({"engine": "torch", "device": "cpu"})),
     "cuda_device": (Case({"device": "cuda"}, machine=LAPTOP), Case({"device": "auto"}, machine=LAPTOP)),

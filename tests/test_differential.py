@@ -1,6 +1,6 @@
 """Nothing megatron-core refuses is accepted, at any parallel layout: the differential of tests/differential.py, in
 its own process (megatron-core keeps global state). By default 50 seeded configs at each of 2, 4 and 8 ranks, one
-rank built a config; under -m slow 350 at each of 2, 4 and 8 ranks (1050 a release), every role built, with at
+rank built a config; under -m slow 350 at each of 2, 4, 8 and 16 ranks (1400 a release), every role built, with at
 least a third accepted and four in five of those built, and the GPU differential's own two- and four-GPU draws.
 Against the installed megatron-core, and against the release GRAPHBRIDGE_MEGATRON_CORE_PATH makes importable
 (0.19.2 on this Python: its wheel unpacked, triton beside it)."""
@@ -108,7 +108,7 @@ def test_the_catalogue_accepts_nothing_megatron_core_refuses(world_size, release
 @pytest.mark.slow
 @pytest.mark.parametrize("release_path", RELEASES)
 def test_the_catalogue_accepts_nothing_megatron_core_refuses_at_scale(release_path):
-    records = [record for world_size in (2, 4, 8)
+    records = [record for world_size in (2, 4, 8, 16)
                for record in differential(seed=100 + world_size, count=350, release_path=release_path,
                                           world_size=world_size, first_role_only=False)]
     check(records)

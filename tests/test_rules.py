@@ -192,3 +192,48 @@ def test_fp64_probs_into_fp8_experts_plan_valid_where_drop_and_pad_leaves_no_row
     assert result.returncode == 2 and "Traceback" not in result.stderr
     line = next(line for line in result.stderr.splitlines() if line.startswith("  [quantized_experts_fp64_probs]"))
     assert "expert capacity is a multiple of 16 (it is 141 here)" in line
+
+
+@pytest.mark.parametrize("overrides,fix", [
+    (["model.num_attention_heads=8", "model.num_query_groups=4", "model.tensor_model_parallel_size=16",
+      "train.num_gpus=16"], "model.tensor_model_parallel_size=8"),
+    (["model.hidden_size=384", "model.num_attention_heads=12", "model.num_query_groups=6",
+      "model.tensor_model_parallel_size=4", "train.num_gpus=4"], "model.tensor_model_parallel_size=2"),
+    (["model.num_attention_heads=8", "model.num_query_groups=2", "model.tensor_model_parallel_size=4",
+      "train.num_gpus=4"], None),  # two groups divide TP4: each group's keys and values serve two ranks
+])
+def test_tensor_parallelism_that_cannot_split_the_heads_is_refused_with_the_size_that_can(cli, tmp_path, overrides,
+                                                                                        fix):
+    """megatron-core's TransformerConfig refuses heads that TP does not divide, and query groups that are neither a
+    multiple nor a divisor of TP; the layouts of 16 ranks planned the first valid before this rule."""
+    result = cli("mode=plan", "recipe=llama/tiny", "gpu=h100", *overrides, cwd=tmp_path)
+    refusal = [line for line in result.stderr.splitlines() if line.startswith("  [tensor_parallel_heads]")]
+    if fix is None:
+        assert not refusal, result.stderr[-2000:]
+        return
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert fix in refusal[0]
+
+
+NEXT_TP32 = ["model.tensor_model_parallel_size=32", "train.num_gpus=256", "model.num_attention_heads=32",
+             "model.sequence_parallel=true"]
+
+
+@pytest.mark.parametrize("release,overrides,refused_by", [
+    ("0.16.1", ["model.context_parallel_size=2"], "gated_delta_net_context_parallel"),
+    ("0.19.2", ["model.context_parallel_size=2"], None),  # 0.19 splits the linear heads over CP too
+    ("0.16.1", NEXT_TP32, "tensor_parallel_heads"),
+    ("0.19.2", ["model.tensor_model_parallel_size=8", "model.context_parallel_size=4", "train.num_gpus=256",
+                "model.sequence_parallel=true"], "tensor_parallel_heads"),
+])
+def test_qwen3_next_gated_delta_net_layouts_megatron_core_refuses_are_refused(cli, tmp_path, release, overrides,
+                                                                            refused_by):
+    """Qwen3-Next's 16 linear key heads: 0.16.1 splits them over TP and takes no CP, 0.19 splits them over TP x CP;
+    TransformerConfig refuses an uneven split (the plans were valid before these rules)."""
+    result = cli("mode=plan", "recipe=qwen/qwen3_next_80b_a3b", "gpu=h100", f"plan.megatron_core={release}",
+                 *overrides, cwd=tmp_path)
+    if refused_by is None:
+        assert result.returncode == 0, result.stderr[-2000:]
+        return
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert any(line.startswith(f"  [{refused_by}]") for line in result.stderr.splitlines()), result.stderr[-2000:]

@@ -8,6 +8,7 @@ config for the machine it runs on (bridge.machine.probe) unless given another ta
 from typing import List, Optional
 
 from bridge.validation import (  # noqa: F401  (importing registers the rules)
+    attention_split_rules,
     auto_rules,
     cuda_graph_rules,
     engine_rules,

@@ -1,0 +1,82 @@
+"""How a parallel layout splits attention across ranks: the heads and query groups over tensor parallelism, and gated
+delta net's linear-attention heads, which megatron-core 0.19 also splits over context parallelism and 0.16 does not
+split over context parallelism at all. Each mirrors a check of TransformerConfig's __post_init__: the CPU
+differential (tests/differential.py) found the heads' missing at layouts of 16 ranks, and the checks beside it in
+that method gave the other two."""
+
+from typing import Dict
+
+from bridge.config.releases import in_range
+from bridge.validation.registry import rule, violation
+
+GATED_DELTA_NET = "gated_delta_net"
+
+
+@rule("tensor_parallel_heads",
+      rejects="attention heads that tensor parallelism cannot split evenly: `model.num_attention_heads` not a multiple "
+              "of TP, query groups neither a multiple nor a divisor of TP, or gated delta net's linear-attention heads "
+              "not a multiple of TP (of TP x CP on megatron-core 0.19)",
+      fix="the `model.tensor_model_parallel_size` the message names")
+def tensor_parallel_heads(cfg, target):
+    # llama/tiny's 8 heads at TP16 planned valid and TransformerConfig refused them, on both releases.
+    model = cfg.model
+    tp, heads = model.tensor_model_parallel_size, model.num_attention_heads
+    groups = model.num_query_groups or heads
+    if min(tp, heads, groups, model.context_parallel_size) < 1:
+        return None  # positive_sizes and attention_heads report sizes below 1
+    if not splits_heads(tp, heads, groups):
+        # The largest divisor of TP that splits them keeps train.num_gpus a multiple of TP x PP x CP.
+        fitting = max(size for size in range(1, tp) if tp % size == 0 and splits_heads(size, heads, groups))
+        return violation(
+            "tensor_parallel_heads",
+            ["model.tensor_model_parallel_size", "model.num_attention_heads", "model.num_query_groups"],
+            f"TP={tp} splits the attention heads across its ranks: num_attention_heads={heads} must be a multiple of "
+            f"it, and num_query_groups={groups} a multiple or a divisor; set model.tensor_model_parallel_size="
+            f"{fitting} (or heads and groups that it splits)",
+        )
+    return linear_heads_violation(cfg, target)
+
+
+def splits_heads(tp: int, heads: int, groups: int) -> bool:
+    return heads % tp == 0 and (groups % tp == 0 or tp % groups == 0)
+
+
+def linear_heads_violation(cfg, target):
+    """Gated delta net's key and value heads, split over TP (megatron-core 0.16) or TP x CP (0.19)."""
+    model = cfg.model
+    if model.experimental_attention_variant != GATED_DELTA_NET:
+        return None
+    over_context = in_range(target.megatron_core, ">=0.19")
+    shards = model.tensor_model_parallel_size * (model.context_parallel_size if over_context else 1)
+    counts: Dict[str, int] = {"model.linear_num_key_heads": model.linear_num_key_heads,
+                              "model.linear_num_value_heads": model.linear_num_value_heads}
+    uneven = {key: count for key, count in counts.items() if count % shards}
+    if not uneven:
+        return None
+    ranks = "TP x CP" if over_context else "TP"
+    listed = ", ".join(f"{key.split('.')[-1]}={count}" for key, count in uneven.items())
+    return violation(
+        "tensor_parallel_heads",
+        [*uneven, "model.tensor_model_parallel_size", *(["model.context_parallel_size"] if over_context else [])],
+        f"gated delta net splits its linear-attention heads over {ranks} = {shards} ranks on megatron-core "
+        f"{target.megatron_core}, and {listed} {'is not a multiple' if len(uneven) == 1 else 'are not multiples'} "
+        f"of {shards}; set {ranks} to a divisor of {' and '.join(str(count) for count in counts.values())}",
+    )
+
+
+@rule("gated_delta_net_context_parallel", engine="megatron", megatron_core="<0.19",
+      rejects="gated delta net (`model.experimental_attention_variant=gated_delta_net`, Qwen3-Next) with context "
+              "parallelism before megatron-core 0.19",
+      fix="`model.context_parallel_size=1`, or `plan.megatron_core=0.19.2`")
+def gated_delta_net_context_parallel(cfg, target):
+    # TransformerConfig 0.16.1 asserts context_parallel_size == 1 for gated delta net (Qwen3-Next at CP2 planned valid
+    # and failed to build on the CPU); 0.19 splits the linear heads over CP.
+    model = cfg.model
+    if model.experimental_attention_variant != GATED_DELTA_NET or model.context_parallel_size == 1:
+        return None
+    return violation(
+        "gated_delta_net_context_parallel", ["model.context_parallel_size", "model.experimental_attention_variant"],
+        f"megatron-core {target.megatron_core}'s gated delta net takes no context parallelism "
+        f"(model.context_parallel_size={model.context_parallel_size}); set model.context_parallel_size=1, or "
+        "plan.megatron_core=0.19.2, which splits it",
+    )
