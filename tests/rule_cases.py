@@ -123,6 +123,13 @@ RULE_CASES = {
     "gated_delta_net_context_parallel": (
         Case({**GATED_DELTA_NET, "train.num_gpus": 2, "model.context_parallel_size": 2}, megatron=True),
         Case({**GATED_DELTA_NET, "train.num_gpus": 2, "model.tensor_model_parallel_size": 2}, megatron=True)),
+    # Both fail at model build (the parallel linears' and the MoE layer's own asserts), past TransformerConfig.
+    "tensor_parallel_widths": (Case({**TP2_SP, "model.ffn_hidden_size": 1001}),
+                               Case({**TP2_SP, "model.ffn_hidden_size": 1002})),
+    "expert_parallel_experts": (Case({**MOE, "model.num_moe_experts": 6, "model.expert_model_parallel_size": 4,
+                                      "train.num_gpus": 4}),
+                                Case({**MOE, "model.num_moe_experts": 8, "model.expert_model_parallel_size": 4,
+                                      "train.num_gpus": 4})),
     "moe_layer_freq": (Case({**MOE, "model.num_layers": 3, "model.moe_layer_freq": [0, 1]}),
                        Case({**MOE, "model.num_layers": 3, "model.moe_layer_freq": [0, 1, 1]})),
     "gpu_count": (Case({"train.num_gpus": 3, "model.tensor_model_parallel_size": 2}),

@@ -8,7 +8,6 @@ config for the machine it runs on (bridge.machine.probe) unless given another ta
 from typing import List, Optional
 
 from bridge.validation import (  # noqa: F401  (importing registers the rules)
-    attention_split_rules,
     auto_rules,
     cuda_graph_rules,
     engine_rules,
@@ -16,10 +15,11 @@ from bridge.validation import (  # noqa: F401  (importing registers the rules)
     legacy_rules,
     local_spec_rules,
     measurement_rules,
-    memory_rules,
     megatron_rules,
+    memory_rules,
     moe_graph_rules,
     moe_quantization_rules,
+    parallel_split_rules,
     quantized_shape_rules,
     recompute_rules,
     resolution_rules,

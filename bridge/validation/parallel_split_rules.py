@@ -1,11 +1,13 @@
-"""How a parallel layout splits attention across ranks: the heads and query groups over tensor parallelism, and gated
-delta net's linear-attention heads, which megatron-core 0.19 also splits over context parallelism and 0.16 does not
-split over context parallelism at all. Each mirrors a check of TransformerConfig's __post_init__: the CPU
-differential (tests/differential.py) found the heads' missing at layouts of 16 ranks, and the checks beside it in
-that method gave the other two."""
+"""How a parallel layout splits each layer across ranks, where megatron-core refuses an uneven split: the attention
+heads and query groups over tensor parallelism (and gated delta net's linear-attention heads, which 0.19 also
+splits over context parallelism and 0.16 does not split over it at all), the MLP widths over tensor and expert
+tensor parallelism, and the experts over expert parallelism. The CPU differential (tests/differential.py) found the
+heads' split missing at layouts of 16 ranks; the checks beside it in TransformerConfig's __post_init__, and the
+divisions of the parallel linears and the MoE layer that building those layouts on the CPU hit, gave the others."""
 
 from typing import Dict
 
+from bridge.config.model_facts import expert_tensor_parallel_size, has_dense_layers, is_moe_model
 from bridge.config.releases import in_range
 from bridge.validation.registry import rule, violation
 
@@ -79,4 +81,54 @@ def gated_delta_net_context_parallel(cfg, target):
         f"megatron-core {target.megatron_core}'s gated delta net takes no context parallelism "
         f"(model.context_parallel_size={model.context_parallel_size}); set model.context_parallel_size=1, or "
         "plan.megatron_core=0.19.2, which splits it",
+    )
+
+
+@rule("tensor_parallel_widths",
+      rejects="MLP widths that their tensor parallelism cannot split evenly: `model.ffn_hidden_size` (dense layers) or "
+              "`model.moe_shared_expert_intermediate_size` not a multiple of TP, `model.moe_ffn_hidden_size` not a "
+              "multiple of the experts' tensor parallelism (ETP)",
+      fix="widths that are multiples of TP (ETP for the experts), or the parallel size the message names")
+def tensor_parallel_widths(cfg, target):
+    # The parallel linears divide their output (or input) by the tensor-parallel ranks and assert it divides: llama/
+    # tiny's ffn_hidden_size=1002 at TP4 built on the CPU failed "501 is not divisible by 2" (0.16.1), and qwen/tiny's
+    # moe_ffn_hidden_size=101 at ETP2 "101 is not divisible by 2"; both planned valid before this rule.
+    model = cfg.model
+    tp, etp = model.tensor_model_parallel_size, expert_tensor_parallel_size(model)
+    widths = [("model.ffn_hidden_size", model.ffn_hidden_size if has_dense_layers(model) else None, tp,
+               "model.tensor_model_parallel_size")]
+    if is_moe_model(model):
+        widths += [("model.moe_ffn_hidden_size", model.moe_ffn_hidden_size, etp,
+                    "model.expert_tensor_parallel_size" if model.expert_tensor_parallel_size else
+                    "model.tensor_model_parallel_size"),
+                   ("model.moe_shared_expert_intermediate_size", model.moe_shared_expert_intermediate_size, tp,
+                    "model.tensor_model_parallel_size")]
+    uneven = [(key, width, ranks, size_key) for key, width, ranks, size_key in widths
+              if width and ranks > 0 and width % ranks]
+    if not uneven:
+        return None
+    key, width, ranks, size_key = uneven[0]
+    fitting = max(size for size in range(1, ranks) if ranks % size == 0 and width % size == 0)
+    return violation(
+        "tensor_parallel_widths", [key, size_key],
+        f"{key.split('.')[-1]}={width} is split over {ranks} tensor-parallel ranks ({size_key.split('.')[-1]}) and is "
+        f"not a multiple of {ranks}; set {key} to a multiple of {ranks}, or {size_key}={fitting}",
+    )
+
+
+@rule("expert_parallel_experts",
+      rejects="experts that expert parallelism cannot split evenly: `model.num_moe_experts` not a multiple of EP",
+      fix="the `model.expert_model_parallel_size` the message names")
+def expert_parallel_experts(cfg, target):
+    # The MoE layer asserts num_moe_experts % EP == 0 (a bare AssertionError): qwen/tiny's 8 experts at EP16 planned
+    # valid and failed at model build on the CPU (0.16.1).
+    model = cfg.model
+    ep = model.expert_model_parallel_size
+    if not is_moe_model(model) or ep < 1 or model.num_moe_experts % ep == 0:
+        return None
+    fitting = max(size for size in range(1, ep) if ep % size == 0 and model.num_moe_experts % size == 0)
+    return violation(
+        "expert_parallel_experts", ["model.expert_model_parallel_size", "model.num_moe_experts"],
+        f"EP={ep} splits the {model.num_moe_experts} experts across its ranks, and they are not a multiple of it; set "
+        f"model.expert_model_parallel_size={fitting} (or experts that it splits)",
     )
