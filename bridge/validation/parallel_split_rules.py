@@ -5,11 +5,12 @@ tensor parallelism, and the experts over expert parallelism. The CPU differentia
 heads' split missing at layouts of 16 ranks; the checks beside it in TransformerConfig's __post_init__, and the
 divisions of the parallel linears and the MoE layer that building those layouts on the CPU hit, gave the others."""
 
-from typing import Dict
+from typing import Callable, Dict
 
 from bridge.config.model_facts import expert_tensor_parallel_size, has_dense_layers, is_moe_model
 from bridge.config.releases import in_range
 from bridge.validation.registry import rule, violation
+from bridge.validation.training_rules import expert_parallel_fix
 
 GATED_DELTA_NET = "gated_delta_net"
 
@@ -27,8 +28,7 @@ def tensor_parallel_heads(cfg, target):
     if min(tp, heads, groups, model.context_parallel_size) < 1:
         return None  # positive_sizes and attention_heads report sizes below 1
     if not splits_heads(tp, heads, groups):
-        # The largest divisor of TP that splits them keeps train.num_gpus a multiple of TP x PP x CP.
-        fitting = max(size for size in range(1, tp) if tp % size == 0 and splits_heads(size, heads, groups))
+        fitting = largest_divisor(tp, lambda size: splits_heads(size, heads, groups))
         return violation(
             "tensor_parallel_heads",
             ["model.tensor_model_parallel_size", "model.num_attention_heads", "model.num_query_groups"],
@@ -41,6 +41,12 @@ def tensor_parallel_heads(cfg, target):
 
 def splits_heads(tp: int, heads: int, groups: int) -> bool:
     return heads % tp == 0 and (groups % tp == 0 or tp % groups == 0)
+
+
+def largest_divisor(size: int, fits: Callable[[int], bool]) -> int:
+    """The largest divisor of a parallel ``size``, below it, that ``fits``: as a divisor it keeps train.num_gpus a
+    multiple of the model-parallel sizes."""
+    return max(divisor for divisor in range(1, size) if size % divisor == 0 and fits(divisor))
 
 
 def linear_heads_violation(cfg, target):
@@ -108,7 +114,7 @@ def tensor_parallel_widths(cfg, target):
     if not uneven:
         return None
     key, width, ranks, size_key = uneven[0]
-    fitting = max(size for size in range(1, ranks) if ranks % size == 0 and width % size == 0)
+    fitting = largest_divisor(ranks, lambda size: width % size == 0)
     return violation(
         "tensor_parallel_widths", [key, size_key],
         f"{key.split('.')[-1]}={width} is split over {ranks} tensor-parallel ranks ({size_key.split('.')[-1]}) and is "
@@ -126,9 +132,9 @@ def expert_parallel_experts(cfg, target):
     ep = model.expert_model_parallel_size
     if not is_moe_model(model) or ep < 1 or model.num_moe_experts % ep == 0:
         return None
-    fitting = max(size for size in range(1, ep) if ep % size == 0 and model.num_moe_experts % size == 0)
+    expert_world = cfg.train.num_gpus // model.pipeline_model_parallel_size
     return violation(
         "expert_parallel_experts", ["model.expert_model_parallel_size", "model.num_moe_experts"],
-        f"EP={ep} splits the {model.num_moe_experts} experts across its ranks, and they are not a multiple of it; set "
-        f"model.expert_model_parallel_size={fitting} (or experts that it splits)",
+        f"EP={ep} splits the {model.num_moe_experts} experts across its ranks, and they are not a multiple of it; "
+        f"{expert_parallel_fix(model, expert_world, expert_tensor_parallel_size(model))} (or experts that it splits)",
     )
