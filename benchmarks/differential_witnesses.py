@@ -113,8 +113,8 @@ WITNESS_CASES = {
                                                         "model.moe_pad_expert_input_to_capacity=true",
                                                         "model.moe_router_dtype=fp64")
        for capacity, factor in (("128", "1.0"), ("141", "1.1"))},
-    # The router's fp8 padding (0.19 accepts it: its experts skip their own padding) rounds every expert's tokens up
-    # to 16 on 0.16.1 too, where Fp8Padding should then find nothing to pad: does 0.16.1 train it?
+    # The router's fp8 padding (0.19's experts skip their own padding) rounds every expert's tokens up to 16 on 0.16.1
+    # too, where Fp8Padding then finds nothing to pad: 0.16.1 trained it at ec177b3, its losses 0.19.2's.
     "fp64_probs_router_padding": ("recipe=qwen/tiny", "precision=fp8_cs", ALLTOALL, "model.moe_grouped_gemm=true",
                                   "model.moe_router_dtype=fp64", "model.moe_router_padding_for_fp8=true"),
     # Two GPUs: the parallel-layout classes a random two-GPU run found after an accepting plan (reference section 9),

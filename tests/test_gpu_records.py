@@ -43,10 +43,11 @@ REFUSES_WHAT_TRAINS = {
                                    "GPUs or more; megatron-core 0.19's own optimizer graph does (docs/gpu_differential.md)",
     "mla_recompute_in_layer_graphs": "attention graphs alone with mla_up_proj recomputed train at one micro-batch a "
                                      "step (deepseek_v3_gb200_recompute_attn in gpu_witnesses_2gpu_cfa782d.json and "
-                                     "gpu_differential_2gpu_5bba762.json), but the same at four micro-batches aborted "
+                                     "gpu_differential_2gpu_5bba762.json) and at two (0.19.2 run 1754 of the h200 "
+                                     "gpu_differential.json at ec177b3), but the same at four micro-batches aborted "
                                      "on both releases (mla_up_proj_recompute_attn_four_microbatches, 5bba762; 0.16.1 "
-                                     "run 283 of gpu_differential.json), as did the GB200 preset's graphs at one: no "
-                                     "real step has a single micro-batch",
+                                     "run 283 of gpu_differential.json), as did the GB200 preset's graphs at one: "
+                                     "real steps have more micro-batches than two",
     "moe_norm_recompute_in_layer_graphs":
         "bf16 router graphs (te_moe_router, alltoall) trained at one GPU with it unasked (witness "
         "moe_norm_recompute_bf16_te_moe_router, 24488cb and c236fc3, both releases), but bf16 router graphs failed at "
