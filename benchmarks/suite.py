@@ -12,7 +12,9 @@ step time, GPU-busy, peak allocated and reserved memory, capture time, graphs, t
 the eager variant of the same workload, and the variant process's wall time (what a round's device minutes go
 to beside the steps). A variant that fails is recorded with its status, reason and
 the last lines of its output; one that runs past ``--variant-timeout-s`` is stopped with its ranks and
-recorded as timed out, and the block goes on.
+recorded as timed out, and the block goes on. A workload with a variant this machine's plan refuses (a
+Transformer Engine too old for megatron-core's optimizer graph, say) is not measured at all: the suite says
+which variant and why, and exits 1.
 
 A launch-bound step's time follows the host, which drifts between processes and machines (the eager
 llama/tiny step measured 44.8 ms in one run and 66.1 ms in the next on the same kind of H100). With
@@ -273,6 +275,18 @@ def other_release(workload: Workload) -> Optional[str]:
     return None if installed and in_range(installed, workload.megatron_core) else installed or "none"
 
 
+def cannot_run_here(workload: Workload, steps: int) -> Optional[str]:
+    """Why this machine refuses a variant of ``workload`` (the first reason of its plan here), else None: asked
+    before the first round, so that no device time goes to a row that would miss a variant."""
+    import bridge
+
+    for variant, overrides in workload.variants.items():
+        refused = bridge.plan(variant_arguments(workload, overrides, steps)).refused_here
+        if refused:
+            return f"variant {variant} cannot run on this machine: {refused[0]}"
+    return None
+
+
 def result_name(record: dict) -> str:
     gpu = (record.get("gpu") or "cpu").lower().replace("nvidia ", "").split()[0]
     mcore = record["versions"].get("megatron_core") or "none"
@@ -357,6 +371,11 @@ def main(argv=None) -> int:
         release_here = other_release(WORKLOADS[name])
         if release_here:
             print(f"{name}: measures megatron-core {WORKLOADS[name].megatron_core}, and {release_here} is installed; skipped")
+            continue
+        refusal = cannot_run_here(WORKLOADS[name], args.steps)
+        if refusal:
+            print(f"{name}: {refusal}; not measured", flush=True)
+            unmeasured.append(name)
             continue
         if name in earlier:
             print(f"{name}: {earlier[name]['rounds_done']} of {args.rounds} rounds kept from the record", flush=True)

@@ -90,9 +90,18 @@ def table(record: dict) -> List[str]:
                  busy(row["gpu_busy"]), number(row["peak_allocated_gb"], ".2f"),
                  number(row.get("estimate_gb"), ".2f"),
                  number(row["capture_time_s"], ".2f"), number(row["graph_count"], "d"),
-                 row["status"] if row["status"] == "completed" else f"{row['status']}: {row['reason']}")
+                 row["status"] if row["status"] == "completed" else f"{row['status']}: {why_not(row)}")
         lines.append("| " + " | ".join(str(cell).replace("|", "\\|") for cell in cells) + " |")
     return lines + [""]
+
+
+def why_not(row: dict) -> str:
+    """A variant's reason, or where a process ended before writing one, its output's last lines (one, for most:
+    what the CLI refused in one line)."""
+    if row.get("reason"):
+        return row["reason"]
+    tail = [line.strip() for line in row.get("log_tail") or [] if line.strip()]
+    return " ".join(tail[-2:]) if tail else "no reason recorded"
 
 
 def markdown(directory: Path = RESULTS) -> str:

@@ -54,11 +54,16 @@ def test_the_table_is_built_from_raw_results(tmp_path):
                                      "estimate_gb": 0.55, "capture_time_s": None, "graph_count": 0},
                            "full_iteration": {"status": "failed", "reason": "boom", "median_ms": None, "p10_ms": None,
                                               "p90_ms": None, "speedup": None, "gpu_busy": None,
-                                              "peak_allocated_gb": None, "capture_time_s": None, "graph_count": 0}}}
+                                              "peak_allocated_gb": None, "capture_time_s": None, "graph_count": 0},
+                           "local_layer": {"status": "missing", "reason": None, "median_ms": None, "p10_ms": None,
+                                           "p90_ms": None, "speedup": None, "gpu_busy": None, "peak_allocated_gb": None,
+                                           "capture_time_s": None, "graph_count": None,
+                                           "log_tail": ["cannot run on this machine:", "  [rule] key: why", ""]}}}
     (tmp_path / suite.result_name(record)).write_text(json.dumps(record))
     text = benchmark_table.markdown(tmp_path)
     assert "| eager | 40.00 | 39.00-41.00 | 1.00x | 6% | 0.60 | 0.55 |  | 0 | completed |" in text
     assert "| full_iteration |  |  |  |  |  |  |  | 0 | failed: boom |" in text
+    assert "| local_layer |  |  |  |  |  |  |  |  | missing: cannot run on this machine: [rule] key: why |" in text
     assert suite.result_name(record) == "llama_tiny_local_h100_mcore0.16.1.json"
 
 
@@ -159,6 +164,21 @@ def test_a_block_cut_off_keeps_its_rounds_and_resume_runs_only_the_missing_ones(
     assert done["variants"]["full_iteration"]["round_medians_ms"] == [5.0, 5.0, 5.0]
 
 
+def test_a_workload_with_a_variant_this_machine_refuses_is_not_measured_at_all(monkeypatch, tmp_path, capsys):
+    """As 0.19.2 with Transformer Engine 2.10 refused the distributed-optimizer row's optimizer graph after its eager
+    and full_iteration variants had taken eight device minutes: the plan here refuses first, and nothing runs."""
+    wide = ("cuda_graph=full_iteration", "train.num_gpus=4096", "train.global_batch_size=4096")  # no node has 4096
+    workload = suite.Workload("one variant too wide", ("recipe=llama/tiny",), {"eager": ("cuda_graph=none",),
+                                                                                "wide": wide})
+    monkeypatch.setitem(suite.WORKLOADS, "too_wide", workload)
+    order = []
+    monkeypatch.setattr(suite, "run_variant", measured_as(order, H100_019))
+    assert suite.main(["too_wide", "--out", str(tmp_path / "out"), "--scratch", str(tmp_path / "scratch")]) == 1
+    said = capsys.readouterr().out
+    assert "too_wide: variant wide cannot run on this machine: [" in said and "train.num_gpus" in said
+    assert order == [] and not list((tmp_path / "out").glob("*.json"))
+
+
 @pytest.mark.parametrize("script, status, says", [
     # a rank stuck in a collective: the variant is stopped, with its children, and the block goes on
     ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)  # {token}']); "
@@ -231,14 +251,25 @@ def test_the_vs_bridge_table_shows_both_sides_and_the_ratio():
 
 
 @pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None, reason="TE installed: variants run")
-def test_a_workload_where_nothing_completes_writes_no_result_and_fails(tmp_path):
-    """On a machine without Transformer Engine every TE-spec variant is refused: no JSON of misses."""
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "suite.py"), "llama_tiny_te", "--steps", "4",
+def test_a_workload_this_machine_cannot_run_says_which_variant_and_writes_nothing(tmp_path):
+    """On a machine without a GPU the torch engine trains, and it has no Transformer Engine graphs."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "suite.py"), "llama_tiny_te",
                            "--out", str(tmp_path / "results"), "--scratch", str(tmp_path / "scratch")],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stderr
-    assert "llama_tiny_te: no variant completed; nothing written" in done.stdout
-    assert not list((tmp_path / "results").glob("*.json"))
+    assert "llama_tiny_te: variant te_layer cannot run on this machine: [engine_impl]" in done.stdout
+    assert not (tmp_path / "results").exists() or not list((tmp_path / "results").glob("*.json"))
+
+
+def test_a_workload_where_nothing_completes_writes_no_result_and_fails(monkeypatch, tmp_path, capsys):
+    def fails(workload, overrides, job_dir, steps, timeout_s):
+        return suite.Measured(["graphbridge", *overrides], {"status": "failed", "reason": "boom"})
+
+    monkeypatch.setattr(suite, "run_variant", fails)
+    out = tmp_path / "results"
+    assert suite.main(["llama_tiny_local", "--out", str(out), "--scratch", str(tmp_path / "scratch")]) == 1
+    assert "llama_tiny_local: no variant completed; nothing written" in capsys.readouterr().out
+    assert not list(out.glob("*.json"))
 
 
 def test_the_trace_summary_counts_per_step_what_a_profile_shows(tmp_path):
