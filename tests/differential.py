@@ -72,7 +72,8 @@ def buildable_here(cfg) -> Optional[str]:
               "Transformer Engine's cross entropy"),
              (bool(model.num_moe_experts) and model.moe_token_dispatcher_type == "flex", "DeepEP or HybridEP"),
              (bool(model.multi_latent_attention), "multi-latent attention (the Transformer Engine spec)"),
-             (bool(model.cpu_offloading), "activation offloading (Transformer Engine)")]
+             (bool(model.cpu_offloading), "activation offloading (Transformer Engine)"),
+             (bool(model.apply_rope_fusion), "fused RoPE (Transformer Engine's kernel, on either spec)")]
     return next((why for needed, why in needs if needed), None)
 
 
