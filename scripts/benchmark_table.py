@@ -96,8 +96,8 @@ def table(record: dict) -> List[str]:
 
 
 def why_not(row: dict) -> str:
-    """A variant's reason, or where a process ended before writing one, its output's last lines (one, for most:
-    what the CLI refused in one line)."""
+    """A variant's reason, or where its process ended before writing one, the last two lines of its output (a plan
+    refused: the CLI's heading and the rule's line)."""
     if row.get("reason"):
         return row["reason"]
     tail = [line.strip() for line in row.get("log_tail") or [] if line.strip()]
