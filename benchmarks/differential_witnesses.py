@@ -117,6 +117,13 @@ WITNESS_CASES = {
     # too, where Fp8Padding then finds nothing to pad: 0.16.1 trained it at ec177b3, its losses 0.19.2's.
     "fp64_probs_router_padding": ("recipe=qwen/tiny", "precision=fp8_cs", ALLTOALL, "model.moe_grouped_gemm=true",
                                   "model.moe_router_dtype=fp64", "model.moe_router_padding_for_fp8=true"),
+    # One-by-one experts with biases (expert_bias) failed at the first forward pass in bf16 (daa2b42, H100), yet
+    # 0.19.2 trained them under fp8_cs with te_layer and drop-and-pad at 4a94902 (run 1749): eagerly, each precision
+    # with and without drop-and-pad, to learn whether the rule can narrow to unquantized experts.
+    **{f"sequential_expert_bias_{precision}_{routing}": ("recipe=gpt_oss/tiny", f"precision={precision}",
+                                                         "model.moe_grouped_gemm=false", *overrides)
+       for precision in ("bf16", "fp8_cs")
+       for routing, overrides in (("dropless", ()), ("drop_and_pad", (ALLTOALL, *DROP_AND_PAD)))},
     # Two GPUs: the parallel-layout classes a random two-GPU run found after an accepting plan (reference section 9),
     # each beside its control, and DeepSeek-V3's GB200 graphs and recompute (attn, moe_router and moe_preprocess graphs
     # with mla_up_proj recomputed) on the tiny model, experts split as in the preset.

@@ -44,7 +44,7 @@ REFUSES_WHAT_TRAINS = {
     "mla_recompute_in_layer_graphs": "attention graphs alone with mla_up_proj recomputed train at one micro-batch a "
                                      "step (deepseek_v3_gb200_recompute_attn in gpu_witnesses_2gpu_cfa782d.json and "
                                      "gpu_differential_2gpu_5bba762.json) and at two (0.19.2 run 1754 of the h200 "
-                                     "gpu_differential.json at ec177b3), but the same at four micro-batches aborted "
+                                     "gpu_differential_ec177b3.json), but the same at four micro-batches aborted "
                                      "on both releases (mla_up_proj_recompute_attn_four_microbatches, 5bba762; 0.16.1 "
                                      "run 283 of gpu_differential.json), as did the GB200 preset's graphs at one: "
                                      "real steps have more micro-batches than two",
@@ -55,6 +55,14 @@ REFUSES_WHAT_TRAINS = {
         "and four gradients that never arrived); at one GPU too, four of 95 gradients never arrived once the "
         "overlapped reduce checked for them (witness moe_norm_recompute_bf16_te_moe_router_overlap_grad_reduce, "
         "h200 gpu_differential.json at 1ab7470, both releases): the runs that completed had nothing to check for them",
+    "optimizer_in_graph": "with cuda_graph=none nothing is captured: 0.16.1 run 1762 of the h200 gpu_differential.json "
+                          "at 4a94902 stepped graphbridge's capturable AdamW eagerly, so the option the user set did "
+                          "nothing; two explicit values in conflict are a violation with its fix, not a silent no-op",
+    "expert_bias": "one-by-one experts with biases failed at the first forward pass in bf16, eagerly and under every "
+                   "graph choice on both specs (daa2b42, H100), but 0.19.2 run 1749 of the h200 gpu_differential.json "
+                   "at 4a94902 trained them under fp8_cs (gpt_oss/tiny, te_layer, drop-and-pad): the witnesses "
+                   "sequential_expert_bias_* (bf16 and fp8_cs, dropless and drop-and-pad, both releases) decide "
+                   "whether the rule narrows to unquantized experts",
 }
 """Rules that stay although a configuration they refuse trained on a GPU with them unasked, and why."""
 
