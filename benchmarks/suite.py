@@ -44,6 +44,7 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import bridge  # noqa: E402
 from bridge.atomic import write_json_atomic  # noqa: E402
 from bridge.auto.candidates import option_named  # noqa: E402
 from bridge.machine import cuda_gpus, host_cpu, installed_version, release  # noqa: E402
@@ -278,8 +279,6 @@ def other_release(workload: Workload) -> Optional[str]:
 def cannot_run_here(workload: Workload, steps: int) -> Optional[str]:
     """Why this machine refuses a variant of ``workload`` (the first reason of its plan here), else None: asked
     before the first round, so that no device time goes to a row that would miss a variant."""
-    import bridge
-
     for variant, overrides in workload.variants.items():
         refused = bridge.plan(variant_arguments(workload, overrides, steps)).refused_here
         if refused:
