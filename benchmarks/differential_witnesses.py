@@ -67,6 +67,19 @@ WITNESS_CASES = {
        for graph in ("te_layer", "te_attn", "te_mlp")},
     **{f"te_graphs_local_spec_{graph}": ("recipe=qwen/tiny", f"cuda_graph={graph}", "model.transformer_impl=local",
                                          ALLTOALL, *DROP_AND_PAD) for graph in ("te_moe_router", "te_attn_moe_router")},
+    # Attention dropout drawn under megatron-core's RNG tracker in Transformer Engine's graphs of the local spec
+    # (local_spec_attention_dropout_in_te_graphs; witness: run 594 of the two-GPU differential at 6c7a53d, both
+    # releases): te_attn with each tracker, and local_layer, whose graphs register megatron-core's tracker states.
+    **{f"local_spec_attention_dropout_{graph}_{tracker}_tracker": (
+        "recipe=llama/tiny", f"cuda_graph={graph}", "model.transformer_impl=local", "model.attention_dropout=0.1",
+        f"rng.te_rng_tracker={on}")
+       for graph, tracker, on in (("te_attn", "megatron", "false"), ("te_attn", "te", "true"),
+                                  ("local_layer", "megatron", "false"))},
+    # The router's forced load balancing draws under megatron-core's expert tracker too, inside the router's TE graph:
+    # the same hazard, which no run has met yet.
+    "forced_balance_local_spec_te_moe_router_megatron_tracker": (
+        "recipe=qwen/tiny", "cuda_graph=te_moe_router", "model.transformer_impl=local", ALLTOALL, *DROP_AND_PAD,
+        "model.moe_router_force_load_balancing=true", "rng.te_rng_tracker=false"),
     # A retained backward graph with the compiled bias-dropout-add (retained_backward_compiled_fusion): its witness,
     # te_mlp with hidden dropout, failed on an H100; qwen/tiny's te_attn without dropout trained (7d4567f). te_mlp on
     # both sides of the line the rule draws now.

@@ -35,6 +35,8 @@ H200_0161 = "h200/mcore-0.16.1/gpu_differential_24488cb.json"
 """Runs of two GPUs each (num_gpus 2 in their summaries), on two H200s."""
 H200_F0650F3_0161 = "h200/mcore-0.16.1/gpu_differential_f0650f3.json"
 """The one-GPU differential at f0650f3 (seed 11), before the rule it witnesses."""
+TWO_GPU_RUNS_6C7A53D_0161 = "h200/mcore-0.16.1/gpu_differential_2gpu.json"
+"""The two-GPU differential at 6c7a53d (seed 33), before the rule it witnesses."""
 GPU_WITNESSES = {
     "allgather_dispatch_capture": GpuWitness(ON_0161, 706, "Cannot copy between CPU and CUDA tensors during CUDA graph"),
     "dropless_permute_capture": GpuWitness(ON_0161, 709, "cudaErrorStreamCaptureUnsupported"),
@@ -65,6 +67,8 @@ GPU_WITNESSES = {
     "fused_quick_geglu_capture": GpuWitness(H200_0161, 63, "Cannot copy between CPU and CUDA tensors"),
     "quantized_norm_recompute_local_spec": GpuWitness(H200_0161, 295, "set_save_original_input"),
     "local_spec_norm_recompute_in_te_graphs": GpuWitness(H200_F0650F3_0161, 1068, "cudaErrorIllegalAddress"),
+    "local_spec_attention_dropout_in_te_graphs": GpuWitness(TWO_GPU_RUNS_6C7A53D_0161, 594,
+                                                            "CUDA generator not in capture mode"),
 }
 
 

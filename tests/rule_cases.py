@@ -179,6 +179,11 @@ RULE_CASES = {
     "local_spec_norm_recompute_in_te_graphs": (
         Case({"model.transformer_impl": "local", **te("attn"), **SELECTIVE, "model.recompute_modules": ["layernorm"]}),
         Case({**te("attn"), **SELECTIVE, "model.recompute_modules": ["layernorm"]})),
+    # The accept case is the same graph with the TE tracker, which registers its generators with the graph.
+    "local_spec_attention_dropout_in_te_graphs": (
+        Case({"model.transformer_impl": "local", **te("attn"), "model.attention_dropout": 0.1,
+              "rng.te_rng_tracker": False}),
+        Case({"model.transformer_impl": "local", **te("attn"), "model.attention_dropout": 0.1})),
     "moe_router_without_transformer_engine": (Case(MOE, machine=NO_TE), Case(MOE)),
     "expert_bias_tensor_parallel": (Case({**MOE, **TP2_SP, "model.add_bias_linear": True}, megatron=True),
                                     Case({**MOE, **TP2_SP, "model.add_bias_linear": True,

@@ -135,3 +135,31 @@ def local_spec_norm_recompute_in_te_graphs(cfg, target):
                      f"it in the backward, and the replay then reads freed memory (an illegal memory access); set {fix}, "
                      "use Transformer Engine's layers (model.transformer_impl=transformer_engine where Transformer "
                      "Engine is installed), or cuda_graph=local_layer or full_iteration")
+
+
+@rule("local_spec_attention_dropout_in_te_graphs", environment=True,
+      rejects="attention dropout inside Transformer Engine per-layer graphs of attention without the TE RNG tracker, "
+              "where megatron-core builds its local layer spec (outside sequence parallelism)",
+      fix="`rng.te_rng_tracker=true` (derived when unset), `model.attention_dropout=0.0`, or `cuda_graph=local_layer` "
+          "or `full_iteration`")
+def local_spec_attention_dropout_in_te_graphs(cfg, target):
+    # The local spec's attention draws its dropout inside megatron-core's RNG tracker fork (outside sequence
+    # parallelism), which swaps the default generator to the tracker's model-parallel state. Transformer Engine's
+    # make_graphed_callables registers only the default generator and TE's own tracker states with the graph, so
+    # megatron-core's tracker (rng.te_rng_tracker=false) fails the capture. Local graphs and full_iteration register
+    # megatron-core's tracker states, and the TE spec needs the TE tracker anyway (te_rng_tracker). Witness: run 594
+    # of gpu_differential_2gpu.json at 6c7a53d on two H200s, both releases (qwen/tiny, te_attn, attention dropout
+    # 0.1: "Attempt to increase offset for a CUDA generator not in capture mode" at the capture step).
+    model = cfg.model
+    graphed = set(modules_of(cfg)) or {"attn"}
+    if (target.engine != "megatron" or impl_of(cfg) != TE or "attn" not in graphed or model.attention_dropout == 0
+            or model.sequence_parallel or cfg.rng.te_rng_tracker or model.use_te_rng_tracker
+            or not builds_local_spec(cfg, target)):
+        return None
+    return violation("local_spec_attention_dropout_in_te_graphs",
+                     ["rng.te_rng_tracker", "model.attention_dropout", IMPL, MODULES, "model.transformer_impl"],
+                     "megatron-core builds its local layer spec here, whose attention draws its dropout from "
+                     "megatron-core's RNG tracker (rng.te_rng_tracker=false); Transformer Engine's graphs do not "
+                     "register that tracker's generators, so the capture fails ('Attempt to increase offset for a CUDA "
+                     "generator not in capture mode'); set rng.te_rng_tracker=true, model.attention_dropout=0.0, or "
+                     "cuda_graph=local_layer or full_iteration")
