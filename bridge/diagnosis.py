@@ -130,7 +130,7 @@ KNOWN_FAILURES = (
         "retained (model.cuda_graph_retain_backward_graph=true)",
         "model.cuda_graph_retain_backward_graph=false, or model.bias_dropout_fusion=false"),
     KnownFailure(
-        ("cudageneratorimpl",),
+        ("cudageneratorimpl", "cuda generator not in capture mode"),
         "random generator state read during capture",
         "the region seeded or read a random generator on the host (manual_seed, get_rng_state) or used a "
         "generator not registered with the graph",

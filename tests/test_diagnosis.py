@@ -74,6 +74,8 @@ CASES = {
     "rng": (RuntimeError("Cannot call CUDAGeneratorImpl::current_seed during CUDA graph capture. If you need this "
                          "call to be captured, please file an issue."),
             "random generator state read during capture", "rng.te_rng_tracker=true"),
+    "unregistered generator": (RuntimeError("Attempt to increase offset for a CUDA generator not in capture mode."),
+                               "random generator state read during capture", "rng.te_rng_tracker=true"),
 }
 
 
