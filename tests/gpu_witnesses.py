@@ -36,7 +36,8 @@ H200_0161 = "h200/mcore-0.16.1/gpu_differential_24488cb.json"
 H200_F0650F3_0161 = "h200/mcore-0.16.1/gpu_differential_f0650f3.json"
 """The one-GPU differential at f0650f3 (seed 11), before the rule it witnesses."""
 TWO_GPU_RUNS_6C7A53D_0161 = "h200/mcore-0.16.1/gpu_differential_2gpu.json"
-"""The two-GPU differential at 6c7a53d (seed 33), before the rule it witnesses."""
+"""The two-GPU differential at 6c7a53d (seed 33), before the rule it witnesses; gpu_differential_2gpu_6c7a53d.json
+once the next two-GPU record takes the plain name."""
 GPU_WITNESSES = {
     "allgather_dispatch_capture": GpuWitness(ON_0161, 706, "Cannot copy between CPU and CUDA tensors during CUDA graph"),
     "dropless_permute_capture": GpuWitness(ON_0161, 709, "cudaErrorStreamCaptureUnsupported"),
