@@ -70,11 +70,16 @@ WITNESS_CASES = {
     # Attention dropout drawn under megatron-core's RNG tracker in Transformer Engine's graphs of the local spec
     # (local_spec_attention_dropout_in_te_graphs; witness: run 594 of the two-GPU differential at 6c7a53d, both
     # releases): te_attn with each tracker, and local_layer, whose graphs register megatron-core's tracker states.
+    # Hidden dropout draws from the default generator outside the fork, which the TE graph registers: the rule leaves
+    # it, and te_layer with it alone under megatron-core's tracker says whether that line holds.
     **{f"local_spec_attention_dropout_{graph}_{tracker}_tracker": (
         "recipe=llama/tiny", f"cuda_graph={graph}", "model.transformer_impl=local", "model.attention_dropout=0.1",
         f"rng.te_rng_tracker={on}")
        for graph, tracker, on in (("te_attn", "megatron", "false"), ("te_attn", "te", "true"),
                                   ("local_layer", "megatron", "false"))},
+    "local_spec_hidden_dropout_te_layer_megatron_tracker": ("recipe=llama/tiny", "cuda_graph=te_layer",
+                                                            "model.transformer_impl=local", "model.hidden_dropout=0.1",
+                                                            "rng.te_rng_tracker=false"),
     # The router's forced load balancing draws under megatron-core's expert tracker too, inside the router's TE graph:
     # the same hazard, which no run has met yet.
     "forced_balance_local_spec_te_moe_router_megatron_tracker": (
