@@ -9,7 +9,7 @@ from bridge.config.releases import RELEASES, SUPPORTED, in_range, release, versi
 from bridge.config.schema import Device, EngineChoice
 from bridge.config.model_facts import is_moe_model
 from bridge.machine import PACKAGES
-from bridge.validation.graph_facts import IMPL, MODULES, TE, impl_of
+from bridge.validation.graph_facts import IMPL, MODULES, TE, impl_of, te_graphs_attention
 from bridge.validation.local_spec_rules import builds_local_spec
 from bridge.validation.registry import rule, violation
 
@@ -133,8 +133,7 @@ TRANSFORMER_ENGINE_NEEDS = (
     TransformerEngineNeed("delay_wgrad_compute with Transformer Engine graphs", ("model.delay_wgrad_compute", IMPL),
                           "2.10", lambda cfg: cfg.model.delay_wgrad_compute and impl_of(cfg) == TE),
     TransformerEngineNeed("delay_wgrad_compute with graphed attention", ("model.delay_wgrad_compute", MODULES),
-                          "2.12", lambda cfg: cfg.model.delay_wgrad_compute and impl_of(cfg) == TE
-                          and (not cfg.model.cuda_graph_modules or "attn" in cfg.model.cuda_graph_modules)),
+                          "2.12", lambda cfg: cfg.model.delay_wgrad_compute and te_graphs_attention(cfg)),
     TransformerEngineNeed("multi-latent attention (model.multi_latent_attention)", ("model.multi_latent_attention",),
                           "2.9", lambda cfg: cfg.model.multi_latent_attention),
     TransformerEngineNeed("the fused MoE token permutation", ("model.moe_permute_fusion",), "2.1",

@@ -28,6 +28,11 @@ def active_modules(cfg) -> set:
     return set(modules_of(cfg)) if is_graphed(cfg) else set()
 
 
+def te_graphs_attention(cfg) -> bool:
+    """Transformer Engine per-layer graphs capture attention: whole layers, or the attn module."""
+    return impl_of(cfg) == TE and (not modules_of(cfg) or "attn" in modules_of(cfg))
+
+
 def graphs_moe_dispatch(cfg) -> bool:
     """The graph captures an MoE layer's token dispatch: full iteration, or per-layer graphs of whole layers or
     of the moe module."""

@@ -3,7 +3,7 @@
 where installed), and each refuses some settings at model build or at the first step."""
 
 from bridge.config.model_facts import has_dense_layers, is_moe_model, recompute_modules
-from bridge.validation.graph_facts import IMPL, MODULES, TE, impl_of, modules_of
+from bridge.validation.graph_facts import IMPL, MODULES, TE, impl_of, modules_of, te_graphs_attention
 from bridge.validation.recompute_rules import recompute_without
 from bridge.validation.registry import rule, violation
 
@@ -151,8 +151,7 @@ def local_spec_attention_dropout_in_te_graphs(cfg, target):
     # of gpu_differential_2gpu.json at 6c7a53d on two H200s, both releases (qwen/tiny, te_attn, attention dropout
     # 0.1: "Attempt to increase offset for a CUDA generator not in capture mode" at the capture step).
     model = cfg.model
-    graphed = set(modules_of(cfg)) or {"attn"}
-    if (target.engine != "megatron" or impl_of(cfg) != TE or "attn" not in graphed or model.attention_dropout == 0
+    if (target.engine != "megatron" or not te_graphs_attention(cfg) or model.attention_dropout == 0
             or model.sequence_parallel or cfg.rng.te_rng_tracker or model.use_te_rng_tracker
             or not builds_local_spec(cfg, target)):
         return None

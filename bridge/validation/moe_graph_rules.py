@@ -13,6 +13,7 @@ from bridge.validation.graph_facts import (
     impl_of,
     is_graphed,
     modules_of,
+    te_graphs_attention,
 )
 from bridge.config.model_facts import has_dense_layers, is_drop_and_pad, is_moe_model, recompute_modules
 from bridge.validation.registry import rule, violation
@@ -255,8 +256,7 @@ def delay_wgrad(cfg, target):
       fix="`model.gradient_accumulation_fusion=true` and no attention bias, or `cuda_graph=te_moe_router`")
 def delay_wgrad_graphed_attention(cfg, target):
     model = cfg.model
-    graphs_attention = impl_of(cfg) == TE and (not modules_of(cfg) or "attn" in modules_of(cfg))
-    if not (model.delay_wgrad_compute and graphs_attention):
+    if not (model.delay_wgrad_compute and te_graphs_attention(cfg)):
         return None
     unmet = [key for key, ok in (("model.gradient_accumulation_fusion=true", model.gradient_accumulation_fusion),
                                  ("model.add_bias_linear=false", not model.add_bias_linear),
