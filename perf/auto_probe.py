@@ -120,7 +120,7 @@ def decision_record(auto: AutoPlan, job_dir: Path, runs: ProbeRuns) -> dict:
     probe = {"directory": str(probe_dir), "wall_s": round(time.monotonic() - started, 1),
              "imports_s": round(imports_s, 1), "gpus": auto.gpus}
     report_failures(measurements)
-    decision = decide(measurements)
+    decision = decide(measurements, auto.scopes())
     record = probed_record(auto, decision, measurements, rounds, probe)
     problem = store(Path(auto.path), auto.key, record)
     if problem:

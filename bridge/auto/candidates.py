@@ -19,13 +19,14 @@ A multi-node job is refused (bridge/validation/auto_rules.py): the probe runs on
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import hydra
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
 from bridge.auto.cache import cache_path, decision_key, read_decisions
+from bridge.auto.decision import ITERATION_AND_OPTIMIZER_GRAPH, ITERATION_GRAPH, LAYER_GRAPHS, Scope
 from bridge.config.graphs import EAGER_CHOICE, graph_choices, graph_impl
 from bridge.config.load import compose_config
 from bridge.config.schema import GraphBridgeConfig
@@ -43,6 +44,9 @@ OPTIMIZER_IN_GRAPH = "optimizer.optimizer_in_graph"
 PROCESS_OUTSIDE_ALLOCATOR_GIB = 2.5
 """What a training process holds on its GPU beside PyTorch's allocator (the CUDA context, cuBLAS, lazy NCCL): 2.44
 GiB measured on an H100 (benchmarks/results/h100/mcore-0.16.1/run_footprint.json, lazy_nccl)."""
+MODULE_HOLDS = {"moe": ("moe_router", "moe_preprocess")}
+"""The per-layer modules whose graph holds others: the MoE module's is the whole MoE part of the layer, its router
+and dispatch preprocessing included (the reference's scope table: ``_forward_mlp()``)."""
 SHARED_GPU_MEMORY = 0.8
 """The share of the GPU's memory the probe's runs that start together may take, by the plan's estimates."""
 
@@ -95,6 +99,18 @@ class Candidate:
             return ("eager, probed first and last in every round: how far apart they land is the noise between "
                     "processes")
         return f"{' '.join(self.option.overrides)}: {self.plan.graphs()['summary']}"
+
+    @property
+    def scope(self) -> Optional[Scope]:
+        """What it captures (None: nothing), for the decision to tell which of two choices captures more."""
+        cfg = self.plan.config
+        unit = graph_impl(cfg.model.cuda_graph_impl).unit
+        if unit is None:
+            return None
+        if unit == "layer":
+            modules = set(cfg.model.cuda_graph_modules)
+            return Scope(LAYER_GRAPHS, frozenset(modules.union(*(MODULE_HOLDS.get(m, ()) for m in modules))))
+        return Scope(ITERATION_AND_OPTIMIZER_GRAPH if cfg.optimizer.optimizer_in_graph else ITERATION_GRAPH)
 
     @property
     def untimed_steps(self) -> int:
@@ -157,6 +173,10 @@ class AutoPlan:
         by_cores = (os.cpu_count() or 1) // max(self.gpus, 1)
         return max(1, min(len(self.probe_order), by_memory, by_cores))
 
+    def scopes(self) -> Dict[str, Scope]:
+        """What each accepted graph candidate captures, by its choice."""
+        return {c.choice: c.scope for c in self.accepted if c.scope is not None}
+
     def probe_iters(self, timed_steps: int) -> int:
         """Steps per run of a round: the longest warmup and capture among the candidates, then ``timed_steps``."""
         return max((candidate.untimed_steps for candidate in self.accepted), default=0) + timed_steps
@@ -189,8 +209,9 @@ class AutoPlan:
             return ("no CUDA device here, so graphs cannot pay off (they remove GPU launch gaps): the run trains "
                     "eagerly, without a probe; the candidates here:")
         return (f"eager and {len(self.graph_candidates)} graph candidate(s) the catalogue accepts here, each training "
-                "the same; the run keeps the fastest only where it beats eager by more than the probe's own noise, "
-                "else trains eagerly:")
+                "the same; the run keeps the fastest (or, where the probe cannot tell them apart, one that captures "
+                "all it does and more) only where it beats eager by more than the probe's own noise, else trains "
+                "eagerly:")
 
     def probe_line(self) -> str:
         if self.device != "cuda":

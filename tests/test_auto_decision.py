@@ -1,0 +1,138 @@
+"""How cuda_graph=auto decides from its probe's timings (synthesized here; the probe that times them:
+test_auto_probe.py): the fastest graph choice only beyond the probe's noise, a failed one never, the clearly slower
+stopped after screening, screening only where it pays, and among graph choices the probe cannot tell apart the
+one that captures all the fastest does and more."""
+
+from dataclasses import replace
+
+import pytest
+
+from bridge.auto.decision import (ITERATION_AND_OPTIMIZER_GRAPH, ITERATION_GRAPH, LAYER_GRAPHS, Measurement, Scope,
+                                  decide, screening_pays, stopped_early, survivors)
+
+def timings(medians: dict, spread: float = 0.2) -> list:
+    """Measurements in probe order (eager first and last); a median of None is a failed job."""
+    eager = medians["none"]
+    graphs = [(choice, median) for choice, median in medians.items() if choice != "none"]
+    return [Measurement(choice, "completed" if median is not None else "failed", median, spread if median else None)
+            for choice, median in [("none", eager[0]), *graphs, ("none", eager[1])]]
+
+
+@pytest.mark.parametrize("medians, spread, chosen", [
+    ({"none": (10.0, 10.1), "full_iteration": 9.0, "te_attn": 8.0}, 0.2, "te_attn"),  # the fastest, beyond noise
+    ({"none": (10.0, 10.6), "te_attn": 9.6}, 0.2, "none"),  # within the noise between processes (0.6 ms)
+    ({"none": (10.0, 10.0), "te_attn": 9.0}, 2.5, "none"),  # within the steps' own scatter (2.5 ms wide)
+    ({"none": (10.0, 10.1), "te_attn": 10.5}, 0.2, "none"),  # slower than eager
+    ({"none": (10.0, 10.1), "te_layer": None, "te_attn": 8.0}, 0.2, "te_attn"),  # the failed one is left out
+    ({"none": (10.0, None), "te_attn": 8.0}, 0.2, "te_attn"),  # one eager run is enough to compare with
+    ({"none": (None, None), "te_attn": 8.0}, 0.2, "none"),  # nothing to beat: eager
+])
+def test_the_fastest_graph_choice_is_kept_only_beyond_the_probes_noise(medians, spread, chosen):
+    decision = decide(timings(medians, spread))
+    assert decision.chosen == chosen, decision.reason
+
+
+def test_a_failed_candidate_is_never_chosen_even_with_the_fastest_steps():
+    probe = timings({"none": (10.0, 10.0), "te_attn": 8.0})
+    probe.insert(1, Measurement("te_layer", "interrupted", 1.0, 0.1, "SIGTERM received"))  # fast, but it did not finish
+    assert decide(probe).chosen == "te_attn"
+
+
+@pytest.mark.parametrize("medians, spread, going_on", [
+    # fastest 8.0, noise 0.2: 8.1 is within it, 9.0 and 10.5 are clearly slower; at most half of 4 (2) go on
+    ({"none": (10.0, 10.1), "te_attn": 8.0, "te_mlp": 8.1, "te_layer": 9.0, "local_layer": 10.5}, 0.2,
+     ["te_attn", "te_mlp"]),
+    # all four within the noise: the faster half goes on, fastest first
+    ({"none": (10.0, 10.1), "te_attn": 8.3, "te_mlp": 8.0, "te_layer": 8.2, "local_layer": 8.1}, 0.5,
+     ["te_mlp", "local_layer"]),
+    # eager is the round's fastest: a graph choice clearly slower than eager cannot win and stops
+    ({"none": (10.0, 10.1), "te_attn": 12.0, "te_mlp": 10.05}, 0.2, ["te_mlp"]),
+    # wide noise between eager's two runs keeps a slower one in the race (three graphs: two go on)
+    ({"none": (10.0, 13.0), "te_attn": 8.0, "te_mlp": 10.5, "te_layer": 11.5}, 0.2, ["te_attn", "te_mlp"]),
+    ({"none": (10.0, 10.1), "te_attn": 8.0, "te_layer": None}, 0.2, ["te_attn"]),  # a failed one never goes on
+    ({"none": (None, None), "te_attn": 8.0}, 0.2, []),  # nothing to beat: the probe stops
+])
+def test_successive_halving_stops_the_clearly_slower_and_keeps_the_faster_half(medians, spread, going_on):
+    measurements = timings(medians, spread)
+    kept = survivors(measurements)
+    assert [m.choice for m in kept] == going_on
+    stopped = stopped_early(measurements, kept, 1)
+    assert {m.choice for m in stopped} == set(medians) - {"none"} - set(going_on)
+    assert all((m.status == "stopped_early") == (medians[m.choice] is not None) for m in stopped)
+    assert all(m.median_ms == medians[m.choice] for m in stopped if m.status == "stopped_early")
+
+
+@pytest.mark.parametrize("start_s, step_ms, graph_candidates, at_once, pays", [
+    (4.3, 51.0, 7, 1, False),  # llama/tiny on an H200: a run starts in seconds, 20 steps fewer save 1 s each
+    (15.0, 320.0, 4, 1, False),  # the Qwen3 proxy: its steps are long, but so is its start
+    (20.0, 2000.0, 7, 1, True),  # seconds a step: the steps screening saves outweigh a second round's runs
+    (0.5, 20.0, 1, 1, False),  # one graph choice: nothing to halve
+    (20.0, 400.0, 7, 1, False),  # a second round's three starts, one after another, outweigh what screening saves
+    (20.0, 400.0, 7, 3, True),  # the same three starting together cost one start
+])
+def test_screening_pays_only_where_the_steps_it_saves_outweigh_the_runs_it_adds(start_s, step_ms, graph_candidates,
+                                                                                at_once, pays):
+    first = Measurement("none", "completed", step_ms, 1.0, wall_s=start_s + 34 * step_ms / 1e3)
+    assert screening_pays(first, 34, graph_candidates, 10, 30, at_once) is pays
+    assert screening_pays(replace(first, status="failed", median_ms=None), 34, graph_candidates, 10, 30, at_once)
+
+
+# --- graph choices the probe cannot tell apart ---------------------------------------------------------------
+
+SCOPES = {
+    "full_iteration+optimizer_in_graph": Scope(ITERATION_AND_OPTIMIZER_GRAPH),
+    "full_iteration": Scope(ITERATION_GRAPH),
+    "te_layer": Scope(LAYER_GRAPHS),
+    "local_layer": Scope(LAYER_GRAPHS),
+    "te_attn_mlp": Scope(LAYER_GRAPHS, frozenset({"attn", "mlp"})),
+    "te_attn": Scope(LAYER_GRAPHS, frozenset({"attn"})),
+    "te_mlp": Scope(LAYER_GRAPHS, frozenset({"mlp"})),
+}
+"""What llama/tiny's graph candidates capture, as bridge.auto.candidates reads them from their plans
+(test_auto_probe.py checks it there)."""
+
+
+@pytest.mark.parametrize("wider, narrower, covers", [
+    ("full_iteration+optimizer_in_graph", "full_iteration", True),
+    ("full_iteration", "te_layer", True),
+    ("full_iteration", "te_attn", True),
+    ("te_layer", "te_attn_mlp", True),
+    ("te_attn_mlp", "te_attn", True),
+    ("te_layer", "local_layer", False),  # the same layers by another mechanism: neither captures more
+    ("te_attn", "te_mlp", False),  # different modules
+    ("te_attn", "te_attn", False),  # not more than itself
+    ("te_layer", "full_iteration", False),
+])
+def test_a_scope_covers_another_only_where_it_captures_all_it_does_and_more(wider, narrower, covers):
+    assert SCOPES[wider].covers(SCOPES[narrower]) is covers
+
+
+@pytest.mark.parametrize("medians, spread, chosen", [
+    # The Qwen3 proxy's distributed-optimizer probe (ec177b3): te_layer fastest, full_iteration 2.5 % behind, each
+    # run's steps 8 ms wide: they overlap, and full_iteration captures all te_layer does
+    ({"none": (461.7, 432.6), "full_iteration": 202.8, "local_layer": 204.9, "te_layer": 197.9}, 8.0,
+     "full_iteration"),
+    # the same two 5 ms apart with steps 2 ms wide: the probe tells them apart, the fastest stays
+    ({"none": (461.7, 432.6), "full_iteration": 202.8, "te_layer": 197.9}, 2.0, "te_layer"),
+    # of several broader ones within the scatter, the broadest
+    ({"none": (20.0, 20.1), "te_attn": 10.0, "te_attn_mlp": 10.05, "full_iteration": 10.1,
+      "full_iteration+optimizer_in_graph": 10.15}, 0.4, "full_iteration+optimizer_in_graph"),
+    # the H100 llama/tiny pair: te_layer 5 % behind te_attn_mlp, overlapping, but beyond 3 %: the fastest stays
+    ({"none": (66.0, 60.4), "te_attn_mlp": 15.65, "te_layer": 16.47}, 2.0, "te_attn_mlp"),
+    # overlapping, but capturing no more than the fastest: the fastest stays
+    ({"none": (20.0, 20.1), "te_layer": 10.0, "local_layer": 10.05, "te_mlp": 10.02}, 0.4, "te_layer"),
+    # a broader choice within the scatter of the fastest but not beyond eager's noise is not taken
+    ({"none": (10.0, 10.1), "te_attn": 9.4, "full_iteration": 9.8}, 0.5, "te_attn"),
+])
+def test_among_choices_the_probe_cannot_tell_apart_the_broadest_is_taken(medians, spread, chosen):
+    decision = decide(timings(medians, spread), SCOPES)
+    assert decision.chosen == chosen, decision.reason
+
+
+def test_the_reason_names_the_fastest_and_why_a_broader_choice_replaced_it():
+    probe = timings({"none": (461.7, 432.6), "full_iteration": 202.8, "te_layer": 197.9}, 8.0)
+    decision = decide(probe, SCOPES)
+    assert decision.reason.startswith("full_iteration captures all that the fastest, te_layer, does and more, and "
+                                      "their steps overlap (202.80 ms against 197.90 ms")
+    assert "te_layer measured 197.90 ms a step against eager's 432.60 ms" in decision.reason
+    assert decide(probe).chosen == "te_layer"  # without the scopes, nothing is taken for another
