@@ -145,11 +145,21 @@ def test_a_bad_cache_file_is_one_line_and_never_a_traceback(cli, tmp_path, cache
 # --- the benchmark suite's auto variant -----------------------------------------------------------------
 
 
-def test_the_suites_auto_row_says_what_it_chose_and_how_it_compares_with_the_best(monkeypatch, tmp_path):
-    import benchmark_table
+@pytest.fixture
+def suite_with_auto(monkeypatch):
+    """benchmarks/suite.py with a workload of eager, te_attn and auto (with_auto), whose variants nothing trains."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import suite
 
+    variants = {"eager": ("cuda_graph=none",), "te_attn": ("cuda_graph=te_attn",), suite.AUTO: ("cuda_graph=auto",)}
+    monkeypatch.setitem(suite.WORKLOADS, "with_auto", suite.Workload("with auto", ("recipe=llama/tiny",), variants))
+    return suite
+
+
+def test_the_suites_auto_row_says_what_it_chose_and_how_it_compares_with_the_best(suite_with_auto, monkeypatch,
+                                                                                  tmp_path):
+    import benchmark_table
+    suite = suite_with_auto
     medians = {"eager": 10.0, "te_attn": 8.0, "auto": 8.2}
 
     def run_variant(workload, overrides, job_dir, steps, timeout_s):
@@ -159,8 +169,6 @@ def test_the_suites_auto_row_says_what_it_chose_and_how_it_compares_with_the_bes
             result["auto"] = {"chosen": "te_attn", "source": "probe", "probe": {"wall_s": 41.6}}
         return suite.Measured(["graphbridge", *overrides], result)
 
-    variants = {"eager": ("cuda_graph=none",), "te_attn": ("cuda_graph=te_attn",), suite.AUTO: ("cuda_graph=auto",)}
-    monkeypatch.setitem(suite.WORKLOADS, "with_auto", suite.Workload("with auto", ("recipe=llama/tiny",), variants))
     monkeypatch.setattr(suite, "run_variant", run_variant)
     record = suite.run_workload("with_auto", 40, tmp_path)
     auto = record["variants"]["auto"]
@@ -170,7 +178,15 @@ def test_the_suites_auto_row_says_what_it_chose_and_how_it_compares_with_the_bes
     table = "\n".join(benchmark_table.table(record | {"driver": "580", "date": "2026-11-25",
                                                       "versions": {**record["versions"], "torch": "2.11"}}))
     assert "| auto (chose te_attn; probe 42 s; 1.02x the best; its choice's variant 1.00x) | 8.20 |" in table
+    assert all(suite.AUTO in workload.variants for name, workload in suite.WORKLOADS.items()
+               if name in ("llama_tiny_local", "llama_tiny_te", "llama32_1b", "qwen3_moe_dropless",
+                           "qwen3_moe_drop_and_pad"))
 
+
+def test_the_suites_auto_row_over_rounds_keeps_every_probe_and_each_rounds_ratio(suite_with_auto, monkeypatch,
+                                                                                 tmp_path):
+    import benchmark_table
+    suite = suite_with_auto
     # Three rounds: each ratio from one round; the probe ran in the first, the second took the cache (whose record
     # carries the probe that made the decision), and the third, resumed on a fresh machine, probed again: its probe
     # is the row's, and the first's stays beside it.
@@ -214,6 +230,3 @@ def test_the_suites_auto_row_says_what_it_chose_and_how_it_compares_with_the_bes
                                "date": "2026-11-28", "suite_command": "x", "variants": {"auto": auto},
                                "versions": {"torch": "2.11", "megatron_core": "0.19.2", "transformer_engine": "2.10.0",
                                             "graphbridge": "abc"}}))
-    assert all(suite.AUTO in workload.variants for name, workload in suite.WORKLOADS.items()
-               if name in ("llama_tiny_local", "llama_tiny_te", "llama32_1b", "qwen3_moe_dropless",
-                           "qwen3_moe_drop_and_pad"))
