@@ -55,14 +55,17 @@ REFUSES_WHAT_TRAINS = {
         "and four gradients that never arrived); at one GPU too, four of 95 gradients never arrived once the "
         "overlapped reduce checked for them (witness moe_norm_recompute_bf16_te_moe_router_overlap_grad_reduce, "
         "h200 gpu_differential.json at 1ab7470, both releases): the runs that completed had nothing to check for them",
-    "optimizer_in_graph": "with cuda_graph=none nothing is captured: 0.16.1 run 1762 of the h200 gpu_differential.json "
-                          "at 4a94902 stepped graphbridge's capturable AdamW eagerly, so the option the user set did "
-                          "nothing; two explicit values in conflict are a violation with its fix, not a silent no-op",
+    "optimizer_in_graph": "with cuda_graph=none nothing is captured: 0.16.1 run 1762 of the h200 "
+                          "gpu_differential_4a94902.json stepped graphbridge's capturable AdamW eagerly, so the "
+                          "option the user set did nothing; two explicit values in conflict are a violation with its "
+                          "fix, not a silent no-op",
     "expert_bias": "one-by-one experts with biases failed at the first forward pass in bf16, eagerly and under every "
-                   "graph choice on both specs (daa2b42, H100), but 0.19.2 run 1749 of the h200 gpu_differential.json "
-                   "at 4a94902 trained them under fp8_cs (gpt_oss/tiny, te_layer, drop-and-pad): the witnesses "
-                   "sequential_expert_bias_* (bf16 and fp8_cs, dropless and drop-and-pad, both releases) decide "
-                   "whether the rule narrows to unquantized experts",
+                   "graph choice on both specs, on megatron-core 0.19.2 with Transformer Engine 2.20.2 (H100, da54611 "
+                   "and daa2b42), but with Transformer Engine 2.10.0 they trained on both releases in bf16 and fp8_cs, "
+                   "dropless and drop-and-pad (witnesses sequential_expert_bias_*, runs 1751-1754 of the h200 "
+                   "gpu_differential.json at 0dcdb17; 0.19.2 run 1749 of gpu_differential_4a94902.json under "
+                   "te_layer): the refusal stays until a GPU run of those witnesses on Transformer Engine 2.20.2 says "
+                   "whether it narrows to the releases where they fail",
 }
 """Rules that stay although a configuration they refuse trained on a GPU with them unasked, and why."""
 
