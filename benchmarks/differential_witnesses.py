@@ -81,10 +81,12 @@ WITNESS_CASES = {
                                                             "model.transformer_impl=local", "model.hidden_dropout=0.1",
                                                             "rng.te_rng_tracker=false"),
     # The router's forced load balancing draws under megatron-core's expert tracker too, inside the router's TE graph:
-    # the same hazard, which no run has met yet.
-    "forced_balance_local_spec_te_moe_router_megatron_tracker": (
+    # the same hazard, which failed so on both releases at 0dcdb17 (local_spec_forced_balance_in_te_graphs); the
+    # control is the TE tracker, which the rule accepts.
+    **{f"forced_balance_local_spec_te_moe_router_{tracker}_tracker": (
         "recipe=qwen/tiny", "cuda_graph=te_moe_router", "model.transformer_impl=local", ALLTOALL, *DROP_AND_PAD,
-        "model.moe_router_force_load_balancing=true", "rng.te_rng_tracker=false"),
+        "model.moe_router_force_load_balancing=true", f"rng.te_rng_tracker={on}")
+       for tracker, on in (("megatron", "false"), ("te", "true"))},
     # A retained backward graph with the compiled bias-dropout-add (retained_backward_compiled_fusion): its witness,
     # te_mlp with hidden dropout, failed on an H100; qwen/tiny's te_attn without dropout trained (7d4567f). te_mlp on
     # both sides of the line the rule draws now.

@@ -184,6 +184,12 @@ RULE_CASES = {
         Case({"model.transformer_impl": "local", **te("attn"), "model.attention_dropout": 0.1,
               "rng.te_rng_tracker": False}),
         Case({"model.transformer_impl": "local", **te("attn"), "model.attention_dropout": 0.1})),
+    # The accept case is the same graph with the TE tracker.
+    "local_spec_forced_balance_in_te_graphs": (
+        Case({**MOE, **ALLTOALL, **DROP_AND_PAD, "model.transformer_impl": "local", **te("moe_router"),
+              "model.moe_router_force_load_balancing": True, "rng.te_rng_tracker": False}),
+        Case({**MOE, **ALLTOALL, **DROP_AND_PAD, "model.transformer_impl": "local", **te("moe_router"),
+              "model.moe_router_force_load_balancing": True})),
     "moe_router_without_transformer_engine": (Case(MOE, machine=NO_TE), Case(MOE)),
     "expert_bias_tensor_parallel": (Case({**MOE, **TP2_SP, "model.add_bias_linear": True}, megatron=True),
                                     Case({**MOE, **TP2_SP, "model.add_bias_linear": True,

@@ -33,6 +33,12 @@ def te_graphs_attention(cfg) -> bool:
     return impl_of(cfg) == TE and (not modules_of(cfg) or "attn" in modules_of(cfg))
 
 
+def te_graphs_router(cfg) -> bool:
+    """Transformer Engine per-layer graphs capture an MoE layer's router: whole layers, or the moe (which holds the
+    router) or moe_router module."""
+    return impl_of(cfg) == TE and (not modules_of(cfg) or bool({"moe", "moe_router"} & set(modules_of(cfg))))
+
+
 def graphs_moe_dispatch(cfg) -> bool:
     """The graph captures an MoE layer's token dispatch: full iteration, or per-layer graphs of whole layers or
     of the moe module."""

@@ -3,7 +3,8 @@
 where installed), and each refuses some settings at model build or at the first step."""
 
 from bridge.config.model_facts import has_dense_layers, is_moe_model, recompute_modules
-from bridge.validation.graph_facts import IMPL, MODULES, TE, impl_of, modules_of, te_graphs_attention
+from bridge.validation.graph_facts import (IMPL, MODULES, TE, impl_of, modules_of, te_graphs_attention,
+                                          te_graphs_router)
 from bridge.validation.recompute_rules import recompute_without
 from bridge.validation.registry import rule, violation
 
@@ -162,3 +163,32 @@ def local_spec_attention_dropout_in_te_graphs(cfg, target):
                      "register that tracker's generators, so the capture fails ('Attempt to increase offset for a CUDA "
                      "generator not in capture mode'); set rng.te_rng_tracker=true, model.attention_dropout=0.0, or "
                      "cuda_graph=local_layer or full_iteration")
+
+
+@rule("local_spec_forced_balance_in_te_graphs", environment=True,
+      rejects="the router's forced load balancing (`model.moe_router_force_load_balancing`) inside Transformer Engine "
+              "per-layer graphs of the router without the TE RNG tracker, where megatron-core builds its local layer "
+              "spec",
+      fix="`rng.te_rng_tracker=true` (derived when unset), `model.moe_router_force_load_balancing=false`, or "
+          "`cuda_graph=local_layer` or `full_iteration`")
+def local_spec_forced_balance_in_te_graphs(cfg, target):
+    # Forced load balancing replaces the router's logits with random ones drawn inside megatron-core's RNG tracker
+    # fork of the expert-parallel state (moe_utils.RandomSTE), on either spec and with or without sequence
+    # parallelism; Transformer Engine's graphs do not register megatron-core's tracker generators, as with the local
+    # spec's attention dropout above. The TE spec needs the TE tracker already (te_rng_tracker). Witness: run 1733
+    # (forced_balance_local_spec_te_moe_router_megatron_tracker) of the H200 gpu_differential.json at 0dcdb17, both
+    # releases: "Attempt to increase offset for a CUDA generator not in capture mode" at the capture step.
+    model = cfg.model
+    if (target.engine != "megatron" or not is_moe_model(model) or not model.moe_router_force_load_balancing
+            or not te_graphs_router(cfg) or cfg.rng.te_rng_tracker or model.use_te_rng_tracker
+            or not builds_local_spec(cfg, target)):
+        return None
+    return violation("local_spec_forced_balance_in_te_graphs",
+                     ["rng.te_rng_tracker", "model.moe_router_force_load_balancing", IMPL, MODULES,
+                      "model.transformer_impl"],
+                     "megatron-core builds its local layer spec here, and the router's forced load balancing draws "
+                     "its random logits from megatron-core's RNG tracker (rng.te_rng_tracker=false); Transformer "
+                     "Engine's graphs of the router do not register that tracker's generators, so the capture fails "
+                     "('Attempt to increase offset for a CUDA generator not in capture mode'); set "
+                     "rng.te_rng_tracker=true, model.moe_router_force_load_balancing=false, or cuda_graph=local_layer "
+                     "or full_iteration")
