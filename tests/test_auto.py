@@ -79,7 +79,7 @@ def planned_auto(cli, tmp_path, cache_home, *overrides: str) -> dict:
 
 def test_on_the_local_spec_auto_weighs_transformer_engines_graphs_too(cli, tmp_path, cache_home):
     # They replay the causal mask their attention was captured with (transformer_engine.causal_replays), so they
-    # train as eager there: gpu_witnesses.json at 6e4647f, both releases.
+    # train as eager there: gpu_witnesses_6e4647f.json, both releases.
     local = planned_auto(cli, tmp_path, cache_home, "model.transformer_impl=local")
     assert [c["choice"] for c in local["candidates"] if c["accepted"]] == DENSE_CANDIDATES
 
