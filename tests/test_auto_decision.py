@@ -10,6 +10,7 @@ import pytest
 from bridge.auto.decision import (ITERATION_AND_OPTIMIZER_GRAPH, ITERATION_GRAPH, LAYER_GRAPHS, Measurement, Scope,
                                   decide, screening_pays, stopped_early, survivors)
 
+
 def timings(medians: dict, spread: float = 0.2) -> list:
     """Measurements in probe order (eager first and last); a median of None is a failed job."""
     eager = medians["none"]

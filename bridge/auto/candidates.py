@@ -34,6 +34,7 @@ from bridge.machine import Machine
 from bridge.planning import Plan, build_plan, wrapped
 from bridge.prepare import prepare
 from bridge.result import MIN_TIMED_STEPS, first_timed_step
+from bridge.validation.graph_facts import captured_modules
 
 ROUND_TIMED_STEPS = (MIN_TIMED_STEPS // 3, MIN_TIMED_STEPS)
 """Timed steps per candidate in each round of the probe: a short screening round, then as many as a sweep's
@@ -44,9 +45,6 @@ OPTIMIZER_IN_GRAPH = "optimizer.optimizer_in_graph"
 PROCESS_OUTSIDE_ALLOCATOR_GIB = 2.5
 """What a training process holds on its GPU beside PyTorch's allocator (the CUDA context, cuBLAS, lazy NCCL): 2.44
 GiB measured on an H100 (benchmarks/results/h100/mcore-0.16.1/run_footprint.json, lazy_nccl)."""
-MODULE_HOLDS = {"moe": ("moe_router", "moe_preprocess")}
-"""The per-layer modules whose graph holds others: the MoE module's is the whole MoE part of the layer, its router
-and dispatch preprocessing included (the reference's scope table: ``_forward_mlp()``)."""
 SHARED_GPU_MEMORY = 0.8
 """The share of the GPU's memory the probe's runs that start together may take, by the plan's estimates."""
 
@@ -108,8 +106,7 @@ class Candidate:
         if unit is None:
             return None
         if unit == "layer":
-            modules = set(cfg.model.cuda_graph_modules)
-            return Scope(LAYER_GRAPHS, frozenset(modules.union(*(MODULE_HOLDS.get(m, ()) for m in modules))))
+            return Scope(LAYER_GRAPHS, frozenset(captured_modules(cfg.model.cuda_graph_modules)))
         return Scope(ITERATION_AND_OPTIMIZER_GRAPH if cfg.optimizer.optimizer_in_graph else ITERATION_GRAPH)
 
     @property

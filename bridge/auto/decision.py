@@ -116,7 +116,7 @@ def decide(measurements: Sequence[Measurement], scopes: Optional[Mapping[str, Sc
         verdict = "slower than eager" if gain_ms <= 0 else f"within the probe's noise of {noise_ms:.2f} ms"
         return Decision(EAGER_CHOICE, f"the fastest graph choice, {best.choice}, is {verdict} ({against}): "
                                       "training eagerly", eager_ms, noise_ms)
-    reason = (f"{against} ({gain_ms / eager_ms:.1%} faster), beyond the probe's noise of {noise_ms:.2f} ms")
+    reason = f"{against} ({gain_ms / eager_ms:.1%} faster), beyond the probe's noise of {noise_ms:.2f} ms"
     broader = broadest_overlapping(best, graphs, scopes or {})
     if broader is best or eager_ms - broader.median_ms <= probe_noise_ms(eager, broader):
         return Decision(best.choice, reason, eager_ms, noise_ms)

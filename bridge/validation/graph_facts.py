@@ -33,10 +33,20 @@ def te_graphs_attention(cfg) -> bool:
     return impl_of(cfg) == TE and (not modules_of(cfg) or "attn" in modules_of(cfg))
 
 
+MODULE_HOLDS = {"moe": ("moe_router", "moe_preprocess")}
+"""The per-layer modules whose graph holds others: the MoE module's is the whole MoE part of the layer, its router
+and dispatch preprocessing included (megatron-core's ``_forward_mlp()``)."""
+
+
+def captured_modules(modules) -> set:
+    """The per-layer modules a module list captures, with those the listed ones hold."""
+    return set(modules).union(*(MODULE_HOLDS.get(module, ()) for module in modules))
+
+
 def te_graphs_router(cfg) -> bool:
-    """Transformer Engine per-layer graphs capture an MoE layer's router: whole layers, or the moe (which holds the
-    router) or moe_router module."""
-    return impl_of(cfg) == TE and (not modules_of(cfg) or bool({"moe", "moe_router"} & set(modules_of(cfg))))
+    """Transformer Engine per-layer graphs capture an MoE layer's router: whole layers, or a module list that
+    captures moe_router (the moe module holds it)."""
+    return impl_of(cfg) == TE and (not modules_of(cfg) or "moe_router" in captured_modules(modules_of(cfg)))
 
 
 def graphs_moe_dispatch(cfg) -> bool:
