@@ -38,9 +38,8 @@ H200_F0650F3_0161 = "h200/mcore-0.16.1/gpu_differential_f0650f3.json"
 TWO_GPU_RUNS_6C7A53D_0161 = "h200/mcore-0.16.1/gpu_differential_2gpu.json"
 """The two-GPU differential at 6c7a53d (seed 33), before the rule it witnesses; gpu_differential_2gpu_6c7a53d.json
 once the next two-GPU record takes the plain name."""
-H200_0DCDB17_0161 = "h200/mcore-0.16.1/gpu_differential.json"
-"""The one-GPU differential at 0dcdb17 (seed 15), whose witness cases found the rule it witnesses;
-gpu_differential_0dcdb17.json once the next one-GPU record takes the plain name."""
+H200_0DCDB17_0161 = "h200/mcore-0.16.1/gpu_differential_0dcdb17.json"
+"""The one-GPU differential at 0dcdb17 (seed 15), whose witness cases found the rule it witnesses."""
 GPU_WITNESSES = {
     "allgather_dispatch_capture": GpuWitness(ON_0161, 706, "Cannot copy between CPU and CUDA tensors during CUDA graph"),
     "dropless_permute_capture": GpuWitness(ON_0161, 709, "cudaErrorStreamCaptureUnsupported"),

@@ -54,7 +54,8 @@ REFUSES_WHAT_TRAINS = {
         "two (0.19.2 runs 364 at PP2 and 619 at DP2 of h200 gpu_differential_2gpu_c236fc3.json: an illegal address, "
         "and four gradients that never arrived); at one GPU too, four of 95 gradients never arrived once the "
         "overlapped reduce checked for them (witness moe_norm_recompute_bf16_te_moe_router_overlap_grad_reduce, "
-        "h200 gpu_differential.json at 1ab7470, both releases): the runs that completed had nothing to check for them",
+        "h200 gpu_differential_0d3b80c.json, begun at 1ab7470, both releases): the runs that completed had nothing "
+        "to check for them",
     "optimizer_in_graph": "with cuda_graph=none nothing is captured: 0.16.1 run 1762 of the h200 "
                           "gpu_differential_4a94902.json stepped graphbridge's capturable AdamW eagerly, so the "
                           "option the user set did nothing; two explicit values in conflict are a violation with its "
@@ -62,8 +63,9 @@ REFUSES_WHAT_TRAINS = {
     "expert_bias": "one-by-one experts with biases failed at the first forward pass in bf16, eagerly and under every "
                    "graph choice on both specs, on megatron-core 0.19.2 with Transformer Engine 2.20.2 (H100, da54611 "
                    "and daa2b42), but with Transformer Engine 2.10.0 they trained on both releases in bf16 and fp8_cs, "
-                   "dropless and drop-and-pad (witnesses sequential_expert_bias_*, runs 1751-1754 of the h200 "
-                   "gpu_differential.json at 0dcdb17; 0.19.2 run 1749 of gpu_differential_4a94902.json under "
+                   "dropless and drop-and-pad (witnesses sequential_expert_bias_*, runs 1752-1755 of the h200 "
+                   "gpu_differential.json at 0433e38 and 1751-1754 of gpu_differential_0dcdb17.json; 0.19.2 run "
+                   "1749 of gpu_differential_4a94902.json under "
                    "te_layer): the refusal stays until a GPU run of those witnesses on Transformer Engine 2.20.2 says "
                    "whether it narrows to the releases where they fail",
 }
