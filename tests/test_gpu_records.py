@@ -46,8 +46,8 @@ REFUSES_WHAT_TRAINS = {
                                      "gpu_differential_2gpu_5bba762.json) and at two (0.19.2 run 1754 of the h200 "
                                      "gpu_differential_ec177b3.json), but the same at four micro-batches aborted "
                                      "on both releases (mla_up_proj_recompute_attn_four_microbatches, 5bba762; 0.16.1 "
-                                     "run 283 of gpu_differential.json), as did the GB200 preset's graphs at one: "
-                                     "real steps have more micro-batches than two",
+                                     "run 283 of the h100 gpu_differential.json), as did the GB200 preset's graphs at "
+                                     "one: real steps have more micro-batches than two",
     "moe_norm_recompute_in_layer_graphs":
         "bf16 router graphs (te_moe_router, alltoall) trained at one GPU with it unasked (witness "
         "moe_norm_recompute_bf16_te_moe_router, 24488cb and c236fc3, both releases), but bf16 router graphs failed at "
