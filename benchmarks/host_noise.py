@@ -10,6 +10,8 @@ Why: the suite's auto row sets auto's run against the best other variant's, each
 step took 428 ms and another's 320 ms on the same H200 (75b3d6e). Kernel launches from CPUs far from the GPU
 (another NUMA node) cost more, and a process the scheduler moves between CPUs lands on either. The CPUs bound are
 the GPU's NUMA-local ones (/sys/bus/pci/devices/<its bus id>/local_cpulist, within this process's own), or --cpus.
+Where those are all of this process's CPUs (one NUMA node, as on the 16-CPU H200 machine of b217322), binding
+changes nothing: the runs are unbound only, and the record says why, so the spread measured is the host's alone.
 """
 
 import argparse
@@ -49,13 +51,24 @@ def spread(medians: List[float]) -> Optional[float]:
     return (max(medians) - min(medians)) / min(medians) if len(medians) > 1 else None
 
 
-def measure(name: str, variant: str, runs: int, steps: int, cpus: Set[int], scratch: Path) -> Dict[str, dict]:
+def binding_changes_nothing(cpus: Set[int]) -> Optional[str]:
+    """Why binding to ``cpus`` cannot move a step, where it cannot: they hold every CPU this process may use."""
+    own = os.sched_getaffinity(0)
+    if own <= cpus:
+        return (f"the CPUs to bind to hold all {len(own)} of this process's, so a bound run would run where an unbound "
+                "one does: every run is unbound")
+    return None
+
+
+def measure(name: str, variant: str, runs: int, steps: int, cpus: Set[int], scratch: Path,
+            bind: bool = True) -> Dict[str, dict]:
     """``runs`` runs of each mode, unbound and bound taking turns (the first mode alternates too), so that a
-    drift of the host over the minutes falls on both."""
+    drift of the host over the minutes falls on both; unbound alone without ``bind``."""
     workload = WORKLOADS[name]
-    modes: Dict[str, dict] = {UNBOUND: {"medians_ms": [], "failed": []}, BOUND: {"medians_ms": [], "failed": []}}
+    chosen = (UNBOUND, BOUND) if bind else (UNBOUND,)
+    modes: Dict[str, dict] = {mode: {"medians_ms": [], "failed": []} for mode in chosen}
     for turn in range(runs):
-        for mode in (UNBOUND, BOUND) if turn % 2 == 0 else (BOUND, UNBOUND):
+        for mode in list(modes) if turn % 2 == 0 else list(modes)[::-1]:
             measured = suite.run_variant(workload, workload.variants[variant], scratch / f"{turn}_{mode}", steps,
                                          cpus=cpus if mode == BOUND else None)
             median = (measured.result.get("step_time_ms") or {}).get("median")
@@ -86,12 +99,17 @@ def main(argv=None) -> int:
     if not cpus:
         print("no GPU says which CPUs are beside it here: name them with --cpus", file=sys.stderr)
         return 2
-    modes = measure(args.workload, args.variant, args.runs, args.steps, cpus, args.scratch / time.strftime("%H%M%S"))
+    unbindable = binding_changes_nothing(cpus)
+    if unbindable:
+        print(unbindable, flush=True)
+    modes = measure(args.workload, args.variant, args.runs, args.steps, cpus, args.scratch / time.strftime("%H%M%S"),
+                    bind=not unbindable)
     gpus = suite.cuda_gpus()
     write_json_atomic(args.out, {
         "workload": args.workload, "variant": args.variant, "runs": args.runs, "steps": args.steps,
         "gpu": gpus[0].name if gpus else None, "host_cpu": host_cpu(), "cpus_bound": sorted(cpus),
-        "cpus_of_the_process": len(os.sched_getaffinity(0)), "commit": suite.git_commit(),
+        "cpus_of_the_process": len(os.sched_getaffinity(0)), "binding_changes_nothing": unbindable,
+        "commit": suite.git_commit(),
         "date": time.strftime("%Y-%m-%d"), "command": " ".join(["python", "benchmarks/host_noise.py", *sys.argv[1:]]),
         "modes": modes})
     for mode, numbers in modes.items():

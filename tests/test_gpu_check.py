@@ -95,6 +95,20 @@ def test_the_host_noise_mode_trains_a_variant_unbound_and_bound_turn_by_turn(tmp
     assert all(len(mode["medians_ms"]) == 1 and mode["median_ms"] > 0 for mode in record["modes"].values())
 
 
+def test_host_noise_binding_to_every_cpu_of_the_process_runs_unbound_only_and_says_why(tmp_path):
+    """A GPU whose NUMA-local CPUs are all the process's (one node) leaves binding nothing to change: half the runs
+    would measure the same thing twice, so there is one mode, and the record and the first line say why."""
+    every_cpu = ",".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0)))
+    done = subprocess.run([sys.executable, "benchmarks/host_noise.py", "llama_tiny_local", "--runs", "1", "--steps", "9",
+                           "--cpus", every_cpu, "--out", str(tmp_path / "noise.json"), "--scratch", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    record = json.loads((tmp_path / "noise.json").read_text())
+    why = f"the CPUs to bind to hold all {len(os.sched_getaffinity(0))} of this process's"
+    assert record["binding_changes_nothing"].startswith(why) and done.stdout.startswith(why)
+    assert list(record["modes"]) == ["unbound"] and len(record["modes"]["unbound"]["medians_ms"]) == 1
+
+
 def test_host_noise_without_a_gpu_to_name_its_cpus_says_so_in_one_line_and_exits_2(tmp_path):
     done = subprocess.run([sys.executable, "benchmarks/host_noise.py", "llama_tiny_local", "--out",
                            str(tmp_path / "noise.json")], cwd=ROOT, capture_output=True, text=True, timeout=120,
