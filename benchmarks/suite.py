@@ -211,7 +211,9 @@ def auto_across_rounds(workload: Workload, auto_rows: List[dict], rounds: List[D
     probes = probes_of(auto_rows)
     chosen = list(dict.fromkeys(row["auto_chosen"] for row in auto_rows if row.get("auto_chosen")))
     return {"vs_best": middle(ratios), "vs_best_range": [ratios[0], ratios[-1]] if len(ratios) > 1 else None,
-            "chosen_vs_best": middle(chosen_ratios), "auto_chosen": " / ".join(chosen) or None,
+            "chosen_vs_best": middle(chosen_ratios),
+            "chosen_vs_best_range": [chosen_ratios[0], chosen_ratios[-1]] if len(chosen_ratios) > 1 else None,
+            "auto_chosen": " / ".join(chosen) or None,
             "auto_probe_s": probes[-1]["wall_s"] if probes else None, "auto_probe": probes[-1] if probes else None,
             "auto_probes_s": [probe["wall_s"] for probe in probes]}
 

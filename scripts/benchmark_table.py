@@ -58,11 +58,15 @@ def auto_notes(row: dict) -> str:
         notes.append(f"probe {row['auto_probe_s']:.0f} s"
                      + (f" (earlier rounds' {', '.join(f'{wall:.0f}' for wall in earlier)} s)" if earlier else ""))
     if row.get("vs_best") is not None:
-        spread = row.get("vs_best_range")
-        notes.append(f"{row['vs_best']:.2f}x the best" + (f" ({spread[0]:.2f}-{spread[1]:.2f})" if spread else ""))
+        notes.append(f"{row['vs_best']:.2f}x the best" + ratio_range(row.get("vs_best_range")))
     if row.get("chosen_vs_best") is not None:
-        notes.append(f"its choice's variant {row['chosen_vs_best']:.2f}x")
+        notes.append(f"its choice's variant {row['chosen_vs_best']:.2f}x" + ratio_range(row.get("chosen_vs_best_range")))
     return "; ".join(notes)
+
+
+def ratio_range(spread) -> str:
+    """`` (low-high)`` of a ratio's per-round values, which a median of two rounds (the lower one) hides."""
+    return f" ({spread[0]:.2f}-{spread[1]:.2f})" if spread else ""
 
 
 def rounds_so_far(record: dict) -> str:
