@@ -12,6 +12,9 @@ step took 428 ms and another's 320 ms on the same H200 (75b3d6e). Kernel launche
 the GPU's NUMA-local ones (/sys/bus/pci/devices/<its bus id>/local_cpulist, within this process's own), or --cpus.
 Where those are all of this process's CPUs (one NUMA node, as on the 16-CPU H200 machine of b217322), binding
 changes nothing: the runs are unbound only, and the record says why, so the spread measured is the host's alone.
+Each run also keeps the CPU time the hypervisor gave others while it ran (steal_s, from /proc/stat), and the
+record which logical CPUs share a physical core (core_siblings): on a virtual machine, what else could set a
+process's speed for the whole of its life.
 """
 
 import argparse
@@ -46,6 +49,28 @@ def gpu_local_cpus() -> Optional[Set[int]]:
         return None
 
 
+def stolen_s(stat: Path = Path("/proc/stat")) -> Optional[float]:
+    """Seconds the hypervisor has run others on this machine's CPUs (steal, summed over CPUs, since boot): what a
+    virtual machine's neighbours take from its host work. None where the kernel does not say."""
+    try:
+        fields = stat.read_text().splitlines()[0].split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK") if fields[0] == "cpu" and len(fields) > 8 else None
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def core_siblings(cpus: Set[int], topology: Path = Path("/sys/devices/system/cpu")) -> List[List[int]]:
+    """The logical CPUs of ``cpus`` grouped by the physical core they share (two to a core where threads pair up);
+    empty where /sys does not say."""
+    groups = set()
+    for cpu in sorted(cpus):
+        try:
+            groups.add(tuple(sorted(cpu_list((topology / f"cpu{cpu}/topology/thread_siblings_list").read_text()))))
+        except (OSError, ValueError):
+            return []
+    return [list(group) for group in sorted(groups)]
+
+
 def spread(medians: List[float]) -> Optional[float]:
     """(slowest - fastest) / fastest of the runs' median step times."""
     return (max(medians) - min(medians)) / min(medians) if len(medians) > 1 else None
@@ -66,17 +91,21 @@ def measure(name: str, variant: str, runs: int, steps: int, cpus: Set[int], scra
     drift of the host over the minutes falls on both; unbound alone without ``bind``."""
     workload = WORKLOADS[name]
     chosen = (UNBOUND, BOUND) if bind else (UNBOUND,)
-    modes: Dict[str, dict] = {mode: {"medians_ms": [], "failed": []} for mode in chosen}
+    modes: Dict[str, dict] = {mode: {"medians_ms": [], "steal_s": [], "failed": []} for mode in chosen}
     for turn in range(runs):
         for mode in list(modes) if turn % 2 == 0 else list(modes)[::-1]:
+            stolen_before = stolen_s()
             measured = suite.run_variant(workload, workload.variants[variant], scratch / f"{turn}_{mode}", steps,
                                          cpus=cpus if mode == BOUND else None)
-            median = (measured.result.get("step_time_ms") or {}).get("median")
+            stolen_after, median = stolen_s(), (measured.result.get("step_time_ms") or {}).get("median")
+            stolen = None if stolen_before is None or stolen_after is None else round(stolen_after - stolen_before, 2)
             if measured.result.get("status") == "completed" and median:
                 modes[mode]["medians_ms"].append(median)
+                modes[mode]["steal_s"].append(stolen)
             else:
                 modes[mode]["failed"].append({"status": measured.result.get("status"), "log_tail": measured.log_tail})
-            print(f"run {turn} {mode}: {measured.result.get('status')}, median {median} ms", flush=True)
+            print(f"run {turn} {mode}: {measured.result.get('status')}, median {median} ms, steal {stolen} s",
+                  flush=True)
     for numbers in modes.values():
         medians = numbers["medians_ms"]
         numbers.update(median_ms=statistics.median(medians) if medians else None, spread=spread(medians))
@@ -109,6 +138,7 @@ def main(argv=None) -> int:
         "workload": args.workload, "variant": args.variant, "runs": args.runs, "steps": args.steps,
         "gpu": gpus[0].name if gpus else None, "host_cpu": host_cpu(), "cpus_bound": sorted(cpus),
         "cpus_of_the_process": len(os.sched_getaffinity(0)), "binding_changes_nothing": unbindable,
+        "core_siblings": core_siblings(os.sched_getaffinity(0)),
         "commit": suite.git_commit(),
         "date": time.strftime("%Y-%m-%d"), "command": " ".join(["python", "benchmarks/host_noise.py", *sys.argv[1:]]),
         "modes": modes})

@@ -97,7 +97,8 @@ def test_the_host_noise_mode_trains_a_variant_unbound_and_bound_turn_by_turn(tmp
 
 def test_host_noise_binding_to_every_cpu_of_the_process_runs_unbound_only_and_says_why(tmp_path):
     """A GPU whose NUMA-local CPUs are all the process's (one node) leaves binding nothing to change: half the runs
-    would measure the same thing twice, so there is one mode, and the record and the first line say why."""
+    would measure the same thing twice, so there is one mode, and the record and the first line say why. The
+    record keeps, per run, what a virtual machine's neighbours took, and which CPUs share a core."""
     every_cpu = ",".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0)))
     done = subprocess.run([sys.executable, "benchmarks/host_noise.py", "llama_tiny_local", "--runs", "1", "--steps", "9",
                            "--cpus", every_cpu, "--out", str(tmp_path / "noise.json"), "--scratch", str(tmp_path)],
@@ -107,6 +108,10 @@ def test_host_noise_binding_to_every_cpu_of_the_process_runs_unbound_only_and_sa
     why = f"the CPUs to bind to hold all {len(os.sched_getaffinity(0))} of this process's"
     assert record["binding_changes_nothing"].startswith(why) and done.stdout.startswith(why)
     assert list(record["modes"]) == ["unbound"] and len(record["modes"]["unbound"]["medians_ms"]) == 1
+    # What else could set the run's speed: the CPU time the hypervisor gave others meanwhile (0 on bare metal),
+    # and which CPUs share a core.
+    assert [stolen >= 0 for stolen in record["modes"]["unbound"]["steal_s"]] == [True]
+    assert os.sched_getaffinity(0) <= {cpu for core in record["core_siblings"] for cpu in core}
 
 
 def test_host_noise_without_a_gpu_to_name_its_cpus_says_so_in_one_line_and_exits_2(tmp_path):
