@@ -171,7 +171,7 @@ def run_probe(auto: AutoPlan, probe_dir: Path, launch: Launcher) -> Tuple[List[M
         timed = screening if screens else deciding
         measurements = first + run_round(auto, [*auto.graph_candidates, EAGER_CHOICE], timed, round1, launch, 1)
         rounds, stopped = [round_record(auto, len(measurements), timed, deciding)], []
-        kept = survivors(measurements) if screens else []
+        kept = survivors(measurements, auto.scopes()) if screens else []
         if kept:
             stopped = stopped_early(measurements, kept, 1)
             order = [EAGER_CHOICE, *(m.choice for m in kept), EAGER_CHOICE]

@@ -130,6 +130,19 @@ def test_among_choices_the_probe_cannot_tell_apart_the_broadest_is_taken(medians
     assert decision.chosen == chosen, decision.reason
 
 
+@pytest.mark.parametrize("full_iteration, spread, going_on", [
+    # within reach of te_layer (its steps overlap, 2 % behind) but outside the faster half: it goes on beside it
+    (10.2, 0.4, ["te_layer", "local_layer", "full_iteration"]),
+    # within the noise but 5 % behind: the tie-break could not take it, so the faster half alone goes on
+    (10.5, 1.2, ["te_layer", "local_layer"]),
+])
+def test_screening_keeps_a_broader_choice_the_tie_break_could_take_for_the_fastest(full_iteration, spread, going_on):
+    measurements = timings({"none": (20.0, 20.1), "te_layer": 10.0, "local_layer": 10.05, "te_attn": 10.1,
+                            "full_iteration": full_iteration}, spread)
+    assert [m.choice for m in survivors(measurements, SCOPES)] == going_on
+    assert [m.choice for m in survivors(measurements)] == ["te_layer", "local_layer"]  # no scopes: the half alone
+
+
 def test_the_reason_names_the_fastest_and_why_a_broader_choice_replaced_it():
     probe = timings({"none": (461.7, 432.6), "full_iteration": 202.8, "te_layer": 197.9}, 8.0)
     decision = decide(probe, SCOPES)

@@ -142,6 +142,21 @@ def test_of_choices_the_probe_cannot_tell_apart_the_run_trains_with_the_one_that
     assert record["reason"].startswith("full_iteration captures all that the fastest, te_layer, does and more")
 
 
+def test_a_broader_choice_outside_the_screening_rounds_faster_half_reaches_the_tie_break(tmp_path, cache_home):
+    """Six graph choices within 0.15 ms of te_layer's 12.0 and steps 0.2 ms wide: the faster half of seven is four,
+    and full_iteration, sixth, goes on beside them because it captures every layer te_layer does; the last round
+    then takes it for te_layer."""
+    plan, trained = gpu_plan(*SMALL), []
+    medians = {"none": (20.0, 20.2), "te_layer": 12.0, "local_layer": 12.05, "te_attn_mlp": 12.08, "te_mlp": 12.09,
+               "te_attn": 12.1, "full_iteration": 12.15}
+    config = choose_graphs(plan, tmp_path, synthesized_trainer(medians, trained))
+    assert [run for run in trained if run.startswith("round2/")] == [
+        f"round2/{choice}/34" for choice in ("none", "te_layer", "local_layer", "te_attn_mlp", "te_mlp",
+                                             "full_iteration", "none")]
+    assert config.model.cuda_graph_impl.value == "full_iteration"
+    assert json.loads((tmp_path / "auto.json").read_text())["chosen"] == "full_iteration"
+
+
 def test_a_probe_where_every_graph_choice_is_clearly_slower_stops_after_screening(tmp_path, cache_home):
     trained = []
     choose_graphs(gpu_plan(*SMALL), tmp_path, synthesized_trainer({"none": (20.0, 20.1)}, trained))

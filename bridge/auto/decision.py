@@ -10,7 +10,8 @@ than that. A choice within the noise never replaces eager: by its own probe, aut
 
 The probe runs in rounds of successive halving where that pays. Every round times eager first and last, so
 every round has its own noise. After a short screening round, a graph choice slower than the round's fastest
-run by more than that noise cannot win and stops there, and of the rest the faster half goes on; the decision
+run by more than that noise cannot win and stops there, and of the rest the faster half goes on, with any other
+that the last round's tie-break (below) could take for the fastest graph choice; the decision
 rests on the last round's runs, all timed as long as a sweep's report trusts a median. Screening saves steps
 but adds a round of runs, and each round pays a start (a CUDA context, the model's build, the capture; the runs of
 a round start together where they fit) besides its steps: where that costs more than the steps screening saves (a
@@ -134,10 +135,15 @@ def broadest_overlapping(best: Measurement, graphs: Sequence[Measurement],
     chosen = best
     for other in sorted(graphs, key=lambda m: m.median_ms):
         wider, narrower = scopes.get(other.choice), scopes.get(chosen.choice)
-        if (wider and narrower and wider.covers(narrower) and steps_overlap(best, other)
-                and other.median_ms <= best.median_ms * (1 + CLOSE_TO_FASTEST)):
+        if wider and narrower and wider.covers(narrower) and within_reach(best, other):
             chosen = other
     return chosen
+
+
+def within_reach(best: Measurement, other: Measurement) -> bool:
+    """Whether ``other``'s steps overlap those of ``best`` (the fastest graph choice) and it lies within
+    CLOSE_TO_FASTEST of it: near enough to be taken for it where it captures more."""
+    return steps_overlap(best, other) and other.median_ms <= best.median_ms * (1 + CLOSE_TO_FASTEST)
 
 
 def steps_overlap(first: Measurement, second: Measurement) -> bool:
@@ -153,17 +159,25 @@ def probe_noise_ms(eager: List[Measurement], contender: Measurement) -> float:
     return max(between, within)
 
 
-def survivors(measurements: Sequence[Measurement]) -> List[Measurement]:
+def survivors(measurements: Sequence[Measurement], scopes: Optional[Mapping[str, Scope]] = None) -> List[Measurement]:
     """The graph choices of a screening round that go on to the next round, fastest first: of those not clearly
     slower than the round's fastest run (eager included) - slower by more than the probe's noise for them - at
-    most the faster half (rounded up). None when eager did not complete: nothing could be shown to beat it."""
+    most the faster half (rounded up), and beside it any other that captures all the fastest graph choice does
+    and more within its reach (``scopes``, as decide() reads them): the last round's tie-break may take it for the
+    fastest, so it must reach that round. None when eager did not complete: nothing could be shown to beat it."""
     eager = [m for m in measurements if m.choice == EAGER_CHOICE and m.measured]
     graphs = sorted((m for m in measurements if m.choice != EAGER_CHOICE and m.measured), key=lambda m: m.median_ms)
     if not eager or not graphs:
         return []
     fastest = min(m.median_ms for m in [*eager, *graphs])
     close = [m for m in graphs if m.median_ms - fastest <= probe_noise_ms(eager, m)]
-    return close[:(len(graphs) + 1) // 2]
+    half = close[:(len(graphs) + 1) // 2]
+    return half + [m for m in close[len(half):] if broader_within_reach(close[0], m, scopes or {})]
+
+
+def broader_within_reach(best: Measurement, other: Measurement, scopes: Mapping[str, Scope]) -> bool:
+    wider, narrower = scopes.get(other.choice), scopes.get(best.choice)
+    return bool(wider and narrower and wider.covers(narrower) and within_reach(best, other))
 
 
 def stopped_early(measurements: Sequence[Measurement], kept: Sequence[Measurement],
@@ -172,7 +186,7 @@ def stopped_early(measurements: Sequence[Measurement], kept: Sequence[Measuremen
     stopped_early with that round's numbers, one that did not complete as it ended."""
     going_on = {m.choice for m in kept}
     why = (f"stopped after probe round {round_number}: slower than the round's fastest by more than the probe's "
-           "noise, or not in the faster half")
+           "noise, or not in the faster half and capturing no more than the fastest graph choice")
     return [replace(m, status=STOPPED_EARLY, reason=why) if m.measured else m
             for m in measurements if m.choice != EAGER_CHOICE and m.choice not in going_on]
 
