@@ -49,16 +49,6 @@ def gpu_local_cpus() -> Optional[Set[int]]:
         return None
 
 
-def stolen_s(stat: Path = Path("/proc/stat")) -> Optional[float]:
-    """Seconds the hypervisor has run others on this machine's CPUs (steal, summed over CPUs, since boot): what a
-    virtual machine's neighbours take from its host work. None where the kernel does not say."""
-    try:
-        fields = stat.read_text().splitlines()[0].split()
-        return int(fields[8]) / os.sysconf("SC_CLK_TCK") if fields[0] == "cpu" and len(fields) > 8 else None
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def core_siblings(cpus: Set[int], topology: Path = Path("/sys/devices/system/cpu")) -> List[List[int]]:
     """The logical CPUs of ``cpus`` grouped by the physical core they share (two to a core where threads pair up);
     empty where /sys does not say."""
@@ -94,11 +84,9 @@ def measure(name: str, variant: str, runs: int, steps: int, cpus: Set[int], scra
     modes: Dict[str, dict] = {mode: {"medians_ms": [], "steal_s": [], "failed": []} for mode in chosen}
     for turn in range(runs):
         for mode in list(modes) if turn % 2 == 0 else list(modes)[::-1]:
-            stolen_before = stolen_s()
             measured = suite.run_variant(workload, workload.variants[variant], scratch / f"{turn}_{mode}", steps,
                                          cpus=cpus if mode == BOUND else None)
-            stolen_after, median = stolen_s(), (measured.result.get("step_time_ms") or {}).get("median")
-            stolen = None if stolen_before is None or stolen_after is None else round(stolen_after - stolen_before, 2)
+            median, stolen = (measured.result.get("step_time_ms") or {}).get("median"), measured.steal_s
             if measured.result.get("status") == "completed" and median:
                 modes[mode]["medians_ms"].append(median)
                 modes[mode]["steal_s"].append(stolen)

@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 import bridge  # noqa: E402
 from bridge.atomic import write_json_atomic  # noqa: E402
 from bridge.auto.candidates import option_named  # noqa: E402
-from bridge.machine import cuda_gpus, host_cpu, installed_version, release  # noqa: E402
+from bridge.machine import cuda_gpus, host_cpu, installed_version, release, stolen_s  # noqa: E402
 from suite_workloads import AUTO, EAGER, WORKLOADS, Workload  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -69,6 +69,8 @@ class Measured:
     wall_s: Optional[float] = None
     """The variant's whole process, from start to exit: beside its steps, what its imports, build, capture,
     profile and teardown cost (a block's device minutes go there)."""
+    steal_s: Optional[float] = None
+    """CPU time the hypervisor gave others on this machine while the variant ran (bridge.machine.stolen_s)."""
 
     def row(self) -> dict:
         step, memory = self.result.get("step_time_ms") or {}, self.result.get("memory") or {}
@@ -81,7 +83,7 @@ class Measured:
                 "capture_time_s": self.result.get("capture_time_s"), "graph_count": self.result.get("graph_count"),
                 "tflops_per_gpu": self.result.get("tflops_per_gpu"), "command": " ".join(self.command),
                 "auto_chosen": (self.result.get("auto") or {}).get("chosen"), "auto_probe": self.probe(),
-                "wall_s": self.wall_s, "log_tail": self.log_tail}
+                "wall_s": self.wall_s, "steal_s": self.steal_s, "log_tail": self.log_tail}
 
     def probe(self) -> Optional[dict]:
         """What the auto variant's probe measured, when this run probed (a decision from the cache carries the
@@ -110,7 +112,7 @@ def run_variant(workload: Workload, overrides: Tuple[str, ...], job_dir: Path, s
     command, log_path = ["graphbridge", *arguments], job_dir.with_name(job_dir.name + ".log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     bind = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-    started = time.monotonic()
+    started, stolen = time.monotonic(), stolen_s()
     with open(log_path, "wb") as log, subprocess.Popen([*GRAPHBRIDGE, *arguments, f"hydra.run.dir={job_dir}"],
                                                        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                                        start_new_session=True, preexec_fn=bind) as process:
@@ -120,10 +122,11 @@ def run_variant(workload: Workload, overrides: Tuple[str, ...], job_dir: Path, s
             stop_session(process)
             return Measured(command, {"status": "timeout", "reason": f"no end after {timeout_s:.0f} s: stopped"},
                             tail(log_path), round(time.monotonic() - started, 1))
-    wall_s = round(time.monotonic() - started, 1)
+    wall_s, stolen_since = round(time.monotonic() - started, 1), stolen_s()
     result_path = job_dir / "result.json"
     result = json.loads(result_path.read_text()) if result_path.is_file() else {}
-    return Measured(command, result, None if result.get("status") == "completed" else tail(log_path), wall_s)
+    return Measured(command, result, None if result.get("status") == "completed" else tail(log_path), wall_s,
+                    None if None in (stolen, stolen_since) else round(stolen_since - stolen, 2))
 
 
 def stop_session(process: subprocess.Popen) -> None:

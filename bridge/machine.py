@@ -206,6 +206,16 @@ def host_cpu(cpuinfo: Path = CPUINFO) -> Optional[str]:
     return f"{model}, {seen} CPUs" if model else None
 
 
+def stolen_s(stat: Path = Path("/proc/stat")) -> Optional[float]:
+    """Seconds the hypervisor has run others on this machine's CPUs since boot (steal, summed over CPUs): what a
+    virtual machine's neighbours take from a host-bound run. None where the kernel does not say."""
+    try:
+        fields = stat.read_text().splitlines()[0].split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK") if fields[0] == "cpu" and len(fields) > 8 else None
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def cpu_list(text: str) -> Set[int]:
     """The CPUs a kernel CPU list names ("0-15,32-47", as /sys and taskset write them)."""
     cpus = set()

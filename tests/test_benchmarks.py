@@ -16,7 +16,7 @@ from sections import with_section
 
 import bridge
 from bridge.config.releases import RELEASES, in_range
-from bridge.machine import GPU, host_cpu
+from bridge.machine import GPU, host_cpu, stolen_s
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -114,6 +114,16 @@ def test_a_record_names_the_hosts_processor_as_the_kernel_gives_it(tmp_path):
     assert host_cpu(cpuinfo) == f"AMD EPYC 9654 96-Core Processor, {len(os.sched_getaffinity(0))} CPUs"
     cpuinfo.write_text("processor\t: 0\n")
     assert host_cpu(cpuinfo) is None and host_cpu(tmp_path / "missing") is None
+
+
+def test_a_suite_row_can_say_what_the_hypervisor_gave_others_while_it_ran(tmp_path):
+    """The steal column of /proc/stat's first line (the eighth number, in clock ticks): a row's steal_s is its
+    difference over the run (host_noise's test reads it from a real one)."""
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  3687108 0 180410 1235600 7646 0 2015 10696 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n")
+    assert stolen_s(stat) == pytest.approx(10696 / os.sysconf("SC_CLK_TCK"))
+    stat.write_text("cpu  3687108 0 180410 1235600\n")  # a kernel too old to count steal
+    assert stolen_s(stat) is None and stolen_s(tmp_path / "missing") is None
 
 
 H100_019 = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "megatron_core": "0.19.2",
