@@ -11,7 +11,7 @@ benchmarks/results/<gpu>/mcore-<release>/equivalence.json that benchmarks/equiva
 import json
 import sys
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 from sections import write_or_check
 
@@ -60,11 +60,12 @@ def auto_notes(row: dict) -> str:
     if row.get("vs_best") is not None:
         notes.append(f"{row['vs_best']:.2f}x the best" + ratio_range(row.get("vs_best_range")))
     if row.get("chosen_vs_best") is not None:
-        notes.append(f"its choice's variant {row['chosen_vs_best']:.2f}x" + ratio_range(row.get("chosen_vs_best_range")))
+        chosen_range = ratio_range(row.get("chosen_vs_best_range"))
+        notes.append(f"its choice's variant {row['chosen_vs_best']:.2f}x{chosen_range}")
     return "; ".join(notes)
 
 
-def ratio_range(spread) -> str:
+def ratio_range(spread: Optional[List[float]]) -> str:
     """`` (low-high)`` of a ratio's per-round values, which a median of two rounds (the lower one) hides."""
     return f" ({spread[0]:.2f}-{spread[1]:.2f})" if spread else ""
 

@@ -100,9 +100,9 @@ def test_host_noise_binding_to_every_cpu_of_the_process_runs_unbound_only_and_sa
     would measure the same thing twice, so there is one mode, and the record and the first line say why. The
     record keeps, per run, what a virtual machine's neighbours took, and which CPUs share a core."""
     every_cpu = ",".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0)))
-    done = subprocess.run([sys.executable, "benchmarks/host_noise.py", "llama_tiny_local", "--runs", "1", "--steps", "9",
-                           "--cpus", every_cpu, "--out", str(tmp_path / "noise.json"), "--scratch", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    command = [sys.executable, "benchmarks/host_noise.py", "llama_tiny_local", "--runs", "1", "--steps", "9",
+               "--cpus", every_cpu, "--out", str(tmp_path / "noise.json"), "--scratch", str(tmp_path)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     record = json.loads((tmp_path / "noise.json").read_text())
     why = f"the CPUs to bind to hold all {len(os.sched_getaffinity(0))} of this process's"

@@ -134,10 +134,16 @@ def broadest_overlapping(best: Measurement, graphs: Sequence[Measurement],
     all it does, faster first among equals; ``best`` itself where none does."""
     chosen = best
     for other in sorted(graphs, key=lambda m: m.median_ms):
-        wider, narrower = scopes.get(other.choice), scopes.get(chosen.choice)
-        if wider and narrower and wider.covers(narrower) and within_reach(best, other):
+        if captures_more(other, chosen, scopes) and within_reach(best, other):
             chosen = other
     return chosen
+
+
+def captures_more(wider: Measurement, narrower: Measurement, scopes: Mapping[str, Scope]) -> bool:
+    """Whether ``wider``'s choice captures all that ``narrower``'s does and more; False for a choice without a
+    scope."""
+    wide, narrow = scopes.get(wider.choice), scopes.get(narrower.choice)
+    return bool(wide and narrow and wide.covers(narrow))
 
 
 def within_reach(best: Measurement, other: Measurement) -> bool:
@@ -172,12 +178,8 @@ def survivors(measurements: Sequence[Measurement], scopes: Optional[Mapping[str,
     fastest = min(m.median_ms for m in [*eager, *graphs])
     close = [m for m in graphs if m.median_ms - fastest <= probe_noise_ms(eager, m)]
     half = close[:(len(graphs) + 1) // 2]
-    return half + [m for m in close[len(half):] if broader_within_reach(close[0], m, scopes or {})]
-
-
-def broader_within_reach(best: Measurement, other: Measurement, scopes: Mapping[str, Scope]) -> bool:
-    wider, narrower = scopes.get(other.choice), scopes.get(best.choice)
-    return bool(wider and narrower and wider.covers(narrower) and within_reach(best, other))
+    reachable = [m for m in close[len(half):] if captures_more(m, close[0], scopes or {}) and within_reach(close[0], m)]
+    return half + reachable
 
 
 def stopped_early(measurements: Sequence[Measurement], kept: Sequence[Measurement],
