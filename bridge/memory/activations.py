@@ -21,11 +21,15 @@ holds min(PP, micro-batches) micro-batches in flight; interleaved, PP(1 + (PP-1)
 as Korthikanti et al. count, at most every micro-batch of the step (megatron-core's interleaved
 schedule runs the whole step as warm-up when its warm-up count reaches the micro-batches x VP
 chunk passes). ``model.cpu_offloading`` moves the activations of ``cpu_offloading_num_layers``
-layers of the stage to the host. The logits add 2 bytes per token and vocabulary entry / TP with
-model.cross_entropy_loss_fusion (Transformer Engine's fused loss writes its gradient into the bf16
-logits in place), 5.5 without it (the fp32 softmax it keeps on top; measured: the unfused loss
-peaked 3.4 GiB higher over 1.05 G logit entries, benchmarks/results/vs_bridge/llama32_1b_*.json,
-where the layers' terms account for the rest of both peaks within 2 %).
+layers of the stage to the host. The logits add, per token and vocabulary entry / TP: 2 bytes with
+Transformer Engine's fused loss (cross_entropy_fusion_impl=te writes its gradient into the bf16
+logits in place); 5.5 unfused (the fp32 softmax it keeps on top; measured: the unfused loss peaked
+3.4 GiB higher over 1.05 G logit entries, benchmarks/results/vs_bridge/llama32_1b_*.json, where
+the layers' terms account for the rest of both peaks within 2 %); 10 with megatron-core's own
+fused loss (cross_entropy_fusion_impl=native, the default): its backward, compiled by
+torch.compile (megatron.core.jit), updates the saved fp32 softmax out of place before casting the
+gradient to bf16, so 4 + 4 + 2 bytes are live at once (measured on the CPU with
+benchmarks/memory_terms.py: 10.0 bytes against the unfused loss's 6.0).
 """
 
 from typing import Dict
@@ -33,7 +37,8 @@ from typing import Dict
 from bridge.config.model_facts import moe_layer_pattern, padded_vocab_size, recompute_modules
 from bridge.memory.params import data_parallel_sizes, layers_per_stage, low_precision_bytes
 
-LOGIT_BYTES, FUSED_LOSS_LOGIT_BYTES = 5.5, 2
+LOGIT_BYTES = {"unfused": 5.5, "te": 2, "native": 10}
+"""Bytes per logit entry at the loss's peak, by loss: unfused, or fused by cross_entropy_fusion_impl."""
 ACTIVATION_BYTES = 2
 """bf16: the activations' element (the calibration rows are all bf16)."""
 
@@ -133,8 +138,10 @@ def activation_bytes(cfg, frozen: bool = False) -> float:
         stored = stage * kept + per_layer  # layer inputs, and one layer being recomputed
     else:
         stored = on_gpu_layers(cfg) * per_layer
-    per_entry = FUSED_LOSS_LOGIT_BYTES if model.cross_entropy_loss_fusion else LOGIT_BYTES
-    logits = per_entry * tokens * padded_vocab_size(cfg) / model.tensor_model_parallel_size
+    # "te": Transformer Engine's kernel; "native": megatron-core's (another value fails at its first step).
+    loss = ("te" if model.cross_entropy_fusion_impl == "te" else "native") if model.cross_entropy_loss_fusion \
+        else "unfused"
+    logits = LOGIT_BYTES[loss] * tokens * padded_vocab_size(cfg) / model.tensor_model_parallel_size
     return stored * micro_batches_in_flight(cfg) + logits
 
 
