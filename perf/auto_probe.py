@@ -17,8 +17,10 @@ capture is clean, and no run pays the imports again. A job of several GPUs of th
 layout, one forked process per GPU. The runs of a round start together, as many as the GPU holds by the plan's
 estimate (AutoPlan.runs_at_once), so that their builds and captures overlap; each then waits, idle, before its
 first timed step (bridge.start_gate) until the runs before it have written their results (their teardown is not
-waited for), and times its steps alone on the GPU; one that failed for want of what the others held (memory
-beyond the estimate, a port) trains again alone. The runs' result.json files decide, the decision is cached, and
+waited for), and times its steps alone on the GPU; one that did not complete beside others trains again alone,
+whatever its error: what the others held (memory beyond the estimate, a port) need not name itself (at bdbbf68 three
+of llama32_1b's candidates failed beside two others and were not tried alone). The runs' result.json files decide,
+the decision is cached, and
 ``<run dir>/auto.json`` keeps it, with the probe's wall time, for the run's result.json (its ``auto`` record);
 summary.md and summary.png in ``<run dir>/auto/`` are the probe's table and plot. The terminal gets a line as the
 probe starts and one saying what was chosen and why. Without a CUDA device nothing is probed: graphs cannot pay
@@ -51,7 +53,6 @@ from bridge.result import AUTO_RECORD, RESULT_FILE
 from bridge.start_gate import GATE_ENV, POLL_S, open_gate, ready_ranks
 from perf import preloaded
 from perf.launch import SignalForwarding, job_record, write_job
-from perf.preloaded import SHARED_GPU_FAILURES
 from perf.report import build_summary, load_jobs, write_summary
 
 log = logging.getLogger("graphbridge")
@@ -60,6 +61,9 @@ PROBE_ONLY = ("perf.profile=false", "perf.nsys=false", "perf.tensorboard=false",
 """What every probe run sets besides its length: the probe times steps, it records nothing else."""
 RUN_TIMEOUT_S = 900.0
 """A probe run that has not ended by then is killed and recorded as such (a hung collective, a stuck capture)."""
+
+NO_TIMED_STEPS, RAN_EAGERLY = "no_timed_steps", "ran_eagerly"
+"""How a run that completed can still give no measurement (read_run)."""
 
 GATE = "gate"
 """The folder in a probe run's directory where it waits before its first timed step (bridge.start_gate)."""
@@ -206,13 +210,15 @@ def run_round(auto: AutoPlan, order: List[str], timed_steps: int, round_dir: Pat
     at_once = auto.runs_at_once
     measurements = [measurement for start in range(0, len(runs), at_once)
                     for measurement in run_together(runs[start:start + at_once], launch)]
-    # A run that failed for want of what the runs beside it held (memory, a port) trains again, alone.
-    return [run_together([run], launch)[0] if at_once > 1 and shared_gpu_failure(measurement) else measurement
+    # A run that did not complete beside others may have failed for what they held (memory, a port): alone again.
+    return [run_together([run], launch)[0] if at_once > 1 and not completed(measurement) else measurement
             for run, measurement in zip(runs, measurements)]
 
 
-def shared_gpu_failure(measurement: Measurement) -> bool:
-    return not measurement.measured and any(text in (measurement.reason or "") for text in SHARED_GPU_FAILURES)
+def completed(measurement: Measurement) -> bool:
+    """Whether the run trained to its end, measured or not (a run without timed steps, or one that captured no
+    graph, would do the same alone)."""
+    return measurement.status in (COMPLETED, NO_TIMED_STEPS, RAN_EAGERLY)
 
 
 def run_together(runs: List[Tuple[str, GraphBridgeConfig, Path]], launch: Launcher) -> List[Measurement]:
@@ -318,7 +324,7 @@ def read_run(choice: str, run_dir: Path) -> Measurement:
     if job.status != COMPLETED:
         return Measurement(choice, job.status, reason=job.reason, job=where)
     if step.get("median") is None:
-        return Measurement(choice, "no_timed_steps", reason="it completed without a timed step", job=where)
+        return Measurement(choice, NO_TIMED_STEPS, reason="it completed without a timed step", job=where)
     if choice != EAGER_CHOICE and job.effective_impl in (None, EAGER_CHOICE):
-        return Measurement(choice, "ran_eagerly", reason="it captured no graph (effective_impl none)", job=where)
+        return Measurement(choice, RAN_EAGERLY, reason="it captured no graph (effective_impl none)", job=where)
     return Measurement(choice, COMPLETED, step["median"], step["p90"] - step["p10"], job=where)

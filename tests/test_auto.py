@@ -194,7 +194,10 @@ def test_the_suites_auto_row_over_rounds_keeps_every_probe_and_each_rounds_ratio
                ("auto", 2): 11.0, ("eager", 3): 10.0, ("te_attn", 3): 8.2, ("auto", 3): 8.1}
     probed = {"chosen": "te_attn", "eager_ms": 10.1, "noise_ms": 0.3, "probe": {"wall_s": 41.6, "imports_s": 12.0},
               "candidates": [{"choice": "te_attn", "status": "completed", "median_ms": 8.0, "spread_ms": 0.4,
-                              "wall_s": 3.1, "job": "/scratch/auto/round1/1"}]}
+                              "wall_s": 3.1, "job": "/scratch/auto/round1/1"},
+                             {"choice": "te_layer", "status": "failed", "median_ms": None, "spread_ms": None,
+                              "wall_s": 10.6, "reason": "RuntimeError: CUDA error: out of memory",
+                              "job": "/scratch/auto/round1/2"}]}
 
     def run_round(workload, overrides, job_dir, steps, timeout_s):
         ran = (job_dir.name, int(job_dir.parent.name.removeprefix("round")))
@@ -213,8 +216,10 @@ def test_the_suites_auto_row_over_rounds_keeps_every_probe_and_each_rounds_ratio
     assert auto["auto_chosen"] == "te_attn"
     assert auto["auto_probe_s"] == 30.2 and auto["auto_probe"]["imports_s"] == 9.0
     assert auto["auto_probes_s"] == [41.6, 30.2]
-    assert auto["auto_probe"]["candidates"] == [{"choice": "te_attn", "status": "completed", "median_ms": 8.0,
-                                                 "spread_ms": 0.4, "wall_s": 3.1}]  # the width tells close ones apart
+    assert auto["auto_probe"]["candidates"] == [  # the width tells close ones apart; the reason, why one failed
+        {"choice": "te_attn", "status": "completed", "median_ms": 8.0, "spread_ms": 0.4, "wall_s": 3.1, "reason": None},
+        {"choice": "te_layer", "status": "failed", "median_ms": None, "spread_ms": None, "wall_s": 10.6,
+         "reason": "RuntimeError: CUDA error: out of memory"}]
     assert [each["rows"]["auto"]["auto_probe"] is None for each in record["round_records"]] == [False, True, False]
     # The first H200 round of the Qwen3 proxy (75b3d6e, kept before the suite kept the probe): auto chose eager,
     # the round's fastest variant, and its own eager run landed 34 % slower than the eager variant's.
