@@ -19,12 +19,11 @@ estimate (AutoPlan.runs_at_once), so that their builds and captures overlap; eac
 first timed step (bridge.start_gate) until the runs before it have written their results (their teardown is not
 waited for), and times its steps alone on the GPU; one that did not complete beside others trains again alone,
 whatever its error: what the others held (memory beyond the estimate, a port) need not name itself (at bdbbf68 three
-of llama32_1b's candidates failed beside two others and were not tried alone). The runs' result.json files decide,
-the decision is cached, and
-``<run dir>/auto.json`` keeps it, with the probe's wall time, for the run's result.json (its ``auto`` record);
-summary.md and summary.png in ``<run dir>/auto/`` are the probe's table and plot. The terminal gets a line as the
-probe starts and one saying what was chosen and why. Without a CUDA device nothing is probed: graphs cannot pay
-off there, and the run trains eagerly.
+of llama32_1b's candidates failed beside two others and were not tried alone). The runs' result.json files
+decide, the decision is cached, and ``<run dir>/auto.json`` keeps it, with the probe's wall time, for the run's
+result.json (its ``auto`` record); summary.md and summary.png in ``<run dir>/auto/`` are the probe's table and
+plot. The terminal gets a line as the probe starts and one saying what was chosen and why. Without a CUDA device
+nothing is probed: graphs cannot pay off there, and the run trains eagerly.
 
 A candidate that fails in the probe was accepted by the plan, so it is a plan-equals-run bug: it is logged as
 an error with its status and reason, recorded, never chosen, and the probe goes on.
