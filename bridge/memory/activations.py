@@ -139,8 +139,8 @@ def activation_bytes(cfg, frozen: bool = False) -> float:
     else:
         stored = on_gpu_layers(cfg) * per_layer
     # "te": Transformer Engine's kernel; "native": megatron-core's (another value fails at its first step).
-    loss = ("te" if model.cross_entropy_fusion_impl == "te" else "native") if model.cross_entropy_loss_fusion \
-        else "unfused"
+    fused = "te" if model.cross_entropy_fusion_impl == "te" else "native"
+    loss = fused if model.cross_entropy_loss_fusion else "unfused"
     logits = LOGIT_BYTES[loss] * tokens * padded_vocab_size(cfg) / model.tensor_model_parallel_size
     return stored * micro_batches_in_flight(cfg) + logits
 
