@@ -19,10 +19,11 @@ estimate (AutoPlan.runs_at_once), so that their builds and captures overlap; eac
 first timed step (bridge.start_gate) until the runs before it have written their results (their teardown is not
 waited for), and times its steps alone on the GPU; one that did not complete beside others trains again alone,
 whatever its error: what the others held (memory beyond the estimate, a port) need not name itself (at bdbbf68 three
-of llama32_1b's candidates failed beside two others and were not tried alone). The runs' result.json files
-decide, the decision is cached, and ``<run dir>/auto.json`` keeps it, with the probe's wall time, for the run's
-result.json (its ``auto`` record); summary.md and summary.png in ``<run dir>/auto/`` are the probe's table and
-plot. The terminal gets a line as the probe starts and one saying what was chosen and why. Without a CUDA device
+of llama32_1b's candidates failed beside two others and were not tried alone); its attempt beside them is kept in
+the run's BESIDE_OTHERS folder. The runs' result.json files decide, the decision is cached, and
+``<run dir>/auto.json`` keeps it, with the probe's wall time, for the run's result.json (its ``auto`` record);
+summary.md and summary.png in ``<run dir>/auto/`` are the probe's table and plot. The terminal gets a line as the
+probe starts, one for each run trained again alone, and one saying what was chosen and why. Without a CUDA device
 nothing is probed: graphs cannot pay off there, and the run trains eagerly.
 
 A candidate that fails in the probe was accepted by the plan, so it is a plan-equals-run bug: it is logged as
@@ -63,6 +64,9 @@ RUN_TIMEOUT_S = 900.0
 
 NO_TIMED_STEPS, RAN_EAGERLY = "no_timed_steps", "ran_eagerly"
 """How a run that completed can still give no measurement (read_run)."""
+
+BESIDE_OTHERS = "beside_others"
+"""The folder in a probe run's directory that keeps its attempt beside other runs, where it trained again alone."""
 
 GATE = "gate"
 """The folder in a probe run's directory where it waits before its first timed step (bridge.start_gate)."""
@@ -210,8 +214,24 @@ def run_round(auto: AutoPlan, order: List[str], timed_steps: int, round_dir: Pat
     measurements = [measurement for start in range(0, len(runs), at_once)
                     for measurement in run_together(runs[start:start + at_once], launch)]
     # A run that did not complete beside others may have failed for what they held (memory, a port): alone again.
-    return [run_together([run], launch)[0] if at_once > 1 and not completed(measurement) else measurement
+    return [again_alone(run, measurement, launch) if at_once > 1 and not completed(measurement) else measurement
             for run, measurement in zip(runs, measurements)]
+
+
+def again_alone(run: Tuple[str, GraphBridgeConfig, Path], beside_others: Measurement,
+                launch: Launcher) -> Measurement:
+    """Train ``run`` again alone on its GPUs, its attempt beside others kept in ``<run dir>/BESIDE_OTHERS``: the
+    result.json left in place would pass for the new attempt's, which would be killed at its gate and read as
+    failed again (at 3a791f9 te_attn and full_iteration of llama32_1b were, each 10 s in)."""
+    choice, _, run_dir = run
+    log.info("cuda_graph=auto: %s ended %s beside other probe runs (%s); training it again alone", choice,
+             beside_others.status, beside_others.reason)
+    kept = run_dir / BESIDE_OTHERS
+    kept.mkdir(exist_ok=True)
+    for attempt_file in [run_dir / RESULT_FILE, run_dir / RUN_LOG, *preloaded.other_rank_logs(run_dir / RUN_LOG)]:
+        if attempt_file.exists():
+            attempt_file.replace(kept / attempt_file.name)
+    return run_together([run], launch)[0]
 
 
 def completed(measurement: Measurement) -> bool:

@@ -290,6 +290,24 @@ def test_the_next_probe_run_goes_once_the_one_before_wrote_its_result_not_once_i
     assert launched and all(job.killed for job in launched)
 
 
+class Gated:
+    """A probe run as the real ones go: it waits at its gate and writes its result only once the gate opens."""
+
+    def __init__(self, gate: Path, write_result):
+        gate.mkdir(parents=True, exist_ok=True)
+        (gate / "ready.0").touch()
+        self.gate, self.write_result, self.done = gate, write_result, False
+
+    def ended(self) -> bool:
+        if not self.done and (self.gate / "open").exists():
+            self.write_result()
+            self.done = True
+        return self.done
+
+    def kill(self) -> None:
+        self.done = True
+
+
 @pytest.mark.parametrize("error", [
     "CUDA out of memory. Tried to allocate 2.00 GiB",
     # An allocation that failed inside a capture surfaces as the capture's error, naming no memory.
@@ -299,19 +317,25 @@ def test_a_run_that_failed_beside_others_trains_again_alone_whatever_its_error(e
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     plan, trained, alone = gpu_plan(*SMALL), [], []
     synthesized = synthesized_trainer({"none": (20.0, 20.1), "te_attn": 12.0}, trained)
+    te_attn = tmp_path / "auto" / "round1" / "3"
 
     def launch(config, run_dir, gate, port):
-        if run_dir.match("round1/3") and not (run_dir / "result.json").exists():  # te_attn, beside the others
-            (run_dir / "result.json").write_text(json.dumps({"status": "failed", "job": {}, "reason": error}))
-            return Finished()
-        if run_dir.match("round1/3"):
+        if run_dir == te_attn and not alone:  # beside the others
             alone.append(run_dir)
+            (run_dir / "result.json").write_text(json.dumps({"status": "failed", "job": {}, "reason": error}))
+            (run_dir / "train.log").write_text(error)
+            return Finished()
+        if run_dir == te_attn:  # alone: its first attempt's result must not pass for this one's
+            alone.append(run_dir)
+            return Gated(gate, lambda: synthesized.launch(config, run_dir, gate, port))
         return synthesized.launch(config, run_dir, gate, port)
 
     config = choose_graphs(plan, tmp_path, ProbeRuns(lambda: 0.0, launch))
-    assert config.model.cuda_graph_modules == ["attn"] and len(alone) == 1
+    assert config.model.cuda_graph_modules == ["attn"] and len(alone) == 2
     assert [c["status"] for c in json.loads((tmp_path / "auto.json").read_text())["candidates"]
             if c["choice"] == "te_attn"] == ["completed"]
+    kept = te_attn / auto_probe.BESIDE_OTHERS
+    assert json.loads((kept / "result.json").read_text())["reason"] == error and (kept / "train.log").is_file()
 
 
 def test_a_run_alone_that_failed_is_not_tried_again(tmp_path, cache_home, monkeypatch):
