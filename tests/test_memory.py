@@ -19,7 +19,8 @@ H200_LOCAL = "docs/benchmarks.md, One H200: megatron engine (benchmarks/megatron
 
 MEGATRON_CORE_LOSS = {
     "deepseek_mla_moe_h100_mcore0.16.1.json", "deepseek_mla_moe_h100_mcore0.19.2.json",
-    "gpt_oss_moe_h100_mcore0.16.1.json", "gpt_oss_moe_h100_mcore0.19.2.json", "llama32_1b_h200_mcore0.19.2.json",
+    "gpt_oss_moe_h100_mcore0.16.1.json", "gpt_oss_moe_h100_mcore0.19.2.json",
+    "llama32_1b_h200_mcore0.19.2_bdbbf68.json",
     "qwen3_moe_distributed_optimizer_h200_mcore0.19.2.json", "qwen3_moe_drop_and_pad_h100_mcore0.16.1.json",
     "qwen3_moe_drop_and_pad_h100_mcore0.19.2.json", "qwen3_moe_dropless_h100_mcore0.16.1.json",
     "qwen3_moe_dropless_h100_mcore0.19.2.json", "qwen3_moe_dropless_h200_mcore0.19.2.json"}
@@ -29,8 +30,9 @@ preset/bridge_perf chose Transformer Engine's, as Bridge does. Their rows are es
 
 def suite_rows():
     """(overrides, measured peak GiB, source) of every completed row the benchmark suite committed, composed as it
-    ran; an auto row's with the overrides of what it chose and trained (its rounds agreeing on one choice)."""
-    for path in sorted(RESULTS.glob("*.json")):
+    ran (a row measured again since, under superseded/, still measured what its recipe then was); an auto row's
+    with the overrides of what it chose and trained (its rounds agreeing on one choice)."""
+    for path in sorted([*RESULTS.glob("*.json"), *(RESULTS / "superseded").glob("*.json")]):
         as_ran = ["model.cross_entropy_fusion_impl=native"] if path.name in MEGATRON_CORE_LOSS else []
         for name, row in json.loads(path.read_text())["variants"].items():
             if row["status"] == "completed" and row["peak_allocated_gb"]:
