@@ -14,7 +14,10 @@ Where those are all of this process's CPUs (one NUMA node, as on the 16-CPU H200
 changes nothing: the runs are unbound only, and the record says why, so the spread measured is the host's alone.
 Each run also keeps the CPU time the hypervisor gave others while it ran (steal_s, from /proc/stat), and the
 record which logical CPUs share a physical core (core_siblings): on a virtual machine, what else could set a
-process's speed for the whole of its life.
+process's speed for the whole of its life. Each run keeps its timed steps in step order (result.json's
+timed_step_ms) and their medians by WINDOW_STEPS: with --steps of a few hundred, a run of minutes shows whether
+its step stays at one level while it runs (the process sets it) or moves with the host while the next run
+starts where the last one ended (the time does).
 """
 
 import argparse
@@ -66,6 +69,16 @@ def spread(medians: List[float]) -> Optional[float]:
     return (max(medians) - min(medians)) / min(medians) if len(medians) > 1 else None
 
 
+WINDOW_STEPS = 20
+"""The timed steps each window median of a run takes, in step order: whether its step moved while it ran."""
+
+
+def window_medians(steps_ms: List[float]) -> List[float]:
+    """The median of each WINDOW_STEPS consecutive timed steps (a last, shorter window too, where it holds half)."""
+    windows = [steps_ms[start:start + WINDOW_STEPS] for start in range(0, len(steps_ms), WINDOW_STEPS)]
+    return [statistics.median(window) for window in windows if len(window) * 2 >= WINDOW_STEPS]
+
+
 def binding_changes_nothing(cpus: Set[int]) -> Optional[str]:
     """Why binding to ``cpus`` cannot move a step, where it cannot: they hold every CPU this process may use."""
     own = os.sched_getaffinity(0)
@@ -81,19 +94,24 @@ def measure(name: str, variant: str, runs: int, steps: int, cpus: Set[int], scra
     drift of the host over the minutes falls on both; unbound alone without ``bind``."""
     workload = WORKLOADS[name]
     chosen = (UNBOUND, BOUND) if bind else (UNBOUND,)
-    modes: Dict[str, dict] = {mode: {"medians_ms": [], "steal_s": [], "failed": []} for mode in chosen}
+    modes: Dict[str, dict] = {mode: {"medians_ms": [], "steal_s": [], "window_medians_ms": [], "timed_step_ms": [],
+                                     "failed": []} for mode in chosen}
     for turn in range(runs):
         for mode in list(modes) if turn % 2 == 0 else list(modes)[::-1]:
             measured = suite.run_variant(workload, workload.variants[variant], scratch / f"{turn}_{mode}", steps,
                                          cpus=cpus if mode == BOUND else None)
             median, stolen = (measured.result.get("step_time_ms") or {}).get("median"), measured.steal_s
+            steps_ms = measured.result.get("timed_step_ms") or []
             if measured.result.get("status") == "completed" and median:
-                modes[mode]["medians_ms"].append(median)
-                modes[mode]["steal_s"].append(stolen)
+                windows = window_medians(steps_ms)
+                for key, value in (("medians_ms", median), ("steal_s", stolen), ("window_medians_ms", windows),
+                                   ("timed_step_ms", steps_ms)):
+                    modes[mode][key].append(value)
             else:
+                windows = []
                 modes[mode]["failed"].append({"status": measured.result.get("status"), "log_tail": measured.log_tail})
-            print(f"run {turn} {mode}: {measured.result.get('status')}, median {median} ms, steal {stolen} s",
-                  flush=True)
+            print(f"run {turn} {mode}: {measured.result.get('status')}, median {median} ms, steal {stolen} s, by "
+                  f"{WINDOW_STEPS} steps {' '.join(f'{ms:.0f}' for ms in windows)}", flush=True)
     for numbers in modes.values():
         medians = numbers["medians_ms"]
         numbers.update(median_ms=statistics.median(medians) if medians else None, spread=spread(medians))

@@ -79,7 +79,7 @@ class Measured:
                 "p10_ms": step.get("p10"), "p90_ms": step.get("p90"), "timed_steps": step.get("count"),
                 "gpu_busy": (self.result.get("profile") or {}).get("gpu_busy"),
                 "peak_allocated_gb": memory.get("peak_allocated_gb"), "peak_reserved_gb": memory.get("peak_reserved_gb"),
-                "estimate_gb": memory.get("estimate_gb"),
+                "estimate_gb": memory.get("estimate_gb"), "timed_step_ms": self.result.get("timed_step_ms"),
                 "capture_time_s": self.result.get("capture_time_s"), "graph_count": self.result.get("graph_count"),
                 "tflops_per_gpu": self.result.get("tflops_per_gpu"), "command": " ".join(self.command),
                 "auto_chosen": (self.result.get("auto") or {}).get("chosen"), "auto_probe": self.probe(),

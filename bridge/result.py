@@ -100,6 +100,9 @@ def build_result(cfg: Optional[GraphBridgeConfig], job_dir: Path, status: str, r
         "train_iters": cfg.train.train_iters if cfg else None,
         "steps_completed": len(record.losses),
         "step_time_ms": stats,
+        # In step order, to show how the step moved over the run (host drift, a neighbour's load), which the
+        # median and percentiles cannot.
+        "timed_step_ms": [round(seconds * 1e3, 3) for seconds in timed],
         "profiled_steps": list(record.profiled_steps),
         "capture_step": min(record.capture_steps) if record.capture_steps else None,
         "capture_time_s": sum(capture_times) if capture_times else None,

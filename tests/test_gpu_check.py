@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import host_noise  # noqa: E402  (benchmarks/ is a directory of scripts)
 
 
 def stand_in_environment(tmp_path: Path, **extra: str) -> dict:
@@ -112,6 +114,16 @@ def test_host_noise_binding_to_every_cpu_of_the_process_runs_unbound_only_and_sa
     # and which CPUs share a core.
     assert [stolen >= 0 for stolen in record["modes"]["unbound"]["steal_s"]] == [True]
     assert os.sched_getaffinity(0) <= {cpu for core in record["core_siblings"] for cpu in core}
+    # And its timed steps in step order, as result.json keeps them: whether the step moved while it ran.
+    (steps_ms,) = record["modes"]["unbound"]["timed_step_ms"]
+    assert steps_ms and all(ms > 0 for ms in steps_ms)
+    assert record["modes"]["unbound"]["window_medians_ms"] == [host_noise.window_medians(steps_ms)]
+
+
+def test_host_noise_takes_a_median_per_window_of_steps_and_a_last_one_holding_half():
+    steps = [float(step) for step in range(2 * host_noise.WINDOW_STEPS + host_noise.WINDOW_STEPS // 2)]
+    assert host_noise.window_medians(steps) == [9.5, 29.5, 44.5]
+    assert host_noise.window_medians(steps[:-1]) == [9.5, 29.5]  # a last window under half is left out
 
 
 def test_host_noise_without_a_gpu_to_name_its_cpus_says_so_in_one_line_and_exits_2(tmp_path):

@@ -25,8 +25,8 @@ from bridge.run_report import noise, take_slowest_rank
 from bridge.trainer import Trainer
 
 RESULT_KEYS = {"status", "reason", "config_digest", "job", "engine", "device", "impl", "effective_impl", "modules",
-               "train_iters", "steps_completed", "step_time_ms", "profiled_steps", "capture_step", "capture_time_s",
-               "graph_count", "tokens_per_s", "tflops_per_gpu", "memory", "loss", "env", "auto", "created"}
+               "train_iters", "steps_completed", "step_time_ms", "timed_step_ms", "profiled_steps", "capture_step",
+               "capture_time_s", "graph_count", "tokens_per_s", "tflops_per_gpu", "memory", "loss", "env", "auto", "created"}
 
 
 def test_torch_run_writes_every_result_key(read_result, small_config, write_job, tmp_path):
@@ -70,6 +70,7 @@ def test_capture_and_warmup_steps_are_left_out_of_step_times(scripted_engine, tm
     assert result["graph_count"] == 1
     # warmup_steps=1 drops step 0, capture drops step 2: steps 1, 3, 4, 5 last 5, 13, 17, 21 s.
     assert result["step_time_ms"] == {"median": 15e3, "p10": 7.4e3, "p90": 19.8e3, "mean": 14e3, "count": 4}
+    assert result["timed_step_ms"] == [5e3, 13e3, 17e3, 21e3]  # in step order, as the median counted them
     assert result["loss"] == [3.0, 2.5, 2.0, 1.5, 1.0, 0.5]
 
 
