@@ -88,11 +88,11 @@ class Measured:
     def probe(self) -> Optional[dict]:
         """What the auto variant's probe measured, when this run probed (a decision from the cache carries the
         probe of the run that made it): its wall time and rounds, eager's median and the noise, and each
-        candidate's median, the p10-p90 width of its steps (what tells two close ones apart), wall time and reason."""
+        candidate's median, its steps' p10-p90 width and count (how sure the median is), wall time and reason."""
         auto = self.result.get("auto") or {}
         if auto.get("source") != "probe":
             return None
-        kept = ("choice", "status", "median_ms", "spread_ms", "wall_s", "reason")  # the reason: why it was not measured
+        kept = ("choice", "status", "median_ms", "spread_ms", "steps", "wall_s", "reason")
         candidates = [{key: candidate.get(key) for key in kept} for candidate in auto.get("candidates", [])]
         probe = {key: value for key, value in (auto.get("probe") or {}).items() if key != "directory"}
         return {**probe, "eager_ms": auto.get("eager_ms"), "noise_ms": auto.get("noise_ms"),

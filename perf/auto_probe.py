@@ -346,4 +346,5 @@ def read_run(choice: str, run_dir: Path) -> Measurement:
         return Measurement(choice, NO_TIMED_STEPS, reason="it completed without a timed step", job=where)
     if choice != EAGER_CHOICE and job.effective_impl in (None, EAGER_CHOICE):
         return Measurement(choice, RAN_EAGERLY, reason="it captured no graph (effective_impl none)", job=where)
-    return Measurement(choice, COMPLETED, step["median"], step["p90"] - step["p10"], job=where)
+    return Measurement(choice, COMPLETED, step["median"], step["p90"] - step["p10"], steps=step.get("count"),
+                       job=where)

@@ -217,8 +217,9 @@ def test_the_suites_auto_row_over_rounds_keeps_every_probe_and_each_rounds_ratio
     assert auto["auto_probe_s"] == 30.2 and auto["auto_probe"]["imports_s"] == 9.0
     assert auto["auto_probes_s"] == [41.6, 30.2]
     assert auto["auto_probe"]["candidates"] == [  # the width tells close ones apart; the reason, why one failed
-        {"choice": "te_attn", "status": "completed", "median_ms": 8.0, "spread_ms": 0.4, "wall_s": 3.1, "reason": None},
-        {"choice": "te_layer", "status": "failed", "median_ms": None, "spread_ms": None, "wall_s": 10.6,
+        {"choice": "te_attn", "status": "completed", "median_ms": 8.0, "spread_ms": 0.4, "steps": None, "wall_s": 3.1,
+         "reason": None},
+        {"choice": "te_layer", "status": "failed", "median_ms": None, "spread_ms": None, "steps": None, "wall_s": 10.6,
          "reason": "RuntimeError: CUDA error: out of memory"}]
     assert [each["rows"]["auto"]["auto_probe"] is None for each in record["round_records"]] == [False, True, False]
     # The first H200 round of the Qwen3 proxy (75b3d6e, kept before the suite kept the probe): auto chose eager,

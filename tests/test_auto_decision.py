@@ -33,6 +33,30 @@ def test_the_fastest_graph_choice_is_kept_only_beyond_the_probes_noise(medians, 
     assert decision.chosen == chosen, decision.reason
 
 
+def dropless_probe(eager: tuple, contender: float, widths: tuple, steps) -> list:
+    """The dropless Qwen3 proxy's probe as committed: eager first and last around te_attn_moe_router, each run's
+    steps ``widths`` wide (eager's two, then the contender's), ``steps`` timed a run."""
+    return [Measurement("none", "completed", eager[0], widths[0], steps=steps),
+            Measurement("te_attn_moe_router", "completed", contender, widths[2], steps=steps),
+            Measurement("none", "completed", eager[1], widths[1], steps=steps)]
+
+
+@pytest.mark.parametrize("eager, contender, widths, steps, chosen", [
+    # b217322: a 62 ms lead, three errors of the medians' difference 31 ms, eager's processes 7.7 ms apart
+    ((404.93, 397.24), 335.1, (90.4, 91.31, 70.22), 30, "te_attn_moe_router"),
+    # the same runs where the count of steps is unknown: half the widths (81 ms) keep eager
+    ((404.93, 397.24), 335.1, (90.4, 91.31, 70.22), None, "none"),
+    # the same widths over 3 steps a run: three errors of the difference come to 97 ms
+    ((404.93, 397.24), 335.1, (90.4, 91.31, 70.22), 3, "none"),
+    # bdbbf68: eager's two processes 92 ms apart, more than the contender's lead over the faster (24 ms)
+    ((378.43, 470.67), 354.28, (93.36, 63.53, 93.68), 30, "none"),
+])
+def test_a_lead_must_clear_the_errors_of_the_two_medians_and_the_noise_between_processes(eager, contender, widths,
+                                                                                         steps, chosen):
+    decision = decide(dropless_probe(eager, contender, widths, steps))
+    assert decision.chosen == chosen, decision.reason
+
+
 def test_a_failed_candidate_is_never_chosen_even_with_the_fastest_steps():
     probe = timings({"none": (10.0, 10.0), "te_attn": 8.0})
     probe.insert(1, Measurement("te_layer", "interrupted", 1.0, 0.1, "SIGTERM received"))  # fast, but it did not finish

@@ -105,7 +105,7 @@ def test_the_run_trains_with_the_winner_records_the_probe_and_flags_a_failed_can
     by_choice = {c["choice"]: c for c in record["candidates"]}
     assert by_choice["te_attn"].pop("wall_s") >= 0
     assert by_choice["te_attn"] == {"choice": "te_attn", "status": "completed", "median_ms": 12.0,
-                                    "spread_ms": pytest.approx(0.2), "reason": None,
+                                    "spread_ms": pytest.approx(0.2), "steps": 30, "reason": None,
                                     "job": str(tmp_path / "auto" / "round2" / "1")}
     assert by_choice["te_layer"]["status"] == "failed" and by_choice["te_layer"]["reason"] == "replay failed"
     stopped = by_choice[OPTIMIZER_IN_GRAPH]

@@ -3,10 +3,18 @@ by more than the probe's own noise; otherwise eager. Pure: measurements in, a de
 
 The probe times eager twice, first and last, each in a process of its own. How far apart the two medians
 land is how much a median moves between processes (host load, clocks, drift): the noise *between*
-processes. Within a process the steps scatter: the noise *within* is half the p10-p90 width of eager's
-steps plus half that of the contender's, so a contender kept has its middle 80 % of steps clear of eager's.
-The probe's noise is the larger of the two, and a graph choice must beat the faster eager median by more
-than that. A choice within the noise never replaces eager: by its own probe, auto is never slower than eager.
+processes. Within a process the steps scatter, and a median of n of them is uncertain by its standard error:
+for normal scatter 1.2533 sigma / sqrt(n), sigma being the p10-p90 width over 2.563. The noise *within* is
+MEDIAN_ERRORS such errors of the difference between eager's median and the contender's (each run's own n; a run
+whose n is unknown counts half its width, a bound for any n). The probe's noise is the larger of the two, and a
+graph choice must beat the faster eager median by more than that. A choice within the noise never replaces
+eager: by its own probe, auto is never slower than eager.
+
+The error, not the width, because the question is which median is lower, not whether most steps are: host-bound
+steps scatter by a tenth either way. In the dropless Qwen3 proxy's probe at b217322 (30 steps a run) eager took
+404.9 and 397.2 ms, 90 ms wide, and te_attn_moe_router 335.1, 70 ms wide; half the widths (81 ms) kept eager,
+while its three suite processes then ran at 322-335 ms against eager's 320-471. Three errors of that difference
+are 31 ms: the 62 ms lead is clear of it, and clear of the 7.7 ms between eager's two processes.
 
 The probe runs in rounds of successive halving where that pays. Every round times eager first and last, so
 every round has its own noise. After a short screening round, a graph choice slower than the round's fastest
@@ -26,6 +34,7 @@ the host, and in every committed suite row the broadest graph variant was the fa
 0.6 % of it. It must still beat eager beyond the noise itself.
 """
 
+import math
 from dataclasses import asdict, dataclass, replace
 from typing import FrozenSet, List, Mapping, Optional, Sequence
 
@@ -48,6 +57,8 @@ class Measurement:
     spread_ms: Optional[float] = None
     """p90 - p10 of the timed steps (warmup and capture steps excluded)."""
     reason: Optional[str] = None
+    steps: Optional[int] = None
+    """The timed steps the median and spread come from; None where unknown."""
     job: Optional[str] = None
     """The probe job's directory."""
     wall_s: Optional[float] = None
@@ -158,11 +169,33 @@ def steps_overlap(first: Measurement, second: Measurement) -> bool:
 
 
 def probe_noise_ms(eager: List[Measurement], contender: Measurement) -> float:
-    """The larger of the noise between processes (eager's two medians) and within them (half-widths)."""
+    """The larger of the noise between processes (eager's two medians) and within them (the medians' errors)."""
     medians = [m.median_ms for m in eager]
     between = max(medians) - min(medians)
-    within = (max(m.spread_ms or 0.0 for m in eager) + (contender.spread_ms or 0.0)) / 2
-    return max(between, within)
+    return max(between, within_noise_ms(max(eager, key=lambda m: m.spread_ms or 0.0), contender))
+
+
+MEDIAN_ERRORS = 3.0
+"""How many standard errors of the difference between two medians a lead must clear: a lead of three errors
+arises by chance about once in 700 probes (one-sided, normal scatter)."""
+
+
+def within_noise_ms(eager: Measurement, contender: Measurement) -> float:
+    """MEDIAN_ERRORS standard errors of the difference between the two medians; half the two widths where either
+    run's count of steps is unknown."""
+    errors = [median_error_ms(eager), median_error_ms(contender)]
+    if None in errors:
+        return ((eager.spread_ms or 0.0) + (contender.spread_ms or 0.0)) / 2
+    return MEDIAN_ERRORS * math.hypot(*errors)
+
+
+def median_error_ms(run: Measurement) -> Optional[float]:
+    """The standard error of the run's median step, for normal scatter: 1.2533 sigma / sqrt(steps), sigma its
+    p10-p90 width over 2.563 (twice the 90th percentile of the standard normal). None without a count of steps
+    (a record from before the probe kept it); 0 without a width."""
+    if not run.steps:
+        return None
+    return 1.2533 * (run.spread_ms or 0.0) / 2.5631 / math.sqrt(run.steps)
 
 
 def survivors(measurements: Sequence[Measurement], scopes: Optional[Mapping[str, Scope]] = None) -> List[Measurement]:
