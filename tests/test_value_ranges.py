@@ -7,8 +7,10 @@ import typing
 
 import pytest
 
+import bridge
 from bridge.config.schema import GraphBridgeConfig
-from bridge.validation.value_rules import POSITIVE, RANGES
+from bridge.translate import build_megatron_configs
+from bridge.validation.value_rules import CHOICES, POSITIVE, RANGES
 
 # Numbers that mean something at any value (or whose range another rule owns), so value_ranges leaves
 # them open: every other number of the schema has a range.
@@ -25,6 +27,18 @@ OPEN = {
     "workload.gpus_per_node": "positive_sizes",
     "optimizer.lr": "lr_schedule",
     "optimizer.min_lr": "lr_schedule",
+}
+
+
+# Names whose values another rule owns, or that megatron-core parses itself: every other str field has CHOICES.
+NAMED_ELSEWHERE = {
+    "model.recompute_granularity": "recompute_settings",
+    "model.recompute_method": "recompute_settings",
+    "model.moe_flex_dispatcher_backend": "flex_dispatcher_backend (under the flex dispatcher, the one that reads it)",
+    "model.pipeline_model_parallel_layout": "megatron-core's layout grammar (TransformerConfig parses it)",
+    "optimizer.lr_decay_style": "lr_schedule",
+    "plan.megatron_core": "megatron_core_version",
+    "torch_compile": "torch_compile",
 }
 
 
@@ -81,3 +95,45 @@ def test_a_nested_list_is_a_wrong_type_not_a_traceback_in_a_rule(cli, tmp_path):
     stderr = one_block(cli("mode=plan", "model.cuda_graph_modules=[[attn]]", cwd=tmp_path))
     assert ("[config_types] model.cuda_graph_modules[0]: model.cuda_graph_modules[0] has a value of the wrong type"
             in stderr)
+
+
+def string_leaves(node=GraphBridgeConfig, prefix=""):
+    for item in dataclasses.fields(node):
+        if dataclasses.is_dataclass(item.type):
+            yield from string_leaves(item.type, f"{prefix}{item.name}.")
+        elif item.type in (str, typing.Optional[str]):
+            yield prefix + item.name
+
+
+def test_every_name_field_of_the_schema_has_its_choices_or_a_rule_that_owns_it():
+    assert [key for key in string_leaves() if key not in CHOICES and key not in NAMED_ELSEWHERE] == []
+    assert set(CHOICES) | set(NAMED_ELSEWHERE) <= set(string_leaves())  # no stale entry
+
+
+def test_a_name_its_field_does_not_know_is_refused_with_the_names_it_does(cli, tmp_path):
+    """megatron-core's dataclasses take any string: each of these planned VALID before config_choices and then
+    failed on the GPU (a dispatcher at model build, a loss kernel at the first step) or trained something else."""
+    bad = {"model.moe_token_dispatcher_type": "all2all", "model.cross_entropy_fusion_impl": "fused",
+           "model.activation_func": "swiglu", "model.moe_router_load_balancing_type": "aux-loss",
+           "model.transformer_impl": "te", "workload.gpu": "a100"}
+    stderr = one_block(cli("mode=plan", "recipe=qwen/tiny", "model.cross_entropy_loss_fusion=true",
+                           *(f"{key}={value}" for key, value in bad.items()), cwd=tmp_path))
+    assert [key for key in bad if f"[config_choices] {key}: {key}='{bad[key]}' is not a choice" not in stderr] == []
+    assert "use one of allgather, alltoall, flex" in stderr and "use one of h100, h200" in stderr
+
+
+@pytest.mark.parametrize("release, refused", [("0.16.1", True), ("0.19.2", False)])
+def test_a_name_one_release_has_is_refused_for_the_other(cli, tmp_path, release, refused):
+    result = cli("mode=plan", "recipe=qwen/tiny", "model.moe_router_score_function=sqrtsoftplus",
+                 f"plan.megatron_core={release}", cwd=tmp_path)
+    if refused:
+        assert "model.moe_router_score_function='sqrtsoftplus' is not a choice of its field on megatron-core " \
+               "0.16.1; use one of softmax, sigmoid" in one_block(result)
+    else:
+        assert result.returncode == 0 and result.stdout.startswith("graphbridge plan: VALID"), result.stderr
+
+
+@pytest.mark.parametrize("activation", CHOICES["model.activation_func"])
+def test_every_activation_it_accepts_translates_to_megatron_cores_own_function(activation):
+    configs = build_megatron_configs(bridge.load(["recipe=llama/tiny", f"model.activation_func={activation}"]))
+    assert configs["transformer_config"].activation_func.__name__ == activation

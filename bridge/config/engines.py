@@ -6,8 +6,10 @@ catalogue. The torch engine is a small native PyTorch model: one device, fp32 or
 the architecture choices below.
 """
 
+ACTIVATIONS = ("silu", "gelu", "quick_gelu", "squared_relu")
+"""model.activation_func's names: both engines build each (bridge.translate.build hands megatron-core its own function)."""
 TORCH_NORMALIZATIONS = ("RMSNorm", "LayerNorm")
-TORCH_ACTIVATIONS = ("silu", "gelu", "quick_gelu", "squared_relu")
+TORCH_ACTIVATIONS = ACTIVATIONS
 TORCH_ROTARY_TYPES = ("rope", "yarn")
 TORCH_POSITION_EMBEDDINGS = TORCH_ROTARY_TYPES + ("learned_absolute", "none")
 TORCH_SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")

@@ -8,7 +8,10 @@ import math
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from bridge.config.engines import ACTIVATIONS
+from bridge.config.releases import in_range
 from bridge.config.schema import GraphBridgeConfig
+from bridge.machine import PRESET_GPUS
 from bridge.validation.registry import rule, violation
 
 POSITIVE = (
@@ -157,4 +160,58 @@ def value_ranges(cfg, target):
               if key not in flagged and not -INT32_MAX - 1 <= value <= INT32_MAX]
     found += [violation("value_ranges", [key], f"{key}={value} is not a finite number; set a finite value")
               for key, value in number_leaves(cfg, float) if not math.isfinite(value) and key not in RANGES]
+    return found
+
+
+# key -> the values it takes. The model's are megatron-core's Literal annotations (TransformerConfig, GPTModel,
+# OptimizerConfig's branches), which its dataclasses never check: another value trains silently as something else
+# (a load-balancing type it does not know trains without balancing; any transformer_impl but transformer_engine
+# builds the local spec) or fails on the GPU (an unknown dispatcher at model build, an unknown loss kernel at the
+# first step with `loss` unbound, an unknown activation in graphbridge's translation). Narrower where graphbridge
+# has no way to build a value: position_embedding_type=mrope wants 3-D position ids its data does not make,
+# fp8_recipe=custom a quantizer factory it has no field for, transformer_impl=inference_optimized is an inference
+# spec, and 0.19's lion optimizer and quantile_balancing router are outside the catalogue so far.
+CHOICES = {
+    "model.normalization": ("LayerNorm", "RMSNorm"),
+    "model.activation_func": ACTIVATIONS,
+    "model.position_embedding_type": ("learned_absolute", "rope", "yarn", "none"),
+    "model.softmax_type": ("vanilla", "off-by-one", "learnable"),
+    "model.experimental_attention_variant": ("gated_delta_net", "dsa"),
+    "model.moe_router_score_function": ("softmax", "sigmoid", "sqrtsoftplus"),
+    "model.moe_router_dtype": ("fp32", "fp64"),
+    "model.moe_router_load_balancing_type": ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"),
+    "model.moe_token_dispatcher_type": ("allgather", "alltoall", "flex"),
+    "model.fp8": ("e4m3", "hybrid"),
+    "model.fp8_recipe": ("tensorwise", "delayed", "mxfp8", "blockwise"),
+    "model.fp4": ("e2m1",),
+    "model.transformer_impl": ("transformer_engine", "local"),
+    "model.cross_entropy_fusion_impl": ("native", "te"),
+    "optimizer.optimizer": ("adam", "sgd"),
+    "workload.task": ("pretrain", "sft", "lora"),
+    "workload.gpu": tuple(PRESET_GPUS),
+    "workload.precision": ("bf16", "fp8_cs", "fp8_mx", "fp8_sc", "nvfp4"),
+}
+RELEASES_OF_CHOICE = {("model.moe_router_score_function", "sqrtsoftplus"): ">=0.19"}
+"""Values only some megatron-core releases have (0.16.1's router raises "Invalid score_function" in training)."""
+
+
+def choices_on(key: str, release: str):
+    """The values ``key`` takes when translated for megatron-core ``release``."""
+    return [value for value in CHOICES[key] if in_range(release, RELEASES_OF_CHOICE.get((key, value)))]
+
+
+@rule("config_choices", gate=True,
+      rejects="a name that its field does not know (e.g. `model.moe_token_dispatcher_type=all2all`, "
+              "`model.cross_entropy_fusion_impl=fused`), or one that the target megatron-core release does not have",
+      fix="one of the names the message lists (null where the field may be unset)")
+def config_choices(cfg, target):
+    found = []
+    for key, allowed in ((key, choices_on(key, target.megatron_core)) for key in CHOICES):
+        value = _get(cfg, key)
+        if value in allowed or (value is None and nullable(key)):
+            continue
+        where = (f" on megatron-core {target.megatron_core}" if value in CHOICES[key] else "")
+        unset = " (or null: unset)" if nullable(key) else ""
+        found.append(violation("config_choices", [key], f"{key}={value!r} is not a choice of its field{where}; use "
+                                                        f"one of {', '.join(allowed)}{unset}"))
     return found
