@@ -171,7 +171,7 @@ WITNESS_CASES = {
     "gpt_oss_cp2": (*TWO_GPUS, "recipe=gpt_oss/tiny", CP2),
     "gpt_oss_cp2_without_sinks": (*TWO_GPUS, "recipe=gpt_oss/tiny", CP2, "model.softmax_type=vanilla"),
     "gpt_oss_cp2_without_window": (*TWO_GPUS, "recipe=gpt_oss/tiny", CP2, "model.window_size=null"),
-    # Answered at 5bba762 on four H100s, a pair a release (gpu_differential_2gpu_5bba762.json): the GB200 DeepSeek
+    # Answered at 5bba762 on four H100s, a pair a release (gpu_differential_2gpu_5bba762.json.gz): the GB200 DeepSeek
     # presets' shipped shape (router and preprocessing graphed, attention eager with mla_up_proj recomputed) trains,
     # and attention graphs with that recompute at four micro-batches abort (mla_recompute_in_layer_graphs stays).
     # Still open: the b15bb2a run that timed out under load (0.16.1 run 320), alone.

@@ -1,6 +1,8 @@
 """The GPU witness of each rule that refuses on GPU grounds: the run of a GPU differential record
 (benchmarks/results/) that failed as the rule says. tests/test_rules.py checks each against its record."""
 
+import gzip
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -8,6 +10,13 @@ from bridge.machine import GPU, Machine
 from tests.rule_cases import H100
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+
+
+def read_record(record: str) -> dict:
+    """A committed GPU record by its path under benchmarks/results/. A record that a newer one replaced is kept
+    gzipped (`<name>_<commit>.json.gz`): a GPU call carries the tree, and the old records were 29 of its 49 MB."""
+    path = RESULTS / record
+    return json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
 
 
 @dataclass(frozen=True)
@@ -21,24 +30,24 @@ class GpuWitness:
     error: str
 
 
-FIRST_DIFFERENTIAL = "h100/mcore-0.16.1/gpu_differential_610e521.json"
+FIRST_DIFFERENTIAL = "h100/mcore-0.16.1/gpu_differential_610e521.json.gz"
 ON_0161 = "h100/mcore-0.16.1/gpu_differential.json"
 ON_0192 = "h100/mcore-0.19.2/gpu_differential.json"
-LAZY_NCCL_0161 = "h100/mcore-0.16.1/gpu_differential_91c0f81.json"
-TWO_GPUS_0161 = "h100/mcore-0.16.1/gpu_differential_e15f81f.json"
+LAZY_NCCL_0161 = "h100/mcore-0.16.1/gpu_differential_91c0f81.json.gz"
+TWO_GPUS_0161 = "h100/mcore-0.16.1/gpu_differential_e15f81f.json.gz"
 """(Two one-GPU differentials side by side on a two-GPU machine; each run had one GPU.)"""
-TWO_GPU_RUNS_0161 = "h200/mcore-0.16.1/gpu_differential_2gpu_b15bb2a.json"
+TWO_GPU_RUNS_0161 = "h200/mcore-0.16.1/gpu_differential_2gpu_b15bb2a.json.gz"
 WITNESSES_2GPU_0161 = "h200/mcore-0.16.1/gpu_witnesses_2gpu_cfa782d.json"
 WITNESSES_2GPU_0192 = "h200/mcore-0.19.2/gpu_witnesses_2gpu_cfa782d.json"
-TWO_GPU_RUNS_0192 = "h200/mcore-0.19.2/gpu_differential_2gpu_4ebf167.json"
-H200_0161 = "h200/mcore-0.16.1/gpu_differential_24488cb.json"
+TWO_GPU_RUNS_0192 = "h200/mcore-0.19.2/gpu_differential_2gpu_4ebf167.json.gz"
+H200_0161 = "h200/mcore-0.16.1/gpu_differential_24488cb.json.gz"
 """Runs of two GPUs each (num_gpus 2 in their summaries), on two H200s."""
-H200_F0650F3_0161 = "h200/mcore-0.16.1/gpu_differential_f0650f3.json"
+H200_F0650F3_0161 = "h200/mcore-0.16.1/gpu_differential_f0650f3.json.gz"
 """The one-GPU differential at f0650f3 (seed 11), before the rule it witnesses."""
 TWO_GPU_RUNS_6C7A53D_0161 = "h200/mcore-0.16.1/gpu_differential_2gpu.json"
-"""The two-GPU differential at 6c7a53d (seed 33), before the rule it witnesses; gpu_differential_2gpu_6c7a53d.json
+"""The two-GPU differential at 6c7a53d (seed 33), before the rule it witnesses; gpu_differential_2gpu_6c7a53d.json.gz
 once the next two-GPU record takes the plain name."""
-H200_0DCDB17_0161 = "h200/mcore-0.16.1/gpu_differential_0dcdb17.json"
+H200_0DCDB17_0161 = "h200/mcore-0.16.1/gpu_differential_0dcdb17.json.gz"
 """The one-GPU differential at 0dcdb17 (seed 15), whose witness cases found the rule it witnesses."""
 GPU_WITNESSES = {
     "allgather_dispatch_capture": GpuWitness(ON_0161, 706, "Cannot copy between CPU and CUDA tensors during CUDA graph"),

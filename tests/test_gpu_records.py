@@ -7,29 +7,28 @@ run that will decide it (UNDECIDED).
 
 Slow (about two minutes of plans on one core): `pytest -m slow tests/test_gpu_records.py`."""
 
-import json
 from typing import Dict, Tuple
 
 import pytest
 
 import bridge
 from perf.preloaded import SHARED_GPU_FAILURES
-from tests.gpu_witnesses import RESULTS, record_machine
+from tests.gpu_witnesses import RESULTS, read_record, record_machine
 
-RECORDS = sorted(path.relative_to(RESULTS).as_posix() for path in RESULTS.glob("*/mcore-*/gpu_differential*.json"))
+RECORDS = sorted(path.relative_to(RESULTS).as_posix() for path in RESULTS.glob("*/mcore-*/gpu_differential*.json*"))
 WITNESS_RECORDS = sorted(path.relative_to(RESULTS).as_posix() for path in RESULTS.glob("*/mcore-*/gpu_witnesses*.json"))
 """Records of witness cases alone (--count 0 --witnesses)."""
 TRAINS_NOW: Dict[Tuple[str, int], str] = {
     (record, index): "graphbridge handed megatron-core a copy of quick_gelu, and its checks compare by identity; "
                      "translation hands its own now (witness gpt_oss_bias_activation_fusion, completed since)"
-    for record, index in (("h100/mcore-0.16.1/gpu_differential_610e521.json", 96),
-                          ("h100/mcore-0.16.1/gpu_differential_610e521.json", 219))
+    for record, index in (("h100/mcore-0.16.1/gpu_differential_610e521.json.gz", 96),
+                          ("h100/mcore-0.16.1/gpu_differential_610e521.json.gz", 219))
 } | {
     (record, index): "a pipeline rank with no layer of the TE scope (deepseek/tiny's MoE stage under te_mlp at PP2): "
                      "the engine refused to build graphs there while the other rank waited; it meets their capture "
                      "now (witnesses te_mlp_pp2_moe_stage, te_mlp_pp2_moe_stage_vpp and timeout_b15bb2a_320)"
-    for record, index in (("h200/mcore-0.16.1/gpu_differential_2gpu_b15bb2a.json", 320),
-                          *(("h200/mcore-0.19.2/gpu_differential_2gpu_4ebf167.json", run)
+    for record, index in (("h200/mcore-0.16.1/gpu_differential_2gpu_b15bb2a.json.gz", 320),
+                          *(("h200/mcore-0.19.2/gpu_differential_2gpu_4ebf167.json.gz", run)
                             for run in (548, 679, 910, 945)))
 }
 """Crashes after an accepting plan that no rule refuses, because graphbridge now makes the configuration train."""
@@ -43,29 +42,29 @@ REFUSES_WHAT_TRAINS = {
                                    "GPUs or more; megatron-core 0.19's own optimizer graph does (docs/gpu_differential.md)",
     "mla_recompute_in_layer_graphs": "attention graphs alone with mla_up_proj recomputed train at one micro-batch a "
                                      "step (deepseek_v3_gb200_recompute_attn in gpu_witnesses_2gpu_cfa782d.json and "
-                                     "gpu_differential_2gpu_5bba762.json) and at two (0.19.2 run 1754 of the h200 "
-                                     "gpu_differential_ec177b3.json), but the same at four micro-batches aborted "
+                                     "gpu_differential_2gpu_5bba762.json.gz) and at two (0.19.2 run 1754 of the h200 "
+                                     "gpu_differential_ec177b3.json.gz), but the same at four micro-batches aborted "
                                      "on both releases (mla_up_proj_recompute_attn_four_microbatches, 5bba762; 0.16.1 "
                                      "run 283 of the h100 gpu_differential.json), as did the GB200 preset's graphs at "
                                      "one: real steps have more micro-batches than two",
     "moe_norm_recompute_in_layer_graphs":
         "bf16 router graphs (te_moe_router, alltoall) trained at one GPU with it unasked (witness "
         "moe_norm_recompute_bf16_te_moe_router, 24488cb and c236fc3, both releases), but bf16 router graphs failed at "
-        "two (0.19.2 runs 364 at PP2 and 619 at DP2 of h200 gpu_differential_2gpu_c236fc3.json: an illegal address, "
+        "two (0.19.2 runs 364 at PP2 and 619 at DP2 of h200 gpu_differential_2gpu_c236fc3.json.gz: an illegal address, "
         "and four gradients that never arrived); at one GPU too, four of 95 gradients never arrived once the "
         "overlapped reduce checked for them (witness moe_norm_recompute_bf16_te_moe_router_overlap_grad_reduce, "
-        "h200 gpu_differential_0d3b80c.json, begun at 1ab7470, both releases): the runs that completed had nothing "
+        "h200 gpu_differential_0d3b80c.json.gz, begun at 1ab7470, both releases): the runs that completed had nothing "
         "to check for them",
     "optimizer_in_graph": "with cuda_graph=none nothing is captured: 0.16.1 run 1762 of the h200 "
-                          "gpu_differential_4a94902.json stepped graphbridge's capturable AdamW eagerly, so the "
+                          "gpu_differential_4a94902.json.gz stepped graphbridge's capturable AdamW eagerly, so the "
                           "option the user set did nothing; two explicit values in conflict are a violation with its "
                           "fix, not a silent no-op",
     "expert_bias": "one-by-one experts with biases failed at the first forward pass in bf16, eagerly and under every "
                    "graph choice on both specs, on megatron-core 0.19.2 with Transformer Engine 2.20.2 (H100, da54611 "
                    "and daa2b42), but with Transformer Engine 2.10.0 they trained on both releases in bf16 and fp8_cs, "
                    "dropless and drop-and-pad (witnesses sequential_expert_bias_*, runs 1752-1755 of the h200 "
-                   "gpu_differential.json at 0433e38 and 1751-1754 of gpu_differential_0dcdb17.json; 0.19.2 run "
-                   "1749 of gpu_differential_4a94902.json under "
+                   "gpu_differential.json at 0433e38 and 1751-1754 of gpu_differential_0dcdb17.json.gz; 0.19.2 run "
+                   "1749 of gpu_differential_4a94902.json.gz under "
                    "te_layer): the refusal stays until a GPU run of those witnesses on Transformer Engine 2.20.2 says "
                    "whether it narrows to the releases where they fail",
 }
@@ -75,7 +74,7 @@ REFUSES_WHAT_TRAINS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("record", RECORDS)
 def test_what_a_gpu_trained_is_accepted_and_what_crashed_is_refused_or_trains_now(record):
-    content = json.loads((RESULTS / record).read_text())
+    content = read_record(record)
     summary = content["summary"]
     machine = record_machine(summary)
     trained_otherwise = trained_otherwise_than_eager(summary)
@@ -99,7 +98,7 @@ def test_a_rule_whose_refused_configuration_trained_with_it_unasked_no_longer_re
     # The refused samples and witnesses a record trained with rules unasked: few, so not slow.
     stays = {}
     for record in RECORDS + WITNESS_RECORDS:
-        content = json.loads((RESULTS / record).read_text())
+        content = read_record(record)
         machine, otherwise = record_machine(content["summary"]), trained_otherwise_than_eager(content["summary"])
         for run in content["runs"]:
             if run["status"] == "completed" and run["index"] not in otherwise and run.get("unchecked_rules"):
@@ -110,7 +109,7 @@ def test_a_rule_whose_refused_configuration_trained_with_it_unasked_no_longer_re
 
 def test_every_exception_names_a_recorded_crash():
     for (record, index), why in {**TRAINS_NOW, **UNDECIDED}.items():
-        run = next(run for run in json.loads((RESULTS / record).read_text())["runs"] if run["index"] == index)
+        run = next(run for run in read_record(record)["runs"] if run["index"] == index)
         assert run["status"] not in (None, "completed") and why
 
 

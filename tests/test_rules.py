@@ -1,7 +1,6 @@
 """Every rule of the catalogue has a reject test and an accept test, a message that names the fix,
 and a row in docs/rules.md."""
 
-import json
 import shutil
 
 import pytest
@@ -11,7 +10,7 @@ from sections import with_section
 import bridge
 from bridge.config.load import compose_config
 from bridge.validation import RULES, judge_composed, resolve_target, validate
-from tests.gpu_witnesses import GPU_WITNESSES, RESULTS, record_machine
+from tests.gpu_witnesses import GPU_WITNESSES, read_record, record_machine
 from tests.extra_rejects import EXTRA_REJECTS
 from tests.rule_cases import LAPTOP, ONE_H100, RULE_CASES, build, fired
 
@@ -112,7 +111,7 @@ def test_a_gpu_witness_is_refused_by_its_rule(rule):
     """The recorded run failed with the recorded error, and its overrides are what the rule refuses now on the
     machine it ran on (one H100 with the record's megatron-core and Transformer Engine)."""
     witness = GPU_WITNESSES[rule]
-    record = json.loads((RESULTS / witness.record).read_text())
+    record = read_record(witness.record)
     run = next(run for run in record["runs"] if run["index"] == witness.run)
     assert run["status"] in ("failed", "timeout") and witness.error in run["error"]  # a timeout: a hang
     machine = record_machine(record["summary"])

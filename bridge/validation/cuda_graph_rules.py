@@ -101,7 +101,7 @@ def te_rng_tracker(cfg, target):
 def full_iteration_nan_checks(cfg, target):
     # megatron-core's grad check reads each bucket's norm on the host inside its gradient sync, which the
     # full-iteration graph captures. The loss check is graphbridge's trainer's, on the host after each step and
-    # outside any graph: full_iteration trains with it (H100, 0.16.1: run 1428 of gpu_differential_e15f81f.json,
+    # outside any graph: full_iteration trains with it (H100, 0.16.1: run 1428 of gpu_differential_e15f81f.json.gz,
     # trained with this rule unasked). Megatron-Bridge checks the loss inside its step and refuses it, so a
     # Bridge config (plan.format=bridge) must leave it off.
     if impl_of(cfg) != FULL_ITERATION:

@@ -83,7 +83,7 @@ def quantized_norm_recompute_local_spec(cfg, target):
     # Under fp8 or fp4 a recomputed norm makes megatron-core ask the linear layer after it to keep its unquantized
     # input (set_save_original_input), which only Transformer Engine's linears can: the local spec's raises
     # ValueError at model build (transformer_layer.py, 0.16.1 and 0.19.2). Witness: llama/tiny, local spec,
-    # fp8_sc, recompute [core_attn,layernorm], run 295 of gpu_differential_24488cb.json on an H200, both releases.
+    # fp8_sc, recompute [core_attn,layernorm], run 295 of gpu_differential_24488cb.json.gz on an H200, both releases.
     model = cfg.model
     if (target.engine != "megatron" or not (model.fp8 or model.fp4) or model.recompute_granularity != "selective"
             or "layernorm" not in recompute_modules(model) or not builds_local_spec(cfg, target)):
@@ -120,7 +120,7 @@ def local_spec_norm_recompute_in_te_graphs(cfg, target):
     # The local spec's norms are modules of their own, so megatron-core recomputes them without reentry
     # (CheckpointWithoutOutput: the output is freed after its consumer and rebuilt by a backward hook), inside the
     # graph that holds them; the replay then reads the freed output. Witness: run 1068 of
-    # gpu_differential_f0650f3.json at f0650f3 on an H200, both releases (qwen/tiny, te_attn, cudaErrorIllegalAddress
+    # gpu_differential_f0650f3.json.gz at f0650f3 on an H200, both releases (qwen/tiny, te_attn, cudaErrorIllegalAddress
     # at the first replay), and local_spec_norm_recompute_f0650f3.log there (0.19.2): llama/tiny's te_attn, te_mlp
     # and te_layer failed so; run 1068 with core_attn recomputed instead trained, and so did the norm recomputed under
     # te_attn on the TE spec and under local_layer on the local spec. The witness cases norm_recompute_* of the

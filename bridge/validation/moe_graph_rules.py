@@ -178,7 +178,7 @@ def fused_quick_geglu_capture(cfg, target):
     # The experts' fused quick_geglu turns the GLU offset into a device tensor at every call
     # (fused_bias_geglu.weighted_bias_quick_geglu_impl: torch.tensor(linear_offset, device=...), 0.16.1 and 0.19.2),
     # a copy from pageable host memory, which capture refuses. Witness: gpt_oss/tiny with drop-and-pad alltoall
-    # under te_moe and local_layer, runs 63 and 1361 of gpu_differential_24488cb.json on an H200, both releases
+    # under te_moe and local_layer, runs 63 and 1361 of gpu_differential_24488cb.json.gz on an H200, both releases
     # ("Cannot copy between CPU and CUDA tensors during CUDA graph capture"). Unfused, the offset is a Python float.
     model = cfg.model
     if not (is_moe_model(model) and model.bias_activation_fusion and model.activation_func == "quick_gelu"

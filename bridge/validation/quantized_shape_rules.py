@@ -47,7 +47,7 @@ def block_scaled_gather_shapes(cfg, target):
     # Transformer Engine quantizes a sequence-parallel linear's input before it gathers it and asserts that the
     # local shard splits into whole blocks (utils.assert_dim_for_all_gather, TE 2.10): deepseek/tiny with fp8_sc at
     # TP2 with sequence parallel failed so in its first eager forward, at MLA's linear_q_up_proj (q_lora_rank 64),
-    # on two H200s (0.19.2, run 541 of gpu_differential_2gpu_c236fc3.json).
+    # on two H200s (0.19.2, run 541 of gpu_differential_2gpu_c236fc3.json.gz).
     model = cfg.model
     block = scaling_block(model)
     if block is None or not model.sequence_parallel or model.tensor_model_parallel_size == 1 \
