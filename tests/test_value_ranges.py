@@ -1,9 +1,10 @@
-"""Every size, count, step, interval and rate has a range, checked before any other rule reads it: through
-the real command line, impossible values are named all at once (exit 2), and integers that would
-overflow in training are refused before a job is written."""
+"""Every size, count, step, interval and rate has a range, and every name field its choices, checked before any
+other rule reads them: through the real command line, impossible values are named all at once (exit 2), and
+integers that would overflow in training are refused before a job is written."""
 
 import dataclasses
 import typing
+from pathlib import Path
 
 import pytest
 
@@ -137,3 +138,10 @@ def test_a_name_one_release_has_is_refused_for_the_other(cli, tmp_path, release,
 def test_every_activation_it_accepts_translates_to_megatron_cores_own_function(activation):
     configs = build_megatron_configs(bridge.load(["recipe=llama/tiny", f"model.activation_func={activation}"]))
     assert configs["transformer_config"].activation_func.__name__ == activation
+
+
+@pytest.mark.parametrize("key, group", [("workload.precision", "precision"), ("workload.gpu", "gpu")])
+def test_the_workload_names_are_the_config_groups_choices(key, group):
+    """The precision and gpu groups set these (conf/<group>/<choice>.yaml); an override may set them apart."""
+    choices = sorted(path.stem for path in (Path(__file__).resolve().parents[1] / "conf" / group).glob("*.yaml"))
+    assert sorted(CHOICES[key]) == choices
