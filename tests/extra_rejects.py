@@ -70,6 +70,13 @@ EXTRA_REJECTS = {
                      Case({"model.ffn_hidden_size": 0}), Case({"model.hidden_dropout": 1.0}),
                      Case({"optimizer.adam_eps": 0.0}), Case({"train.train_iters": 2**40}),
                      Case({"model.layernorm_epsilon": float("nan")})],
+    "pipeline_layout": [Case({**PP2, "model.pipeline_model_parallel_layout": "Et|tX"}),  # no layer X
+                        Case({**PP2, "model.pipeline_model_parallel_layout": "E|t|tL"}),  # 3 stages over PP2
+                        # four stages over PP2 are two virtual stages, which graphbridge's schedule must know of
+                        Case({**PP2, "model.pipeline_model_parallel_layout": "E|t|t|L"}),
+                        Case({**PP2, "model.pipeline_model_parallel_layout": "t|EtL"}),  # embedding not first
+                        Case({**PP2, "model.pipeline_model_parallel_layout": "Et|tmL"}),  # an MTP layer, none set
+                        Case({**PP2, "model.mtp_num_layers": 1, "model.pipeline_model_parallel_layout": "Em|ttL"})],
     "config_choices": [Case({**MOE, "model.moe_token_dispatcher_type": "all2all"}, megatron=True),
                        Case({**MOE, "model.moe_router_load_balancing_type": "aux-loss"}),
                        Case({**MOE, "model.moe_router_score_function": "sqrtsoftplus", "plan.megatron_core": "0.16.1"}),

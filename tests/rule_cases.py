@@ -113,6 +113,9 @@ RULE_CASES = {
     "config_types": (Case({"model.window_size": "${model.hidden_size}"}), Case({"model.window_size": [128, 0]})),
     "positive_sizes": (Case({"train.train_iters": 0}), Case({"train.train_iters": 1})),
     "value_ranges": (Case({"model.kv_channels": 0}), Case({"model.kv_channels": 64})),
+    # Two layers over two stages that place three: TransformerConfig asserts at model build, on both releases.
+    "pipeline_layout": (Case({**PP2, "model.pipeline_model_parallel_layout": "Et*2|tL"}, megatron=True),
+                        Case({**PP2, "model.pipeline_model_parallel_layout": "Et|tL"}, megatron=True)),
     "config_choices": (Case({"model.cross_entropy_fusion_impl": "fused"}), Case({"model.cross_entropy_fusion_impl": "te"})),
     # megatron-core floors hidden/heads silently here and fails later, at model build.
     "attention_heads": (Case({"model.hidden_size": 100, "model.num_attention_heads": 3}),

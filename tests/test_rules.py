@@ -237,3 +237,20 @@ def test_qwen3_next_gated_delta_net_layouts_megatron_core_refuses_are_refused(cl
         return
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert any(line.startswith(f"  [{refused_by}]") for line in result.stderr.splitlines()), result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("layout, refused", [
+    (None, None),  # the H100 preset's own: 61 layers and the MTP layer over PP8 x VP4
+    ("Et|(tt|)*29mL", "31 stages do not divide over PP=8"),
+    ("Et|(tt|)*30L", "it places 0 MTP layers, and model.mtp_num_layers=1"),
+    ("Et|(tt|)*30Lm", "the loss L once, last"),
+])
+def test_deepseek_v3s_pipeline_layout_is_checked_as_megatron_core_checks_it(cli, tmp_path, layout, refused):
+    """TransformerConfig parses the layout at model build; a miscounted one planned VALID before pipeline_layout."""
+    override = [f'model.pipeline_model_parallel_layout="{layout}"'] if layout else []
+    result = cli("mode=plan", "recipe=deepseek/deepseek_v3", "gpu=h100", *override, cwd=tmp_path)
+    refusal = [line for line in result.stderr.splitlines() if line.startswith("  [pipeline_layout]")]
+    if refused is None:
+        assert result.returncode == 0 and not refusal, result.stderr[-2000:]
+        return
+    assert result.returncode == 2 and "Traceback" not in result.stderr and refused in refusal[0], result.stderr

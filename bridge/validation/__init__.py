@@ -20,6 +20,7 @@ from bridge.validation import (  # noqa: F401  (importing registers the rules)
     moe_graph_rules,
     moe_quantization_rules,
     parallel_split_rules,
+    pipeline_layout_rules,
     quantized_shape_rules,
     recompute_rules,
     resolution_rules,

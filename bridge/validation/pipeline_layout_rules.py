@@ -1,0 +1,92 @@
+"""The pipeline layout string (`model.pipeline_model_parallel_layout`, e.g. DeepSeek-V3's "Et|(tt|)*30mL"): which
+layers each pipeline stage builds. TransformerConfig parses and checks it at model build, on both releases alike
+(megatron/core/transformer/pipeline_parallel_layer_layout.py is the same in 0.16.1 and 0.19.2); before this rule a
+layout that miscounted the layers or the stages planned VALID and failed there.
+
+The grammar: stages split by `|`; in a stage `E` is the embedding, `t` a transformer layer, `m` an MTP layer, `L`
+the loss; `x*n` repeats one character and `(...)*n` a group, stage bars included; commas are cosmetic. Stages run
+over PP first: stage i belongs to pipeline rank i mod PP, virtual stage i div PP."""
+
+import re
+from typing import List, Optional
+
+from bridge.validation.registry import rule, violation
+
+LAYOUT = "model.pipeline_model_parallel_layout"
+LAYER_CHARACTERS = "ELtm"
+GROUP_REPEAT = re.compile(r"\(([^)]+)\)\*(\d+)")
+CHARACTER_REPEAT = re.compile(r"(.)\*(\d+)")
+
+
+def layout_stages(layout: str) -> List[str]:
+    """The layout's stages in order, repetitions written out (groups first, then single characters, as
+    megatron-core unrolls them)."""
+    text = layout.replace(",", "")
+    for pattern in (GROUP_REPEAT, CHARACTER_REPEAT):
+        text = pattern.sub(lambda match: match.group(1) * int(match.group(2)), text)
+    return text.split("|")
+
+
+@rule("pipeline_layout",
+      rejects="a `model.pipeline_model_parallel_layout` that megatron-core refuses at model build: a character other "
+              "than E, t, m, L, a stage count that is not PP x VP, the embedding not first or the loss not last (or "
+              "either not exactly once), a count of t other than `model.num_layers` or of m other than "
+              "`model.mtp_num_layers`, or an MTP layer before a transformer layer or outside one rank's last virtual "
+              "stage",
+      fix="a layout with num_layers t's and mtp_num_layers m's over PP x VP stages, E first and L last, or drop it "
+          "(null) for the even split")
+def pipeline_layout(cfg, target):
+    model = cfg.model
+    if not model.pipeline_model_parallel_layout or model.pipeline_model_parallel_size < 1:
+        return None  # positive_sizes reports a size below 1
+    found = layout_problem(model)
+    if found is None:
+        return None
+    problem, keys = found
+    return violation("pipeline_layout", [LAYOUT, *keys], f"{LAYOUT}={model.pipeline_model_parallel_layout!r}: "
+                                                         f"{problem}; change the layout or drop it (=null)")
+
+
+def layout_problem(model):
+    """What megatron-core would refuse in the model's layout, and the keys beside the layout it concerns."""
+    stages = layout_stages(model.pipeline_model_parallel_layout)
+    unknown = sorted({character for stage in stages for character in stage} - set(LAYER_CHARACTERS))
+    if unknown:
+        return f"{', '.join(map(repr, unknown))} is no layer: use E (embedding), t (layer), m (MTP layer), L (loss)", []
+    pp, vp = model.pipeline_model_parallel_size, model.virtual_pipeline_model_parallel_size
+    if len(stages) % pp:
+        return f"{len(stages)} stages do not divide over PP={pp}", ["model.pipeline_model_parallel_size"]
+    detected = len(stages) // pp
+    if (vp or 1) != detected:
+        return (f"{len(stages)} stages over PP={pp} are {detected} virtual stages each; set "
+                f"model.virtual_pipeline_model_parallel_size={detected if detected > 1 else 'null'}",
+                ["model.virtual_pipeline_model_parallel_size"])
+    return layer_count_problem(model, stages) or mtp_placement_problem(model, stages, pp)
+
+
+def layer_count_problem(model, stages: List[str]) -> Optional[tuple]:
+    layers = "".join(stages)
+    if not layers or layers[0] != "E" or layers[-1] != "L" or layers.count("E") != 1 or layers.count("L") != 1:
+        return "the embedding E must come once, first, and the loss L once, last", []
+    if layers.count("t") != model.num_layers:
+        return f"it places {layers.count('t')} transformer layers, and model.num_layers={model.num_layers}", \
+            ["model.num_layers"]
+    mtp = model.mtp_num_layers or 0
+    if layers.count("m") != mtp:
+        return f"it places {layers.count('m')} MTP layers, and model.mtp_num_layers={model.mtp_num_layers}", \
+            ["model.mtp_num_layers"]
+    if "m" in layers and "t" in layers[layers.index("m"):]:
+        return "every transformer layer t must come before the MTP layers m", []
+    return None
+
+
+def mtp_placement_problem(model, stages: List[str], pp: int) -> Optional[tuple]:
+    """megatron-core keeps the MTP layers together, in the last virtual stage of one pipeline rank."""
+    virtual = len(stages) // pp
+    for rank in range(pp):
+        own = [stages[chunk * pp + rank] for chunk in range(virtual)]
+        if any("m" in stage for stage in own[:-1]):
+            return "an MTP layer m must sit in the last virtual stage of its pipeline rank", []
+        if "m" in own[-1] and own[-1].count("m") != model.mtp_num_layers:
+            return "the MTP layers m must all sit in one stage", []
+    return None
