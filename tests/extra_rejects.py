@@ -77,7 +77,7 @@ EXTRA_REJECTS = {
                         Case({**PP2, "model.pipeline_model_parallel_layout": "t|EtL"}),  # embedding not first
                         Case({**PP2, "model.pipeline_model_parallel_layout": "Et|tmL"}),  # an MTP layer, none set
                         Case({**PP2, "model.mtp_num_layers": 1, "model.pipeline_model_parallel_layout": "Em|ttL"})],
-    "config_choices": [Case({**MOE, "model.moe_token_dispatcher_type": "all2all"}, megatron=True),
+    "config_choices": [Case({**MOE, "model.moe_token_dispatcher_type": "all2all"}),
                        Case({**MOE, "model.moe_router_load_balancing_type": "aux-loss"}),
                        Case({**MOE, "model.moe_router_score_function": "sqrtsoftplus", "plan.megatron_core": "0.16.1"}),
                        Case({"model.transformer_impl": "inference_optimized"}), Case({"workload.gpu": "a100"})],
