@@ -35,7 +35,7 @@ OPEN = {
 NAMED_ELSEWHERE = {
     "model.recompute_granularity": "recompute_settings",
     "model.recompute_method": "recompute_settings",
-    "model.moe_flex_dispatcher_backend": "flex_dispatcher_backend (under the flex dispatcher, the one that reads it)",
+    "model.moe_flex_dispatcher_backend": "flex_dispatcher (under the flex dispatcher, the one that reads it)",
     "model.pipeline_model_parallel_layout": "pipeline_layout",
     "optimizer.lr_decay_style": "lr_schedule",
     "plan.megatron_core": "megatron_core_version",

@@ -68,13 +68,11 @@ def layer_count_problem(model, stages: List[str]) -> Optional[tuple]:
     layers = "".join(stages)
     if not layers or layers[0] != "E" or layers[-1] != "L" or layers.count("E") != 1 or layers.count("L") != 1:
         return "the embedding E must come once, first, and the loss L once, last", []
-    if layers.count("t") != model.num_layers:
-        return f"it places {layers.count('t')} transformer layers, and model.num_layers={model.num_layers}", \
-            ["model.num_layers"]
-    mtp = model.mtp_num_layers or 0
-    if layers.count("m") != mtp:
-        return f"it places {layers.count('m')} MTP layers, and model.mtp_num_layers={model.mtp_num_layers}", \
-            ["model.mtp_num_layers"]
+    for layer, key, wanted in (("t", "model.num_layers", model.num_layers),
+                               ("m", "model.mtp_num_layers", model.mtp_num_layers or 0)):
+        if layers.count(layer) != wanted:
+            kind = "transformer" if layer == "t" else "MTP"
+            return f"it places {layers.count(layer)} {kind} layers, and {key}={getattr(model, key[6:])}", [key]
     if "m" in layers and "t" in layers[layers.index("m"):]:
         return "every transformer layer t must come before the MTP layers m", []
     return None

@@ -12,6 +12,7 @@ from bridge.config.engines import ACTIVATIONS
 from bridge.config.releases import in_range
 from bridge.config.schema import GraphBridgeConfig
 from bridge.machine import PRESET_GPUS
+from bridge.validation.environment_rules import PRECISION_CAPABILITY
 from bridge.validation.registry import rule, violation
 
 POSITIVE = (
@@ -189,7 +190,7 @@ CHOICES = {
     "optimizer.optimizer": ("adam", "sgd"),
     "workload.task": ("pretrain", "sft", "lora"),
     "workload.gpu": tuple(PRESET_GPUS),
-    "workload.precision": ("bf16", "fp8_cs", "fp8_mx", "fp8_sc", "nvfp4"),
+    "workload.precision": ("bf16", *PRECISION_CAPABILITY),
 }
 RELEASES_OF_CHOICE = {("model.moe_router_score_function", "sqrtsoftplus"): ">=0.19"}
 """Values only some megatron-core releases have (0.16.1's router raises "Invalid score_function" in training)."""
