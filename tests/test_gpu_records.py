@@ -63,7 +63,7 @@ REFUSES_WHAT_TRAINS = {
                    "graph choice on both specs, on megatron-core 0.19.2 with Transformer Engine 2.20.2 (H100, da54611 "
                    "and daa2b42), but with Transformer Engine 2.10.0 they trained on both releases in bf16 and fp8_cs, "
                    "dropless and drop-and-pad (witnesses sequential_expert_bias_*, runs 1752-1755 of the h200 "
-                   "gpu_differential.json at e925668, of gpu_differential_0433e38.json.gz and 1751-1754 of "
+                   "gpu_differential.json begun at e925668, of gpu_differential_0433e38.json.gz and 1751-1754 of "
                    "gpu_differential_0dcdb17.json.gz; 0.19.2 run "
                    "1749 of gpu_differential_4a94902.json.gz under "
                    "te_layer): the refusal stays until a GPU run of those witnesses on Transformer Engine 2.20.2 says "
