@@ -41,8 +41,9 @@ def markdown() -> str:
                      f"{s['transformer_engine']} | {commits(s)} | "
                      + " | ".join(str(s[key]) for key in COUNTS) + f" | {twins['compared']} ({len(twins['differ'])}) |")
     for path, s in rows:
-        lines += ["", f"`{path}` (`{s['command']}`" + "".join(f"; before it `{block['command']}` on {block['gpu']}"  # newest first
-                                                           for block in reversed(s.get("earlier_blocks", []))) + "):", "",
+        earlier = reversed(s.get("earlier_blocks", []))  # the record keeps them oldest first; each goes before the next
+        lines += ["", f"`{path}` (`{s['command']}`" + "".join(f"; before it `{block['command']}` on {block['gpu']}"
+                                                           for block in earlier) + "):", "",
                   "- refused by rule: " + ", ".join(f"`{rule}` {count}" for rule, count in s["rejections"].items()),
                   "- refused configurations trained with the rule unasked: "
                   + (", ".join(f"`{rule}` {counts.get('completed', 0)} trained / {counts.get('failed', 0)} failed"
