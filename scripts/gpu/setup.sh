@@ -59,8 +59,12 @@ for parts in /tmp/gpu/parts/*; do
   fi
 done
 
-# The import check takes a while; it waits until no Transformer Engine waits for a part.
-[ -z "${waiting:-}" ] || exit 0
+# Exit 3 while anything is missing, so that `setup.sh && <jobs>` starts no job on a half set-up machine (the
+# twenty-third session's first call got no machine, and the jobs the last call chained failed at their imports).
+[ -d /tmp/site/hydra ] || { echo "hydra-core & co. are not installed: carry .gpu/base"; waiting=1; }
+ls -d /tmp/mcore/*/megatron >/dev/null 2>&1 || { echo "no megatron-core is installed: carry .gpu/mcore-<v>"; waiting=1; }
+# The import check takes a while; it waits until nothing waits for a part.
+[ -z "${waiting:-}" ] || exit 3
 for mcore in /tmp/mcore/*; do
   [ -d "$mcore/megatron" ] || continue
   for te in "" /tmp/te/*; do
