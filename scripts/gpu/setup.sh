@@ -59,8 +59,8 @@ for parts in /tmp/gpu/parts/*; do
   fi
 done
 
-# Exit 3 while anything is missing, so that `setup.sh && <jobs>` starts no job on a half set-up machine (the
-# twenty-third session's first call got no machine, and the jobs the last call chained failed at their imports).
+# Exit 3 while anything is missing, so that `setup.sh && <jobs>` starts no job on a half set-up machine: a set-up
+# call that got no machine leaves the next call of its message to start a bare one.
 [ -d /tmp/site/hydra ] || { echo "hydra-core & co. are not installed: carry .gpu/base"; waiting=1; }
 ls -d /tmp/mcore/*/megatron >/dev/null 2>&1 || { echo "no megatron-core is installed: carry .gpu/mcore-<v>"; waiting=1; }
 # The import check takes a while; it waits until nothing waits for a part.
