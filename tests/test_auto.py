@@ -224,7 +224,8 @@ def test_the_suites_auto_row_over_rounds_keeps_every_probe_and_each_rounds_ratio
     assert [each["rows"]["auto"]["auto_probe"] is None for each in record["round_records"]] == [False, True, False]
     # The first H200 round of the Qwen3 proxy (75b3d6e, kept before the suite kept the probe): auto chose eager,
     # the round's fastest variant, and its own eager run landed 34 % slower than the eager variant's.
-    cut = json.loads((ROOT / "benchmarks/results/qwen3_moe_dropless_h200_mcore0.19.2.json").read_text())
+    superseded = ROOT / "benchmarks/results/superseded/qwen3_moe_dropless_h200_mcore0.19.2_bdbbf68.json"
+    cut = json.loads(superseded.read_text())
     first = suite.summarize("qwen3_moe_dropless", 40, 3, cut["round_records"][:1])["variants"]["auto"]
     assert first["auto_probe_s"] == 236.1 and first["auto_chosen"] == "none" and first["chosen_vs_best"] == 1.0
     assert first["vs_best"] == pytest.approx(1.336, abs=1e-3) and first["chosen_vs_best_range"] is None
