@@ -6,6 +6,8 @@ plan accepted (bridge.auto.candidates) are probed in rounds of successive halvin
 
     <run dir>/auto/round1/0 ... eager, every graph candidate, eager: a short screening round
     <run dir>/auto/round2/0 ... eager, the faster half not clearly slower, eager: the round that decides
+    <run dir>/auto/confirm/0 ... the fastest graph choice, eager, twice: only where it led eager by more than 3 %
+                                 but inside the noise, so that every run of the two decides
 
 The first run, eager, is timed in full; where it shows that starting a run costs more than the steps screening
 would save, round 1 times every run in full and decides alone.
@@ -43,8 +45,8 @@ from typing import Callable, List, Optional, Protocol, Tuple
 from bridge.atomic import WriteError, write_json_atomic
 from bridge.auto.cache import store
 from bridge.auto.candidates import PROBE_DIR, ROUND_TIMED_STEPS, AutoPlan, without_graph_choice
-from bridge.auto.decision import (COMPLETED, STOPPED_EARLY, Decision, Measurement, decide, screening_pays,
-                                  stopped_early, survivors)
+from bridge.auto.decision import (COMPLETED, STOPPED_EARLY, Decision, Measurement, confirmation_order, decide,
+                                  decide_confirmed, screening_pays, stopped_early, survivors, worth_confirming)
 from bridge.config.graphs import EAGER_CHOICE
 from bridge.config.schema import GraphBridgeConfig
 from bridge.machine import free_ports
@@ -67,6 +69,9 @@ NO_TIMED_STEPS, RAN_EAGERLY = "no_timed_steps", "ran_eagerly"
 
 BESIDE_OTHERS = "beside_others"
 """The folder in a probe run's directory that keeps its attempt beside other runs, where it trained again alone."""
+
+CONFIRM_ROUND = "confirm"
+"""The folder, inside the probe's, of the round that times a lead inside the noise again (bridge.auto.decision)."""
 
 GATE = "gate"
 """The folder in a probe run's directory where it waits before its first timed step (bridge.start_gate)."""
@@ -123,11 +128,10 @@ def decision_record(auto: AutoPlan, job_dir: Path, runs: ProbeRuns) -> dict:
              "process that imported the training stack, in %s", ", ".join(auto.probe_order), auto.gpus, probe_dir)
     started = time.monotonic()
     imports_s = runs.start()
-    measurements, rounds = run_probe(auto, probe_dir, runs.launch)
+    measurements, rounds, decision = run_probe(auto, probe_dir, runs.launch)
     probe = {"directory": str(probe_dir), "wall_s": round(time.monotonic() - started, 1),
              "imports_s": round(imports_s, 1), "gpus": auto.gpus}
     report_failures(measurements)
-    decision = decide(measurements, auto.scopes())
     record = probed_record(auto, decision, measurements, rounds, probe)
     problem = store(Path(auto.path), auto.key, record)
     if problem:
@@ -166,25 +170,43 @@ def report_failures(measurements: List[Measurement]) -> None:
                   failed.reason, failed.job)
 
 
-def run_probe(auto: AutoPlan, probe_dir: Path, launch: Launcher) -> Tuple[List[Measurement], List[dict]]:
-    """The probe's rounds (see the module): the choices stopped early, then the last round's measurements; and
-    each round's runs and length. A signal that stops it ends the run, as it ends a sweep."""
+def run_probe(auto: AutoPlan, probe_dir: Path, launch: Launcher) -> Tuple[List[Measurement], List[dict], Decision]:
+    """The probe's rounds (see the module), then a confirming round where the decision asks for one: the choices
+    stopped early and every later round's measurements; each round's runs and length; the decision. A signal that
+    stops it ends the run, as it ends a sweep."""
+    with signals_end_the_run():
+        measurements, rounds = halving_rounds(auto, probe_dir, launch)
+        decision = decide(measurements, auto.scopes())
+        contender = worth_confirming(measurements, decision)
+        if contender is not None:
+            log.info("cuda_graph=auto: %s leads eager inside the probe's noise (%s); timing both again",
+                     contender.choice, decision.reason)
+            deciding = ROUND_TIMED_STEPS[-1]
+            order = confirmation_order(contender.choice)
+            measurements += run_round(auto, order, deciding, probe_dir / CONFIRM_ROUND, launch)
+            rounds.append({**round_record(auto, len(order), deciding, deciding), "confirming": contender.choice})
+            decision = decide_confirmed(measurements, contender.choice)
+    write_probe_summary(probe_dir)
+    return measurements, rounds, decision
+
+
+def halving_rounds(auto: AutoPlan, probe_dir: Path, launch: Launcher) -> Tuple[List[Measurement], List[dict]]:
+    """The rounds of successive halving: the choices stopped early, then the last round's measurements; and each
+    round's runs and length."""
     screening, deciding = ROUND_TIMED_STEPS
     round1 = probe_dir / "round1"
-    with signals_end_the_run():
-        first = run_round(auto, [EAGER_CHOICE], deciding, round1, launch)
-        screens = screening_pays(first[0], auto.probe_iters(deciding), len(auto.graph_candidates), screening,
-                                 deciding, auto.runs_at_once)
-        timed = screening if screens else deciding
-        measurements = first + run_round(auto, [*auto.graph_candidates, EAGER_CHOICE], timed, round1, launch, 1)
-        rounds, stopped = [round_record(auto, len(measurements), timed, deciding)], []
-        kept = survivors(measurements, auto.scopes()) if screens else []
-        if kept:
-            stopped = stopped_early(measurements, kept, 1)
-            order = [EAGER_CHOICE, *(m.choice for m in kept), EAGER_CHOICE]
-            measurements = run_round(auto, order, deciding, probe_dir / "round2", launch)
-            rounds.append(round_record(auto, len(order), deciding, deciding))
-    write_probe_summary(probe_dir)
+    first = run_round(auto, [EAGER_CHOICE], deciding, round1, launch)
+    screens = screening_pays(first[0], auto.probe_iters(deciding), len(auto.graph_candidates), screening,
+                             deciding, auto.runs_at_once)
+    timed = screening if screens else deciding
+    measurements = first + run_round(auto, [*auto.graph_candidates, EAGER_CHOICE], timed, round1, launch, 1)
+    rounds, stopped = [round_record(auto, len(measurements), timed, deciding)], []
+    kept = survivors(measurements, auto.scopes()) if screens else []
+    if kept:
+        stopped = stopped_early(measurements, kept, 1)
+        order = [EAGER_CHOICE, *(m.choice for m in kept), EAGER_CHOICE]
+        measurements = run_round(auto, order, deciding, probe_dir / "round2", launch)
+        rounds.append(round_record(auto, len(order), deciding, deciding))
     return stopped + measurements, rounds
 
 

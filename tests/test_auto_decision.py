@@ -1,14 +1,18 @@
 """How cuda_graph=auto decides from its probe's timings (synthesized here; the probe that times them:
 test_auto_probe.py): the fastest graph choice only beyond the probe's noise, a failed one never, the clearly slower
-stopped after screening, screening only where it pays, and among graph choices the probe cannot tell apart the
-one that captures all the fastest does and more."""
+stopped after screening, screening only where it pays, a lead inside the noise worth more than 3 % timed again and
+then decided on every run of the two, and among graph choices the probe cannot tell apart the one that captures all
+the fastest does and more; every committed probe decides today as it did."""
 
-from dataclasses import replace
+import json
+from dataclasses import fields, replace
+from pathlib import Path
 
 import pytest
 
 from bridge.auto.decision import (ITERATION_AND_OPTIMIZER_GRAPH, ITERATION_GRAPH, LAYER_GRAPHS, Measurement, Scope,
-                                  decide, screening_pays, stopped_early, survivors)
+                                  confirmation_order, decide, decide_confirmed, screening_pays, stopped_early,
+                                  survivors, worth_confirming)
 
 
 def timings(medians: dict, spread: float = 0.2) -> list:
@@ -55,6 +59,100 @@ def test_a_lead_must_clear_the_errors_of_the_two_medians_and_the_noise_between_p
                                                                                          steps, chosen):
     decision = decide(dropless_probe(eager, contender, widths, steps))
     assert decision.chosen == chosen, decision.reason
+
+
+# --- a lead inside the noise, timed again -------------------------------------------------------------------
+
+B5C423D = [Measurement("none", "completed", 420.48, 91.36, steps=31),
+           Measurement("te_attn", "completed", 428.77, 71.66, steps=30),
+           Measurement("te_attn_moe_router", "completed", 380.24, 82.62, steps=30),
+           Measurement("te_moe_router", "completed", 434.61, 87.90, steps=30),
+           Measurement("none", "completed", 497.64, 115.38, steps=31)]
+"""The dropless Qwen3 proxy's probe at b5c423d (H200, 0.19.2): the host slowed while it ran, eager's two runs
+landed 77 ms apart, and te_attn_moe_router's 40 ms lead lay inside that."""
+
+
+@pytest.mark.parametrize("probe, contender", [
+    (B5C423D, "te_attn_moe_router"),  # 9.6 % ahead of eager's faster run, inside the 77 ms between eager's two
+    # b217322: the lead cleared the noise, so the decision is already the graph choice
+    (dropless_probe((404.93, 397.24), 335.1, (90.4, 91.31, 70.22), 30), None),
+    # llama32_1b at 3a791f9: local_layer 0.5 % ahead inside the noise, under the 3 % worth timing again
+    ([Measurement("none", "completed", 1308.4, 30.0, steps=30), Measurement("local_layer", "completed", 1301.7, 30.0,
+                                                                            steps=30),
+      Measurement("none", "completed", 1309.4, 30.0, steps=30)], None),
+    (timings({"none": (10.0, 13.0), "te_attn": 10.5}), None),  # slower than eager: nothing to confirm
+    (timings({"none": (None, None), "te_attn": 8.0}), None),  # eager failed: nothing to compare with
+])
+def test_a_lead_inside_the_noise_is_timed_again_only_where_it_is_worth_more_than_3_percent(probe, contender):
+    found = worth_confirming(probe, decide(probe))
+    assert (found.choice if found else None) == contender
+
+
+def confirmed(probe: list, contender: str, contender_ms: tuple, eager_ms: tuple) -> list:
+    """``probe`` and its confirming round (confirmation_order), the runs' medians given in that order."""
+    medians = iter(value for pair in zip(contender_ms, eager_ms) for value in pair)
+    return [*probe, *(Measurement(choice, "completed" if ms else "failed", ms, 80.0 if ms else None, steps=30)
+                      for choice, ms in zip(confirmation_order(contender), medians))]
+
+
+@pytest.mark.parametrize("contender_ms, eager_ms, chosen", [
+    # the round's own processes at b5c423d (te_attn_moe_router 341.1, te_moe_router 353.1, eager 458.5) and another
+    # eager process: four eager runs average 465.4 ms, the contender's three 358.4; the t bound is 75.2 ms
+    ((341.1, 353.9), (458.5, 485.0), "te_attn_moe_router"),
+    ((395.0, 410.0), (430.0, 415.0), "none"),  # the lead shrinks to 45.7 ms against a bound of 80.2 ms
+    ((None, None), (458.5, 485.0), "none"),  # the confirming runs of the contender failed
+])
+def test_after_the_confirming_round_every_run_of_the_two_decides(contender_ms, eager_ms, chosen):
+    decision = decide_confirmed(confirmed(B5C423D, "te_attn_moe_router", contender_ms, eager_ms),
+                                "te_attn_moe_router")
+    assert decision.chosen == chosen, decision.reason
+
+
+def test_the_confirmed_noise_is_the_one_sided_99_percent_t_bound_of_the_difference_between_the_means():
+    probe = [Measurement("none", "completed", 10.0, 0.1, steps=30), Measurement("te_attn", "completed", 9.0, 0.1,
+                                                                                steps=30),
+             Measurement("none", "completed", 12.0, 0.1, steps=30)]
+    decision = decide_confirmed(confirmed(probe, "te_attn", (9.5, 8.5), (11.0, 11.0)), "te_attn")
+    # eager 10, 12, 11, 11 (mean 11, squares 2); te_attn 9, 9.5, 8.5 (mean 9, squares 0.5); 5 degrees of freedom
+    error = (2.5 / 5 * (1 / 4 + 1 / 3)) ** 0.5
+    assert decision.eager_ms == 11.0 and decision.noise_ms == pytest.approx(3.365 * error)
+    assert decision.chosen == "te_attn"
+    assert "9.00 ms a step over 3 runs against eager's 11.00 ms over 4" in decision.reason
+
+
+RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+
+
+def committed_probes():
+    """(where, the probe's record, what it chose) of every probe the GPU runs committed: each suite round's auto
+    variant that probed, and gpu_check.sh auto's records."""
+    for path in sorted(RESULTS.rglob("*.json")):
+        record = json.loads(path.read_text())
+        for number, round_ in enumerate(record.get("round_records", [])):
+            auto = round_["rows"].get("auto", {})
+            if auto.get("auto_probe"):
+                yield f"{path.relative_to(RESULTS)} round {number + 1}", auto["auto_probe"], auto["auto_chosen"]
+        if "candidates" in record and "chosen" in record:
+            yield str(path.relative_to(RESULTS)), record, record["chosen"]
+
+
+MEASUREMENT_FIELDS = {field.name for field in fields(Measurement)}
+CONFIRMED_IN = {"superseded/qwen3_moe_dropless_h200_mcore0.19.2_bdbbf68.json round 2",
+                "superseded/qwen3_moe_dropless_h200_mcore0.19.2_bdbbf68.json round 3",
+                "qwen3_moe_dropless_h200_mcore0.19.2.json round 1"}
+"""The committed probes whose lead inside the noise today's rule would time again: the dropless Qwen3 proxy's, the
+host-bound row whose eager runs moved by up to 24 % within a probe."""
+
+
+def test_every_committed_probe_decides_today_as_it_did_and_only_the_dropless_ones_ask_for_confirmation():
+    probes = list(committed_probes())
+    assert len(probes) >= 10
+    for where, probe, chosen in probes:
+        measurements = [Measurement(**{key: value for key, value in candidate.items() if key in MEASUREMENT_FIELDS})
+                        for candidate in probe["candidates"]]
+        decision = decide(measurements)  # without scopes: the records keep none
+        assert decision.chosen == chosen, where
+        assert (worth_confirming(measurements, decision) is not None) is (where in CONFIRMED_IN), where
 
 
 def test_a_failed_candidate_is_never_chosen_even_with_the_fastest_steps():

@@ -11,6 +11,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -60,9 +61,11 @@ class Finished:
         pass
 
 
-def synthesized_trainer(medians: dict, trained: list, start_s: float = 0.0) -> ProbeRuns:
+def synthesized_trainer(medians: dict, trained: list, start_s: float = 0.0, confirming: Optional[dict] = None
+                        ) -> ProbeRuns:
     """Trains nothing: leaves the result.json a probe run leaves, its median from ``medians`` by choice (a pair
-    for eager, its first and last run of a round; None: the run failed; a choice not named: 50 ms), and notes
+    for eager, its first and last run of a round; None: the run failed; a choice not named: 50 ms), in the
+    confirming round from ``confirming`` (a pair by choice, its two runs there), and notes
     ``round/choice/train_iters`` in ``trained``; the first run takes ``start_s`` (what starting it cost), the
     launcher's start 0.5 s. Each run has ended when launched."""
     def train(config, run_dir):
@@ -71,7 +74,10 @@ def synthesized_trainer(medians: dict, trained: list, start_s: float = 0.0) -> P
         trained.append(f"{run_dir.parent.name}/{choice}/{config.train.train_iters}")
         if not trained[1:]:
             time.sleep(start_s)
-        median = medians["none"][run_dir.name != "0"] if choice == "none" else medians.get(choice, 50.0)
+        if run_dir.parent.name == auto_probe.CONFIRM_ROUND:
+            median = confirming[choice][int(run_dir.name) // 2]
+        else:
+            median = medians["none"][run_dir.name != "0"] if choice == "none" else medians.get(choice, 50.0)
         steps = {"median": median, "p10": median - 0.1, "p90": median + 0.1, "count": 30} if median else None
         result = {"status": "failed", "reason": "replay failed", "job": job} if median is None else {
             "status": "completed", "effective_impl": config.model.cuda_graph_impl.value, "step_time_ms": steps,
@@ -157,6 +163,31 @@ def test_a_broader_choice_outside_the_screening_rounds_faster_half_reaches_the_t
                                              "full_iteration", "none")]
     assert config.model.cuda_graph_impl.value == "full_iteration"
     assert json.loads((tmp_path / "auto.json").read_text())["chosen"] == "full_iteration"
+
+
+@pytest.mark.parametrize("confirming, chosen", [
+    ({"te_attn": (18.2, 17.8), "none": (27.0, 26.0)}, "te_attn"),  # eager 24-30 ms around te_attn's 18 again
+    ({"te_attn": (25.0, 26.5), "none": (24.5, 25.0)}, "none"),  # te_attn's lead was the host's drift
+])
+def test_a_lead_inside_the_noise_is_timed_again_and_every_run_of_the_two_decides(tmp_path, cache_home, caplog,
+                                                                                 confirming, chosen):
+    """te_attn 18 ms between eager's 24 and 30: 25 % ahead of the faster, inside the 6 ms between the two, so
+    te_attn and eager run twice more each, alternating, in the probe's confirm folder."""
+    plan, trained = gpu_plan(*SMALL), []
+    runs = synthesized_trainer({"none": (24.0, 30.0), "te_attn": 18.0}, trained, confirming=confirming)
+    with caplog.at_level(logging.INFO, logger="graphbridge"):
+        config = choose_graphs(plan, tmp_path, runs)
+    assert trained[-4:] == ["confirm/te_attn/34", "confirm/none/34", "confirm/te_attn/34", "confirm/none/34"]
+    assert [run for run in trained if run.startswith("round2/")] == ["round2/none/34", "round2/te_attn/34",
+                                                                      "round2/none/34"]
+    record = json.loads((tmp_path / "auto.json").read_text())
+    assert record["chosen"] == chosen and record["reason"].startswith("timed again, te_attn ")
+    assert record["probe"]["rounds"][-1] == {"runs": 4, "timed_steps": 30, "train_iters": 34, "confirming": "te_attn",
+                                             "runs_at_once": plan.auto.runs_at_once}
+    assert [c["choice"] for c in record["candidates"] if c["status"] == "completed"][-7:] == [
+        "none", "te_attn", "none", "te_attn", "none", "te_attn", "none"]
+    assert (config.model.cuda_graph_impl.value != "none") is (chosen == "te_attn")
+    assert any("te_attn leads eager inside the probe's noise" in r.getMessage() for r in caplog.records)
 
 
 def test_a_probe_where_every_graph_choice_is_clearly_slower_stops_after_screening(tmp_path, cache_home):

@@ -12,7 +12,8 @@ judged by the same catalogue, so that the probe runs what the plan accepted and 
 those overrides train (plan equals run).
 
 On a GPU the run probes them (perf.auto_probe) in rounds of successive halving where that pays
-(bridge.auto.decision): each run a process of its own at the job's layout, eager first and last in every round.
+(bridge.auto.decision): each run a process of its own at the job's layout, eager first and last in every round;
+a lead over eager inside the noise but worth having is timed again in a confirming round.
 A multi-node job is refused (bridge/validation/auto_rules.py): the probe runs on one node.
 """
 
@@ -26,7 +27,8 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
 from bridge.auto.cache import cache_path, decision_key, read_decisions
-from bridge.auto.decision import ITERATION_AND_OPTIMIZER_GRAPH, ITERATION_GRAPH, LAYER_GRAPHS, Scope
+from bridge.auto.decision import (CONFIRMING_PAIRS, ITERATION_AND_OPTIMIZER_GRAPH, ITERATION_GRAPH, LAYER_GRAPHS,
+                                  WORTH_CONFIRMING, Scope)
 from bridge.config.graphs import EAGER_CHOICE, graph_choices, graph_impl
 from bridge.config.load import compose_config
 from bridge.config.schema import GraphBridgeConfig
@@ -223,7 +225,9 @@ class AutoPlan:
                 f"any slower than the round's fastest by more than the probe's noise, goes on to round 2: eager, "
                 f"those, eager, {last} steps each, whose medians decide. Where the first run shows that starting a "
                 f"run costs more than the steps screening saves, every run of round 1 is of {last} steps and it "
-                f"decides alone. "
+                f"decides alone. Where the fastest graph choice then leads eager by more than "
+                f"{WORTH_CONFIRMING:.0%} but inside the noise, a confirming round times it and eager twice more "
+                f"each, alternating, {last} steps each, and all their runs decide. "
                 f"Each run is a process of its own on the job's {self.gpus} GPU(s), forked from one that imported "
                 f"torch, Transformer Engine and megatron-core once; up to {self.runs_at_once} start together (by "
                 f"the memory estimate and the cores), build and capture side by side, then time their steps one at "
@@ -250,7 +254,9 @@ class AutoPlan:
             "probe": {"runs": self.probe_order if self.probes else [], "gpus": self.gpus, "directory": PROBE_DIR,
                       "runs_at_once": self.runs_at_once,
                       "rounds": [{"timed_steps": timed, "train_iters": self.probe_iters(timed)}
-                                 for timed in ROUND_TIMED_STEPS]},
+                                 for timed in ROUND_TIMED_STEPS],
+                      "confirming": {"runs": 2 * CONFIRMING_PAIRS,
+                                     "timed_steps": ROUND_TIMED_STEPS[-1], "lead_over": WORTH_CONFIRMING}},
             "cache": {"path": self.path, "key": self.key, "cached": self.cached, "problem": self.cache_problem},
         }
 

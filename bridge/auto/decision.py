@@ -32,6 +32,17 @@ one captures and more has its middle 80 % of steps overlapping the fastest's (th
 two p10-p90 widths) and lies within CLOSE_TO_FASTEST of it, the broader one is taken: it leaves fewer launches to
 the host, and in every committed suite row the broadest graph variant was the fastest graph variant or within
 0.6 % of it. It must still beat eager beyond the noise itself.
+
+A lead that two eager runs cannot confirm is timed again where it matters. On a host whose speed drifts while the
+probe runs, eager's two runs can land far apart (the dropless Qwen3 proxy at b5c423d: 420.5 and 497.6 ms first and
+last, te_attn_moe_router 380.2 between them), and one pair is too few to tell drift from a real lead. Where the
+fastest graph choice leads eager's faster run by more than WORTH_CONFIRMING of it but inside the noise, it and
+eager each run twice more, alternating (confirmation_order), and the decision rests on every run of the two in the
+deciding and confirming rounds (decide_confirmed): each process's median is one sample of its level, and the
+contender's mean must lead eager's by more than the one-sided 99 % Student t bound of the difference between the
+two means, from the pooled scatter of those medians. That scatter is the noise between processes measured with
+more than one pair, and it holds the steps' own scatter too. A lead under WORTH_CONFIRMING is left to eager: what it
+could gain lies within the tolerance auto is held to.
 """
 
 import math
@@ -104,7 +115,8 @@ class Decision:
     chosen: str
     reason: str
     eager_ms: Optional[float] = None
-    """The faster of eager's two medians: what a graph choice must beat."""
+    """The faster of eager's two medians, what a graph choice must beat; after confirming runs, the mean of
+    eager's medians."""
     noise_ms: Optional[float] = None
 
 
@@ -196,6 +208,55 @@ def median_error_ms(run: Measurement) -> Optional[float]:
     if not run.steps:
         return None
     return 1.2533 * (run.spread_ms or 0.0) / 2.5631 / math.sqrt(run.steps)
+
+
+WORTH_CONFIRMING = CLOSE_TO_FASTEST
+"""How far, as a share of eager's step, the fastest graph choice must lead eager inside the probe's noise to be timed
+again (worth_confirming): below it, training eagerly gives away no more than the tolerance auto is held to."""
+ONE_SIDED_T_99 = (31.821, 6.965, 4.541, 3.747, 3.365, 3.143, 2.998, 2.896, 2.821, 2.764)
+"""Student's t at 99 % one-sided for 1 to 10 degrees of freedom; beyond, the last (a bound for any more)."""
+
+
+def worth_confirming(measurements: Sequence[Measurement], decision: Decision) -> Optional[Measurement]:
+    """The fastest graph choice, where ``decision`` kept eager only for the probe's noise and that choice leads
+    eager's faster run by more than WORTH_CONFIRMING of it; None otherwise."""
+    graphs = [m for m in measurements if m.choice != EAGER_CHOICE and m.measured]
+    if decision.chosen != EAGER_CHOICE or decision.eager_ms is None or not graphs:
+        return None
+    best = min(graphs, key=lambda m: m.median_ms)
+    return best if decision.eager_ms - best.median_ms > WORTH_CONFIRMING * decision.eager_ms else None
+
+
+CONFIRMING_PAIRS = 2
+"""The confirming round's runs: this many of the contender and of eager, alternating."""
+
+
+def confirmation_order(contender: str) -> List[str]:
+    """The confirming round's runs, the contender first: the round before ended on eager."""
+    return [contender, EAGER_CHOICE] * CONFIRMING_PAIRS
+
+
+def decide_confirmed(measurements: Sequence[Measurement], contender: str) -> Decision:
+    """``contender`` where the mean of its runs' medians leads eager's by more than the one-sided 99 % t bound of
+    the difference between the two means (the module says why); else eager."""
+    eager = [m.median_ms for m in measurements if m.choice == EAGER_CHOICE and m.measured]
+    mine = [m.median_ms for m in measurements if m.choice == contender and m.measured]
+    if len(eager) < 2 or len(mine) < 2:
+        return Decision(EAGER_CHOICE, f"{contender}'s lead inside the probe's noise could not be timed again (its "
+                                      f"confirming runs did not complete): training eagerly")
+    eager_ms, contender_ms = sum(eager) / len(eager), sum(mine) / len(mine)
+    freedom = len(eager) + len(mine) - 2
+    scatter = sum((x - eager_ms) ** 2 for x in eager) + sum((x - contender_ms) ** 2 for x in mine)
+    error = math.sqrt(scatter / freedom * (1 / len(eager) + 1 / len(mine)))
+    noise_ms = ONE_SIDED_T_99[min(freedom, len(ONE_SIDED_T_99)) - 1] * error
+    gain_ms = eager_ms - contender_ms
+    against = (f"{contender} {contender_ms:.2f} ms a step over {len(mine)} runs against eager's {eager_ms:.2f} ms "
+               f"over {len(eager)}")
+    if gain_ms <= noise_ms:
+        return Decision(EAGER_CHOICE, f"timed again, {against}: a lead within the noise of {noise_ms:.2f} ms "
+                                      "between the runs, so training eagerly", eager_ms, noise_ms)
+    return Decision(contender, f"timed again, {against} ({gain_ms / eager_ms:.1%} faster), beyond the noise of "
+                               f"{noise_ms:.2f} ms between the runs", eager_ms, noise_ms)
 
 
 def survivors(measurements: Sequence[Measurement], scopes: Optional[Mapping[str, Scope]] = None) -> List[Measurement]:

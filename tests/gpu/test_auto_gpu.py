@@ -35,10 +35,10 @@ def test_auto_probes_what_the_plan_lists_trains_the_winner_and_caches_it(cli, tm
     assert all(c["median_ms"] > 0 and c["spread_ms"] >= 0 for c in auto["candidates"])
     print("MEASURED probe", json.dumps(auto["probe"]))  # its rounds and runs, in the log whether it passes or not
     assert all(round_["runs_at_once"] > 1 for round_ in auto["probe"]["rounds"]), auto["probe"]  # tiny: they fit
-    eager = min(c["median_ms"] for c in auto["candidates"] if c["choice"] == "none")
-    chosen = [c for c in auto["candidates"] if c["choice"] == auto["chosen"]]
-    if auto["chosen"] != "none":  # never slower than eager, by the probe's own numbers
-        assert chosen[0]["median_ms"] < eager - auto["noise_ms"]
+    chosen = [c["median_ms"] for c in auto["candidates"]
+              if c["choice"] == auto["chosen"] and c["status"] == "completed"]
+    if auto["chosen"] != "none":  # never slower than eager, by the probe's own numbers (every run, where confirmed)
+        assert sum(chosen) / len(chosen) < auto["eager_ms"] - auto["noise_ms"]
     expected = next(c for c in planned["candidates"] if c["choice"] == auto["chosen"])
     assert expected["accepted"] and result["status"] == "completed"
     assert result["effective_impl"] != "none" or auto["chosen"] == "none"
