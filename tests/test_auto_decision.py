@@ -151,8 +151,12 @@ def test_every_committed_probe_decides_today_as_it_did_and_only_the_dropless_one
         measurements = [Measurement(**{key: value for key, value in candidate.items() if key in MEASUREMENT_FIELDS})
                         for candidate in probe["candidates"]]
         decision = decide(measurements)  # without scopes: the records keep none
+        contender = worth_confirming(measurements, decision)
+        assert (contender is not None) is (where in CONFIRMED_IN), where
+        # Then as perf.auto_probe.run_probe goes on (a probe from before the round has no confirming runs: eager).
+        if contender is not None:
+            decision = decide_confirmed(measurements, contender.choice)
         assert decision.chosen == chosen, where
-        assert (worth_confirming(measurements, decision) is not None) is (where in CONFIRMED_IN), where
 
 
 def test_a_failed_candidate_is_never_chosen_even_with_the_fastest_steps():
