@@ -6,13 +6,13 @@ the fastest does and more; every committed probe decides today as it did."""
 
 import json
 from dataclasses import fields, replace
-from pathlib import Path
 
 import pytest
 
 from bridge.auto.decision import (ITERATION_AND_OPTIMIZER_GRAPH, ITERATION_GRAPH, LAYER_GRAPHS, Measurement, Scope,
                                   confirmation_order, decide, decide_confirmed, screening_pays, stopped_early,
                                   survivors, worth_confirming)
+from tests.gpu_witnesses import RESULTS
 
 
 def timings(medians: dict, spread: float = 0.2) -> list:
@@ -118,9 +118,6 @@ def test_the_confirmed_noise_is_the_one_sided_99_percent_t_bound_of_the_differen
     assert decision.eager_ms == 11.0 and decision.noise_ms == pytest.approx(3.365 * error)
     assert decision.chosen == "te_attn"
     assert "9.00 ms a step over 3 runs against eager's 11.00 ms over 4" in decision.reason
-
-
-RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 
 
 def committed_probes():
