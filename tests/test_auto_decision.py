@@ -129,8 +129,9 @@ def committed_probes():
             auto = round_["rows"].get("auto", {})
             if auto.get("auto_probe"):
                 yield f"{path.relative_to(RESULTS)} round {number + 1}", auto["auto_probe"], auto["auto_chosen"]
-        if "candidates" in record and "chosen" in record:
-            yield str(path.relative_to(RESULTS)), record, record["chosen"]
+        auto = record.get("auto") or {}  # a run's result.json: gpu_check.sh auto's records
+        if auto.get("source") == "probe":
+            yield str(path.relative_to(RESULTS)), auto, auto["chosen"]
 
 
 MEASUREMENT_FIELDS = {field.name for field in fields(Measurement)}
