@@ -223,6 +223,20 @@ def test_a_second_run_of_the_same_workload_skips_the_probe(tmp_path, cache_home,
     assert gpu_plan(*SMALL, machine=other_gpu).auto.cached is None
 
 
+def test_a_decision_holds_for_the_gpu_and_packages_that_probed_it_not_the_preset_gpu_it_names(tmp_path, cache_home):
+    """The suite runs gpu=h100 on an H200: its decision is the H200's, keyed and recorded so, as a machine without a
+    GPU keys a plan by the preset node it judges on."""
+    h200 = Machine(gpus=(GPU("NVIDIA H200", (9, 0), 141 * 10**9),), packages=H100.packages)
+    auto = gpu_plan(*SMALL, "gpu=h100", machine=h200).auto
+    assert (auto.gpu, auto.versions) == ("NVIDIA H200", H100.packages)
+    choose_graphs(gpu_plan(*SMALL, "gpu=h100", machine=h200), tmp_path, synthesized_trainer({"none": (20.0, 20.0),
+                                                                                             "te_attn": 10.0}, []))
+    recorded = json.loads((tmp_path / "auto.json").read_text())
+    assert (recorded["gpu"], recorded["versions"], recorded["key"]) == ("NVIDIA H200", H100.packages, auto.key)
+    laptop = Machine(gpus=(), packages=H100.packages)
+    assert gpu_plan(*SMALL, "gpu=h100", machine=laptop).auto.gpu == "NVIDIA H100"  # the node it plans for
+
+
 @pytest.mark.parametrize("damage", ["{ half a file", "a decision for a choice that is no candidate"])
 def test_a_bad_cache_file_is_reported_probed_past_and_rewritten(tmp_path, cache_home, caplog, damage):
     cache_path().parent.mkdir(parents=True)

@@ -32,7 +32,7 @@ from bridge.auto.decision import (CONFIRMING_PAIRS, ITERATION_AND_OPTIMIZER_GRAP
 from bridge.config.graphs import EAGER_CHOICE, graph_choices, graph_impl
 from bridge.config.load import compose_config
 from bridge.config.schema import GraphBridgeConfig
-from bridge.machine import Machine
+from bridge.machine import Machine, probe
 from bridge.planning import Plan, build_plan, wrapped
 from bridge.prepare import prepare
 from bridge.result import MIN_TIMED_STEPS, first_timed_step
@@ -270,10 +270,10 @@ def plan_auto(plan: Plan, overrides: Sequence[str], machine: Optional[Machine] =
         return None
     candidates = [judge(option, overrides, machine) for option in options(overrides)]
     accepted = [candidate.choice for candidate in candidates if candidate.accepted]
-    judged_on = plan.target.machine
-    key = decision_key(cfg, accepted, judged_on) if plan.target.device == "cuda" else None
+    probed_on = probing_machine(plan, machine)
+    key = decision_key(cfg, accepted, probed_on) if plan.target.device == "cuda" else None
     auto = AutoPlan(candidates, list(overrides), plan.target.device, cfg.train.train_iters, cfg.train.num_gpus, key,
-                    judged_on.gpus[0].name if judged_on.gpus else None, dict(judged_on.packages))
+                    probed_on.gpus[0].name if probed_on.gpus else None, dict(probed_on.packages))
     decisions, auto.cache_problem = read_decisions(cache_path())
     auto.cache_entries = len(decisions)
     auto.cached = decisions.get(key) if key is not None else None
@@ -282,6 +282,14 @@ def plan_auto(plan: Plan, overrides: Sequence[str], machine: Optional[Machine] =
                               "which is no candidate here: the run probes again and replaces it")
         auto.cached = None
     return auto
+
+
+def probing_machine(plan: Plan, machine: Optional[Machine]) -> Machine:
+    """The machine a decision holds for: this one (``machine``, default this one) where it has a GPU, for the
+    probe times its steps here whatever preset gpu= names (at cc26cf6 an H200 running gpu=h100 recorded and keyed
+    its decisions as an H100's with TE 2.20.2, the preset node's); without one, the node the plan judged on."""
+    here = machine or probe()
+    return here if here.gpus else plan.target.machine
 
 
 def judge(option: Option, overrides: Sequence[str], machine: Optional[Machine]) -> Candidate:
