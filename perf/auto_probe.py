@@ -6,8 +6,9 @@ plan accepted (bridge.auto.candidates) are probed in rounds of successive halvin
 
     <run dir>/auto/round1/0 ... eager, every graph candidate, eager: a short screening round
     <run dir>/auto/round2/0 ... eager, the faster half not clearly slower, eager: the round that decides
-    <run dir>/auto/confirm/0 ... the fastest graph choice, eager, twice: only where it led eager by more than 3 %
-                                 but inside the noise, so that every run of the two decides
+    <run dir>/auto/confirm/0 ... the fastest graph choice, eager, in pairs: only where the probe kept eager for its
+                                 noise and could not rule out a gain over 3 %; every run of the two decides, from
+                                 the second pair on, once they settle it (at most six pairs)
 
 The first run, eager, is timed in full; where it shows that starting a run costs more than the steps screening
 would save, round 1 times every run in full and decides alone.
@@ -45,8 +46,9 @@ from typing import Callable, List, Optional, Protocol, Tuple
 from bridge.atomic import WriteError, write_json_atomic
 from bridge.auto.cache import store
 from bridge.auto.candidates import PROBE_DIR, ROUND_TIMED_STEPS, AutoPlan, without_graph_choice
-from bridge.auto.decision import (COMPLETED, STOPPED_EARLY, Decision, Measurement, confirmation_order, decide,
-                                  decide_confirmed, screening_pays, stopped_early, survivors, worth_confirming)
+from bridge.auto.decision import (COMPLETED, FIRST_CONFIRMING_LOOK, MOST_CONFIRMING_PAIRS, STOPPED_EARLY, Decision,
+                                  Measurement, confirmation_order, confirmation_settled, decide, decide_confirmed,
+                                  screening_pays, stopped_early, survivors, worth_confirming)
 from bridge.config.graphs import EAGER_CHOICE
 from bridge.config.schema import GraphBridgeConfig
 from bridge.machine import free_ports
@@ -179,15 +181,28 @@ def run_probe(auto: AutoPlan, probe_dir: Path, launch: Launcher) -> Tuple[List[M
         decision = decide(measurements, auto.scopes())
         contender = worth_confirming(measurements, decision)
         if contender is not None:
-            log.info("cuda_graph=auto: %s leads eager inside the probe's noise (%s); timing both again",
-                     contender.choice, decision.reason)
-            deciding = ROUND_TIMED_STEPS[-1]
-            order = confirmation_order(contender.choice)
-            measurements += run_round(auto, order, deciding, probe_dir / CONFIRM_ROUND, launch)
-            rounds.append({**round_record(auto, len(order), deciding, deciding), "confirming": contender.choice})
+            log.info("cuda_graph=auto: the probe cannot rule out that %s gains more than 3 %% over eager (%s); "
+                     "timing both again, in pairs", contender.choice, decision.reason)
+            confirming, record = confirming_round(auto, measurements, contender.choice, probe_dir, launch)
+            measurements += confirming
+            rounds.append(record)
             decision = decide_confirmed(measurements, contender.choice)
     write_probe_summary(probe_dir)
     return measurements, rounds, decision
+
+
+def confirming_round(auto: AutoPlan, measurements: List[Measurement], contender: str, probe_dir: Path,
+                     launch: Launcher) -> Tuple[List[Measurement], dict]:
+    """The contender and eager timed again, FIRST_CONFIRMING_LOOK pairs, then a pair at a time until every run of
+    the two settles it (bridge.auto.decision.confirmation_settled) or MOST_CONFIRMING_PAIRS have run: its runs and
+    its record."""
+    deciding, round_dir = ROUND_TIMED_STEPS[-1], probe_dir / CONFIRM_ROUND
+    runs = run_round(auto, confirmation_order(contender), deciding, round_dir, launch)
+    for _ in range(FIRST_CONFIRMING_LOOK, MOST_CONFIRMING_PAIRS):
+        if confirmation_settled([*measurements, *runs], contender):
+            break
+        runs += run_round(auto, confirmation_order(contender, 1), deciding, round_dir, launch, len(runs))
+    return runs, {**round_record(auto, len(runs), deciding, deciding), "confirming": contender}
 
 
 def halving_rounds(auto: AutoPlan, probe_dir: Path, launch: Launcher) -> Tuple[List[Measurement], List[dict]]:

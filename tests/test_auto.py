@@ -57,8 +57,9 @@ def test_the_plan_lists_the_candidates_and_how_they_are_measured(cli, tmp_path, 
             "the others of 14 steps, 10 timed, where screening pays; the faster half") in text
     assert "goes on to round 2: eager, those, eager, 34 steps each, whose medians decide" in text
     assert "starting a run costs more than the steps screening saves, every run of round 1 is of 34 steps" in text
-    assert ("leads eager by more than 3% but inside the noise, a confirming round times it and eager twice more "
-            "each, alternating, 34 steps each") in text
+    assert ("Where eager is then kept for the noise and the probe cannot rule out that the fastest graph choice "
+            "gains more than 3%, a confirming round times it and eager again in pairs, alternating, 34 steps each, "
+            "until all their runs settle it (from the pair 2 on, at most 6 pairs)") in text
     assert (f"\n    {OPTIMIZER_IN_GRAPH}  cuda_graph=full_iteration optimizer.optimizer_in_graph=true: forward and "
             "backward of the whole iteration") in text and "(optimizer step inside the graph)" in text
     cache = cache_home / "graphbridge" / "cuda_graph_auto.json"
@@ -69,7 +70,8 @@ def test_the_plan_lists_the_candidates_and_how_they_are_measured(cli, tmp_path, 
                              env=environment(cache_home)).stdout)["auto"]
     assert [c["choice"] for c in planned["candidates"] if c["accepted"]] == DENSE_CANDIDATES
     assert planned["probe"]["runs"] == ["none", *DENSE_CANDIDATES[1:], "none"]
-    assert planned["probe"]["confirming"] == {"runs": 4, "timed_steps": 30, "lead_over": 0.03}
+    assert planned["probe"]["confirming"] == {"first_runs": 4, "most_runs": 12, "timed_steps": 30,
+                                                  "gain_over": 0.03}
 
 
 def planned_auto(cli, tmp_path, cache_home, *overrides: str) -> dict:

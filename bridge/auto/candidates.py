@@ -27,8 +27,8 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
 from bridge.auto.cache import cache_path, decision_key, read_decisions
-from bridge.auto.decision import (CONFIRMING_PAIRS, ITERATION_AND_OPTIMIZER_GRAPH, ITERATION_GRAPH, LAYER_GRAPHS,
-                                  WORTH_CONFIRMING, Scope)
+from bridge.auto.decision import (FIRST_CONFIRMING_LOOK, ITERATION_AND_OPTIMIZER_GRAPH, ITERATION_GRAPH, LAYER_GRAPHS,
+                                  MOST_CONFIRMING_PAIRS, WORTH_CONFIRMING, Scope)
 from bridge.config.graphs import EAGER_CHOICE, graph_choices, graph_impl
 from bridge.config.load import compose_config
 from bridge.config.schema import GraphBridgeConfig
@@ -225,9 +225,10 @@ class AutoPlan:
                 f"any slower than the round's fastest by more than the probe's noise, goes on to round 2: eager, "
                 f"those, eager, {last} steps each, whose medians decide. Where the first run shows that starting a "
                 f"run costs more than the steps screening saves, every run of round 1 is of {last} steps and it "
-                f"decides alone. Where the fastest graph choice then leads eager by more than "
-                f"{WORTH_CONFIRMING:.0%} but inside the noise, a confirming round times it and eager twice more "
-                f"each, alternating, {last} steps each, and all their runs decide. "
+                f"decides alone. Where eager is then kept for the noise and the probe cannot rule out that the "
+                f"fastest graph choice gains more than {WORTH_CONFIRMING:.0%}, a confirming round times it and "
+                f"eager again in pairs, alternating, {last} steps each, until all their runs settle it (from the "
+                f"pair {FIRST_CONFIRMING_LOOK} on, at most {MOST_CONFIRMING_PAIRS} pairs). "
                 f"Each run is a process of its own on the job's {self.gpus} GPU(s), forked from one that imported "
                 f"torch, Transformer Engine and megatron-core once; up to {self.runs_at_once} start together (by "
                 f"the memory estimate and the cores), build and capture side by side, then time their steps one at "
@@ -255,8 +256,8 @@ class AutoPlan:
                       "runs_at_once": self.runs_at_once,
                       "rounds": [{"timed_steps": timed, "train_iters": self.probe_iters(timed)}
                                  for timed in ROUND_TIMED_STEPS],
-                      "confirming": {"runs": 2 * CONFIRMING_PAIRS,
-                                     "timed_steps": ROUND_TIMED_STEPS[-1], "lead_over": WORTH_CONFIRMING}},
+                      "confirming": {"first_runs": 2 * FIRST_CONFIRMING_LOOK, "most_runs": 2 * MOST_CONFIRMING_PAIRS,
+                                     "timed_steps": ROUND_TIMED_STEPS[-1], "gain_over": WORTH_CONFIRMING}},
             "cache": {"path": self.path, "key": self.key, "cached": self.cached, "problem": self.cache_problem},
         }
 
