@@ -153,6 +153,7 @@ def committed_probes():
 MEASUREMENT_FIELDS = {field.name for field in fields(Measurement)}
 CONFIRMED_IN = {"superseded/qwen3_moe_dropless_h200_mcore0.19.2_bdbbf68.json round 2",
                 "superseded/qwen3_moe_dropless_h200_mcore0.19.2_bdbbf68.json round 3",
+                "superseded/qwen3_moe_dropless_h200_mcore0.19.2_b5c423d.json round 1",
                 "qwen3_moe_dropless_h200_mcore0.19.2.json round 1",
                 "h200/mcore-0.19.2/auto_probe_qwen3_moe_dropless_again.json"}
 """The committed probes that today's rule would time again, unable to rule out a gain over 3 %: the dropless Qwen3
