@@ -46,9 +46,10 @@ from typing import Callable, List, Optional, Protocol, Tuple
 from bridge.atomic import WriteError, write_json_atomic
 from bridge.auto.cache import store
 from bridge.auto.candidates import PROBE_DIR, ROUND_TIMED_STEPS, AutoPlan, without_graph_choice
-from bridge.auto.decision import (COMPLETED, FIRST_CONFIRMING_LOOK, MOST_CONFIRMING_PAIRS, STOPPED_EARLY, Decision,
-                                  Measurement, confirmation_order, confirmation_settled, decide, decide_confirmed,
-                                  screening_pays, stopped_early, survivors, worth_confirming)
+from bridge.auto.decision import (COMPLETED, FIRST_CONFIRMING_LOOK, MOST_CONFIRMING_PAIRS, STOPPED_EARLY,
+                                  WORTH_CONFIRMING, Decision, Measurement, confirmation_order, confirmation_settled,
+                                  decide, decide_confirmed, screening_pays, stopped_early, survivors,
+                                  worth_confirming)
 from bridge.config.graphs import EAGER_CHOICE
 from bridge.config.schema import GraphBridgeConfig
 from bridge.machine import free_ports
@@ -181,8 +182,8 @@ def run_probe(auto: AutoPlan, probe_dir: Path, launch: Launcher) -> Tuple[List[M
         decision = decide(measurements, auto.scopes())
         contender = worth_confirming(measurements, decision)
         if contender is not None:
-            log.info("cuda_graph=auto: the probe cannot rule out that %s gains more than 3 %% over eager (%s); "
-                     "timing both again, in pairs", contender.choice, decision.reason)
+            log.info("cuda_graph=auto: the probe cannot rule out that %s gains more than %.0f %% over eager (%s); "
+                     "timing both again, in pairs", contender.choice, 100 * WORTH_CONFIRMING, decision.reason)
             confirming, record = confirming_round(auto, measurements, contender.choice, probe_dir, launch)
             measurements += confirming
             rounds.append(record)

@@ -157,7 +157,7 @@ def decide(measurements: Sequence[Measurement], scopes: Optional[Mapping[str, Sc
     return Decision(broader.choice, f"{broader.choice} captures all that the fastest, {best.choice}, does and more, "
                                     f"and their steps overlap ({broader.median_ms:.2f} ms against {best.median_ms:.2f}"
                                     f" ms, closer than half their p10-p90 widths and than {CLOSE_TO_FASTEST:.0%} or "
-                                    f"the noise between them): "
+                                    f"{MEDIAN_ERRORS:g} errors of their difference): "
                                     f"{best.choice} measured {reason}",
                     eager_ms, probe_noise_ms(eager, broader))
 
@@ -260,7 +260,6 @@ class Confirmation:
     """Every run of the contender and of eager so far, weighed: the means of their medians, how many, and the
     one-sided 99 % t bound of the difference between the means from the pooled scatter of the medians."""
 
-    contender: str
     contender_ms: float
     eager_ms: float
     runs: int
@@ -288,7 +287,7 @@ def weigh_confirming(measurements: Sequence[Measurement], contender: str) -> Opt
     scatter = sum((x - eager_ms) ** 2 for x in eager) + sum((x - contender_ms) ** 2 for x in mine)
     error = math.sqrt(scatter / freedom * (1 / len(eager) + 1 / len(mine)))
     bound_ms = ONE_SIDED_T_99[min(freedom, len(ONE_SIDED_T_99)) - 1] * error
-    return Confirmation(contender, contender_ms, eager_ms, len(mine), len(eager), bound_ms)
+    return Confirmation(contender_ms, eager_ms, len(mine), len(eager), bound_ms)
 
 
 def confirmation_settled(measurements: Sequence[Measurement], contender: str) -> bool:
