@@ -21,7 +21,7 @@ MEGATRON_CORE_LOSS = {
     "deepseek_mla_moe_h100_mcore0.16.1.json", "deepseek_mla_moe_h100_mcore0.19.2.json",
     "gpt_oss_moe_h100_mcore0.16.1.json", "gpt_oss_moe_h100_mcore0.19.2.json",
     "llama32_1b_h200_mcore0.19.2_bdbbf68.json",
-    "qwen3_moe_distributed_optimizer_h200_mcore0.19.2.json", "qwen3_moe_drop_and_pad_h100_mcore0.16.1.json",
+    "qwen3_moe_distributed_optimizer_h200_mcore0.19.2_ec177b3.json", "qwen3_moe_drop_and_pad_h100_mcore0.16.1.json",
     "qwen3_moe_drop_and_pad_h100_mcore0.19.2.json", "qwen3_moe_dropless_h100_mcore0.16.1.json",
     "qwen3_moe_dropless_h100_mcore0.19.2.json", "qwen3_moe_dropless_h200_mcore0.19.2_bdbbf68.json"}
 """Suite records whose rows trained the full-size recipes with megatron-core's own fused loss: measured before
