@@ -124,6 +124,23 @@ def test_the_confirmed_noise_is_the_one_sided_99_percent_t_bound_of_the_differen
     assert "9.00 ms a step over 3 runs against eager's 11.00 ms over 4" in decision.reason
 
 
+@pytest.mark.parametrize("contender_ms, eager_ms, chosen, shown", [
+    # eager 10.5 +- 0.49 over four processes, te_attn 9.6 over three: 0.9 ms ahead inside the 1.27 ms bound, which
+    # leaves it at most 0.37 ms behind eager, less than one process's median scatters
+    ((9.0, 10.2, 9.6), (10.0, 11.0, 10.5, 10.5), "te_attn", "trails eager by at most 0.37 ms, within the 0.49 ms"),
+    # 0.7 ms ahead: at the bound 0.57 ms behind, beyond that scatter
+    ((9.2, 10.4, 9.8), (10.0, 11.0, 10.5, 10.5), "none", "could trail eager by more than the 0.49 ms"),
+    ((10.6, 10.4), (10.0, 11.0, 10.5), "none", "no lead, so training eagerly"),
+], ids=["ahead-within-the-noise", "could-trail-beyond-it", "behind"])
+def test_a_lead_inside_the_bound_is_taken_where_even_at_the_bound_it_trails_eager_by_no_more_than_one_process_scatters(
+        contender_ms, eager_ms, chosen, shown):
+    runs = [Measurement("none", "completed", ms, 0.2, steps=30) for ms in eager_ms] + [
+        Measurement("te_attn", "completed", ms, 0.2, steps=30) for ms in contender_ms]
+    decision = decide_confirmed(runs, "te_attn")
+    assert decision.chosen == chosen and shown in decision.reason, decision.reason
+    assert confirmation_settled(runs, "te_attn") is (chosen == "te_attn")
+
+
 @pytest.mark.parametrize("contender_ms, eager_ms, settled", [
     ((10.0, 10.05, 9.95), (10.0, 10.1, 9.9, 10.0), True),  # no lead, and the bound (0.18 ms) leaves no 3 % gain: eager
     ((9.0, 9.1), (10.0, 10.2, 9.9), True),  # a 1.0 ms lead beyond the bound of 0.54 ms: the contender
@@ -154,14 +171,18 @@ MEASUREMENT_FIELDS = {field.name for field in fields(Measurement)}
 CONFIRMED_IN = {"superseded/qwen3_moe_dropless_h200_mcore0.19.2_bdbbf68.json round 2",
                 "superseded/qwen3_moe_dropless_h200_mcore0.19.2_bdbbf68.json round 3",
                 "superseded/qwen3_moe_dropless_h200_mcore0.19.2_b5c423d.json round 1",
-                "qwen3_moe_dropless_h200_mcore0.19.2.json round 1",
+                "superseded/qwen3_moe_dropless_h200_mcore0.19.2_3dfcfe6.json round 1",
                 "h200/mcore-0.19.2/auto_probe_qwen3_moe_dropless_again.json"}
 """The committed probes that today's rule would time again, unable to rule out a gain over 3 %: the dropless Qwen3
 proxy's, the host-bound row whose eager runs moved by up to 24 % within a probe (at cc26cf6 by 19 %, every graph
 choice between them)."""
+DECIDED_OTHERWISE_TODAY = {"superseded/qwen3_moe_dropless_h200_mcore0.19.2_3dfcfe6.json round 1": "te_attn_moe_router"}
+"""The committed probes that today's rule decides otherwise, and how: at 3dfcfe6 the confirming round kept eager for
+te_attn_moe_router's 29 ms lead inside the 52.5 ms bound; since, a contender that leads and at the bound trails eager
+by no more than one process's median scatters (23.5 ms against 36.7) is taken (bridge/auto/decision.py)."""
 
 
-def test_every_committed_probe_decides_today_as_it_did_and_only_the_dropless_ones_ask_for_confirmation():
+def test_every_committed_probe_decides_today_as_it_did_or_as_recorded_otherwise_and_only_dropless_ones_confirm():
     probes = list(committed_probes())
     assert len(probes) >= 10
     for where, probe, chosen in probes:
@@ -173,7 +194,7 @@ def test_every_committed_probe_decides_today_as_it_did_and_only_the_dropless_one
         # Then as perf.auto_probe.run_probe goes on (a probe from before the round has no confirming runs: eager).
         if contender is not None:
             decision = decide_confirmed(measurements, contender.choice)
-        assert decision.chosen == chosen, where
+        assert decision.chosen == DECIDED_OTHERWISE_TODAY.get(where, chosen), where
 
 
 def test_a_failed_candidate_is_never_chosen_even_with_the_fastest_steps():

@@ -313,3 +313,13 @@ def test_the_gpu_differential_tables_are_up_to_date_with_the_committed_records()
     docs = (ROOT / "docs" / "gpu_differential.md").read_text()
     assert with_section(docs, "differential", differential_table.markdown()) == docs, (
         "docs/gpu_differential.md is out of date: run python scripts/differential_table.py")
+
+
+def test_the_confirming_rule_simulation_takes_a_faster_contender_far_more_often_than_a_slower_one():
+    run = subprocess.run([sys.executable, "benchmarks/confirming_rule.py", "--trials", "400", "--seed", "1"],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    taken = [float(line.split("took the contender in ")[1].split("%")[0]) for line in run.stdout.splitlines()
+             if "took the contender in" in line]
+    faster, level, slower_3_percent, slower_by_the_scatter = taken
+    assert faster > 60 and slower_by_the_scatter < 10 and faster > level > slower_by_the_scatter, run.stdout
