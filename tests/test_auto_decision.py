@@ -172,7 +172,8 @@ CONFIRMED_IN = {"superseded/qwen3_moe_dropless_h200_mcore0.19.2_bdbbf68.json rou
                 "superseded/qwen3_moe_dropless_h200_mcore0.19.2_bdbbf68.json round 3",
                 "superseded/qwen3_moe_dropless_h200_mcore0.19.2_b5c423d.json round 1",
                 "superseded/qwen3_moe_dropless_h200_mcore0.19.2_3dfcfe6.json round 1",
-                "h200/mcore-0.19.2/auto_probe_qwen3_moe_dropless_again.json"}
+                "h200/mcore-0.19.2/auto_probe_qwen3_moe_dropless_again.json",
+                "qwen3_moe_dropless_h100_mcore0.19.2.json round 1"}
 """The committed probes that today's rule would time again, unable to rule out a gain over 3 %: the dropless Qwen3
 proxy's, the host-bound row whose eager runs moved by up to 24 % within a probe (at cc26cf6 by 19 %, every graph
 choice between them)."""

@@ -23,7 +23,7 @@ MEGATRON_CORE_LOSS = {
     "llama32_1b_h200_mcore0.19.2_bdbbf68.json",
     "qwen3_moe_distributed_optimizer_h200_mcore0.19.2_ec177b3.json", "qwen3_moe_drop_and_pad_h100_mcore0.16.1.json",
     "qwen3_moe_drop_and_pad_h100_mcore0.19.2.json", "qwen3_moe_dropless_h100_mcore0.16.1.json",
-    "qwen3_moe_dropless_h100_mcore0.19.2.json", "qwen3_moe_dropless_h200_mcore0.19.2_bdbbf68.json"}
+    "qwen3_moe_dropless_h100_mcore0.19.2_9c0a6eb.json", "qwen3_moe_dropless_h200_mcore0.19.2_bdbbf68.json"}
 """Suite records whose rows trained the full-size recipes with megatron-core's own fused loss: measured before
 preset/bridge_perf chose Transformer Engine's, as Bridge does. Their rows are estimated as they ran."""
 
