@@ -6,9 +6,10 @@ plan accepted (bridge.auto.candidates) are probed in rounds of successive halvin
 
     <run dir>/auto/round1/0 ... eager, every graph candidate, eager: a short screening round
     <run dir>/auto/round2/0 ... eager, the faster half not clearly slower, eager: the round that decides
-    <run dir>/auto/confirm/0 ... the fastest graph choice, eager, in pairs: only where the probe kept eager for its
-                                 noise and could not rule out a gain over 3 %; every run of the two decides, from
-                                 the second pair on, once they settle it (at most six pairs)
+    <run dir>/auto/confirm/0 ... the fastest graph choice (or the broadest within its reach), eager, in pairs:
+                                 only where the probe kept eager for its noise and could not rule out a gain over
+                                 3 %; every run of the two decides, from the second pair on, once they settle it
+                                 (at most six pairs)
 
 The first run, eager, is timed in full; where it shows that starting a run costs more than the steps screening
 would save, round 1 times every run in full and decides alone.
@@ -180,7 +181,7 @@ def run_probe(auto: AutoPlan, probe_dir: Path, launch: Launcher) -> Tuple[List[M
     with signals_end_the_run():
         measurements, rounds = halving_rounds(auto, probe_dir, launch)
         decision = decide(measurements, auto.scopes())
-        contender = worth_confirming(measurements, decision)
+        contender = worth_confirming(measurements, decision, auto.scopes())
         if contender is not None:
             log.info("cuda_graph=auto: the probe cannot rule out that %s gains more than %.0f %% over eager (%s); "
                      "timing both again, in pairs", contender.choice, 100 * WORTH_CONFIRMING, decision.reason)

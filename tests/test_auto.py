@@ -58,8 +58,9 @@ def test_the_plan_lists_the_candidates_and_how_they_are_measured(cli, tmp_path, 
     assert "goes on to round 2: eager, those, eager, 34 steps each, whose medians decide" in text
     assert "starting a run costs more than the steps screening saves, every run of round 1 is of 34 steps" in text
     assert ("Where eager is then kept for the noise and the probe cannot rule out that the fastest graph choice "
-            "gains more than 3%, a confirming round times it and eager again in pairs, alternating, 34 steps each, "
-            "until all their runs settle it (from the pair 2 on, at most 6 pairs)") in text
+            "gains more than 3%, a confirming round times it (or the broadest choice within its reach) and eager "
+            "again in pairs, alternating, 34 steps each, until all their runs settle it (from the pair 2 on, at most "
+            "6 pairs)") in text
     assert (f"\n    {OPTIMIZER_IN_GRAPH}  cuda_graph=full_iteration optimizer.optimizer_in_graph=true: forward and "
             "backward of the whole iteration") in text and "(optimizer step inside the graph)" in text
     cache = cache_home / "graphbridge" / "cuda_graph_auto.json"

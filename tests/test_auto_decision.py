@@ -322,3 +322,29 @@ def test_the_reason_names_the_fastest_and_why_a_broader_choice_replaced_it():
                                       "their steps overlap (202.80 ms against 197.90 ms")
     assert "te_layer measured 197.90 ms a step against eager's 432.60 ms" in decision.reason
     assert decide(probe).chosen == "te_layer"  # without the scopes, nothing is taken for another
+
+
+def h100_dropless_probe(te_attn_moe_router_ms: float = 427.17, its_width: float = 78.15) -> list:
+    """The dropless Qwen3 proxy's first pass at 448bff8 on an H100 (benchmarks/results/qwen3_moe_dropless_h100_
+    mcore0.19.2.json, round 1): eager 468.5 and 329.9 ms, te_moe_router fastest at 407.1, te_attn_moe_router 20 ms
+    behind it; steps 76-134 ms wide, 30 timed a run (eager 31)."""
+    return [Measurement("none", "completed", 468.54, 133.95, steps=31),
+            Measurement("te_attn", "completed", 463.98, 75.90, steps=30),
+            Measurement("te_attn_moe_router", "completed", te_attn_moe_router_ms, its_width, steps=30),
+            Measurement("te_moe_router", "completed", 407.05, 93.71, steps=30),
+            Measurement("none", "completed", 329.88, 86.01, steps=31)]
+
+
+@pytest.mark.parametrize("probe, scopes, contender", [
+    # te_attn_moe_router 20 ms behind, inside the 33 ms that two such runs tell apart, and capturing all
+    # te_moe_router does: the round times the choice the tie-break would take
+    (h100_dropless_probe(), SCOPES, "te_attn_moe_router"),
+    (h100_dropless_probe(), None, "te_moe_router"),  # without scopes nothing is taken for another
+    (h100_dropless_probe(450.0), SCOPES, "te_moe_router"),  # 43 ms behind: beyond reach, the fastest
+    # within reach only by its own steps, 900 ms wide, and so slow that even with the noise it could not gain 3 %
+    (h100_dropless_probe(480.0, 900.0), SCOPES, "te_moe_router"),
+])
+def test_the_confirming_round_times_the_graph_choice_the_tie_break_would_take(probe, scopes, contender):
+    decision = decide(probe, scopes)
+    assert decision.chosen == "none", decision.reason
+    assert worth_confirming(probe, decision, scopes).choice == contender

@@ -208,6 +208,20 @@ def test_a_lead_inside_the_noise_is_timed_again_in_pairs_until_every_run_of_the_
                for r in caplog.records)
 
 
+def test_the_confirming_round_times_the_broader_choice_the_tie_break_would_take_for_the_fastest(tmp_path, cache_home):
+    """te_attn 18 ms between eager's 24 and 30, full_iteration 0.1 ms behind it with steps 0.2 ms wide: were the lead
+    clear, the tie-break would train the whole iteration's graph, so it is the one timed again, and taken."""
+    plan, trained = gpu_plan(*SMALL), []
+    runs = synthesized_trainer({"none": (24.0, 30.0), "te_attn": 18.0, "full_iteration": 18.1}, trained,
+                               confirming={"full_iteration": (18.2, 17.8), "none": (27.0, 26.0)})
+    config = choose_graphs(plan, tmp_path, runs)
+    assert [run for run in trained if run.startswith("confirm/")] == ["confirm/full_iteration/34",
+                                                                       "confirm/none/34"] * 2
+    record = json.loads((tmp_path / "auto.json").read_text())
+    assert record["probe"]["rounds"][-1]["confirming"] == "full_iteration" and record["chosen"] == "full_iteration"
+    assert config.model.cuda_graph_impl.value == "full_iteration"
+
+
 def test_a_probe_where_every_graph_choice_is_clearly_slower_stops_after_screening(tmp_path, cache_home):
     trained = []
     choose_graphs(gpu_plan(*SMALL), tmp_path, synthesized_trainer({"none": (20.0, 20.1)}, trained))

@@ -38,28 +38,29 @@ beat eager beyond the noise itself. (The dropless Qwen3 proxy at cc26cf6: te_moe
 320.7, 6.8 % behind but inside the 34 ms two such runs can tell apart; te_moe_router then trained at 365.0 ms, while
 te_attn_moe_router ran at 322-341 ms in the row's four suite rounds since bdbbf68.)
 
-A probe that cannot tell is timed again where it matters. On a host whose speed drifts while the probe runs,
-eager's two runs can land far apart (the dropless Qwen3 proxy at b5c423d: 420.5 and 497.6 ms first and last,
+A probe that cannot tell is timed again where it matters. On a host whose speed drifts while the probe runs, eager's
+two runs can land far apart (the dropless Qwen3 proxy at b5c423d: 420.5 and 497.6 ms first and last,
 te_attn_moe_router 380.2 between them; at cc26cf6 319.3 and 381.5, every graph choice between), and one pair is too
 few to tell drift from a real lead. Where eager was kept for the noise and the fastest graph choice's lead plus that
 noise exceeds WORTH_CONFIRMING of eager's faster run (the probe cannot rule out a gain beyond the tolerance auto is
-held to, even where the lead itself is negative), it and eager run again in pairs, alternating
-(confirmation_order), and every run of the two in the deciding and confirming rounds decides (decide_confirmed):
-each process's median is one sample of its level, and the contender's mean must lead eager's by more than the
-one-sided 99 % Student t bound of the difference between the two means, from the pooled scatter of those medians.
-That scatter is the noise between processes measured with more than one pair, and it holds the steps' own scatter
-too. A lead short of the bound still takes the contender where even at the bound it trails eager by no more than
-one process's median scatters (the pooled standard deviation): on such a host a run lands that far from its level
+held to, even where the lead itself is negative), the choice the tie-break would take for it (the broadest within its
+reach: at 448bff8 on an H100 the round timed the fastest, te_moe_router, and kept eager, while te_attn_moe_router,
+20 ms behind it in the probe, ran fastest of the graph variants in both suite rounds) and eager run again in pairs,
+alternating (confirmation_order), and every run of the two in the deciding and confirming rounds decides
+(decide_confirmed): each process's median is one sample of its level, and the contender's mean must lead eager's by
+more than the one-sided 99 % Student t bound of the difference between the two means, from the pooled scatter of those
+medians. That scatter is the noise between processes measured with more than one pair, and it holds the steps' own
+scatter too. A lead short of the bound still takes the contender where even at the bound it trails eager by no more
+than one process's median scatters (the pooled standard deviation): on such a host a run lands that far from its level
 anyway, so the faster mean costs at most what the noise costs, and on the dropless proxy at 3dfcfe6 eager kept for a
 29 ms lead (8.4 %) against a 52.5 ms bound trained at 393.5 ms while te_attn_moe_router ran at 333.2. From the
 FIRST_CONFIRMING_LOOK-th pair on, the round stops once that settles it (confirmation_settled): the lead is beyond the
-bound, or the contender leads within the noise so, or the lead plus the bound is under WORTH_CONFIRMING (what could
-be gained lies within the tolerance); else it stops after MOST_CONFIRMING_PAIRS and eager is kept. Simulated with
-the proxy's scatter (benchmarks/confirming_rule.py: eager 343.6 +- 44 ms, the contender +- 24, 20,000 probes a
-level), a confirming round takes a contender that trails eager by one process's scatter (35 ms) in 1.8 % of rounds,
-one 3 % slower in 15 % and one level with eager in 30 %, which costs nothing; one 29 ms faster it takes in 82 %
-after 4.1 pairs on average, where the rule that asked for the bound alone took it in 18 % after 5.7 (2.2 % for a
-level one).
+bound, or the contender leads within the noise so, or the lead plus the bound is under WORTH_CONFIRMING (what could be
+gained lies within the tolerance); else it stops after MOST_CONFIRMING_PAIRS and eager is kept. Simulated with the
+proxy's scatter (benchmarks/confirming_rule.py: eager 343.6 +- 44 ms, the contender +- 24, 20,000 probes a level), a
+confirming round takes a contender that trails eager by one process's scatter (35 ms) in 1.8 % of rounds, one 3 %
+slower in 15 % and one level with eager in 30 %, which costs nothing; one 29 ms faster it takes in 82 % after 4.1
+pairs on average, where the rule that asked for the bound alone took it in 18 % after 5.7 (2.2 % for a level one).
 """
 
 import math
@@ -241,15 +242,20 @@ ONE_SIDED_T_99 = (31.821, 6.965, 4.541, 3.747, 3.365, 3.143, 2.998, 2.896, 2.821
 """Student's t at 99 % one-sided for 1 to 10 degrees of freedom; beyond, the last (a bound for any more)."""
 
 
-def worth_confirming(measurements: Sequence[Measurement], decision: Decision) -> Optional[Measurement]:
-    """The fastest graph choice, where ``decision`` kept eager for the probe's noise and that choice's lead over
-    eager's faster run plus the noise exceeds WORTH_CONFIRMING of that run; None otherwise."""
+def worth_confirming(measurements: Sequence[Measurement], decision: Decision,
+                     scopes: Optional[Mapping[str, Scope]] = None) -> Optional[Measurement]:
+    """The graph choice to time again where ``decision`` kept eager for the probe's noise: the one decide() would
+    have taken had its lead been clear (the broadest within reach of the fastest, as ``scopes`` say, else the
+    fastest), where its lead over eager's faster run plus the noise exceeds WORTH_CONFIRMING of that run; None
+    otherwise (the module says why not the fastest alone)."""
     graphs = [m for m in measurements if m.choice != EAGER_CHOICE and m.measured]
     if decision.chosen != EAGER_CHOICE or decision.eager_ms is None or decision.noise_ms is None or not graphs:
         return None
     best = min(graphs, key=lambda m: m.median_ms)
-    could_gain_ms = decision.eager_ms - best.median_ms + decision.noise_ms
-    return best if could_gain_ms > WORTH_CONFIRMING * decision.eager_ms else None
+    for contender in (broadest_overlapping(best, graphs, scopes or {}), best):
+        if decision.eager_ms - contender.median_ms + decision.noise_ms > WORTH_CONFIRMING * decision.eager_ms:
+            return contender
+    return None
 
 
 FIRST_CONFIRMING_LOOK, MOST_CONFIRMING_PAIRS = 2, 6
