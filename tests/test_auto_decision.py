@@ -173,6 +173,7 @@ CONFIRMED_IN = {"superseded/qwen3_moe_dropless_h200_mcore0.19.2_bdbbf68.json rou
                 "superseded/qwen3_moe_dropless_h200_mcore0.19.2_b5c423d.json round 1",
                 "superseded/qwen3_moe_dropless_h200_mcore0.19.2_3dfcfe6.json round 1",
                 "h200/mcore-0.19.2/auto_probe_qwen3_moe_dropless_again.json",
+                "superseded/qwen3_moe_dropless_h100_mcore0.19.2_448bff8.json round 1",
                 "qwen3_moe_dropless_h100_mcore0.19.2.json round 1"}
 """The committed probes that today's rule would time again, unable to rule out a gain over 3 %: the dropless Qwen3
 proxy's, the host-bound row whose eager runs moved by up to 24 % within a probe (at cc26cf6 by 19 %, every graph
@@ -325,9 +326,9 @@ def test_the_reason_names_the_fastest_and_why_a_broader_choice_replaced_it():
 
 
 def h100_dropless_probe(te_attn_moe_router_ms: float = 427.17, its_width: float = 78.15) -> list:
-    """The dropless Qwen3 proxy's first pass at 448bff8 on an H100 (benchmarks/results/qwen3_moe_dropless_h100_
-    mcore0.19.2.json, round 1): eager 468.5 and 329.9 ms, te_moe_router fastest at 407.1, te_attn_moe_router 20 ms
-    behind it; steps 76-134 ms wide, 30 timed a run (eager 31)."""
+    """The dropless Qwen3 proxy's first pass at 448bff8 on an H100 (benchmarks/results/superseded/
+    qwen3_moe_dropless_h100_mcore0.19.2_448bff8.json, round 1): eager 468.5 and 329.9 ms, te_moe_router fastest at
+    407.1, te_attn_moe_router 20 ms behind it; steps 76-134 ms wide, 30 timed a run (eager 31)."""
     return [Measurement("none", "completed", 468.54, 133.95, steps=31),
             Measurement("te_attn", "completed", 463.98, 75.90, steps=30),
             Measurement("te_attn_moe_router", "completed", te_attn_moe_router_ms, its_width, steps=30),
