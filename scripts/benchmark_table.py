@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import vs_bridge  # noqa: E402  (its table; importing it needs no Bridge)
 from equivalence import LATE_WINDOW, WINDOW, window_gap  # noqa: E402
+from suite_levels import chosen_level_vs_fastest, levels  # noqa: E402
+from suite_workloads import AUTO, WORKLOADS  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 DOCS = ROOT / "docs" / "benchmarks.md"
@@ -97,7 +99,20 @@ def table(record: dict) -> List[str]:
                  number(row["capture_time_s"], ".2f"), number(row["graph_count"], "d"),
                  row["status"] if row["status"] == "completed" else f"{row['status']}: {why_not(row)}")
         lines.append("| " + " | ".join(str(cell).replace("|", "\\|") for cell in cells) + " |")
-    return lines + [""]
+    return lines + [""] + levels_line(record)
+
+
+def levels_line(record: dict) -> List[str]:
+    """Under a row with auto and its rounds: each configuration's level over every process of the record
+    (benchmarks/suite_levels.py), and where auto's choice stands against the fastest."""
+    if AUTO not in record["variants"] or "round_records" not in record:
+        return []
+    workload = WORKLOADS[record["workload"]]
+    found = ", ".join(f"{name} {level:.2f} ({count})" for name, level, count in levels(record, workload))
+    chosen = "; ".join(f"{name} {number(ratio, '.2f', 'x')}" for name, ratio
+                       in chosen_level_vs_fastest(record, workload).items())
+    return [f"Every process of the record by configuration (mean of their medians, ms; how many): {found}. "
+            f"Auto's choice over the fastest of these: {chosen}.", ""]
 
 
 def why_not(row: dict) -> str:
@@ -127,7 +142,11 @@ def markdown(directory: Path = RESULTS) -> str:
              "the cached decision, and earlier probes follow in brackets) and its step "
              "time over the best other variant's, the median of the per-round ratios; then the same ratio for the "
              "variant that sets what it chose. Where the two differ, auto chose well and its own run (the same "
-             "configuration in another process) landed elsewhere: the noise between processes. A record cut off by "
+             "configuration in another process) landed elsewhere: the noise between processes. Under a row with auto, "
+             "each configuration's level pools every process of the record that ran it (the variants, auto's runs "
+             "and its probe's runs; a variant without a cuda_graph override stands under its own name), and auto's "
+             "choice is set against the fastest level: on a host-bound row, where one configuration's processes "
+             "land far apart, that says more than one process a variant. A record cut off by "
              "its block's end says how many rounds it holds, and `suite.py --resume` adds the rest.")
     return "\n".join([intro, ""] + [line for record in found for line in table(record)]).rstrip()
 
