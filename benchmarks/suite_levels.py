@@ -6,7 +6,8 @@ proxy's eager variant and auto's eager run, minutes apart, took 281.5 and 515.6 
 a variant ranks close configurations by luck. A record holds more processes of each configuration than its rows
 show: every round's variant, auto's run of what it chose, and every run of auto's probe (eager first and last, the
 candidates, the confirming round's pairs). Pooled, they measure a configuration's level, and where auto's choice
-stands against the fastest level says whether it chose well, apart from where its own run landed.
+stands against the fastest level says whether it chose well, apart from where its own run landed. A record resumed
+on another machine pools both machines: every variant ran on each, the probe's runs only where a round probed.
 
 A variant counts as the candidate whose overrides it sets (``cuda_graph=none`` is eager's ``none``); one that sets
 none of them (recipe_default: the recipe's own graph choice) stands under its variant name.
