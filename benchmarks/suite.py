@@ -46,8 +46,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import bridge  # noqa: E402
 from bridge.atomic import write_json_atomic  # noqa: E402
-from bridge.auto.candidates import option_named  # noqa: E402
 from bridge.machine import cuda_gpus, host_cpu, installed_version, release, stolen_s  # noqa: E402
+from suite_levels import configuration_names  # noqa: E402
 from suite_workloads import AUTO, EAGER, WORKLOADS, Workload  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -237,9 +237,9 @@ def middle(values: List[float]) -> Optional[float]:
 
 def chosen_median(workload: Workload, rows: Dict[str, dict]) -> Optional[float]:
     """The round's median step time of the variant that sets what auto chose; None when the workload has none."""
-    chosen = option_named(rows[AUTO].get("auto_chosen"), workload.base)
-    variant = next((name for name, overrides in workload.variants.items()
-                    if name != AUTO and chosen and list(overrides) == chosen.overrides), None)
+    chosen = rows[AUTO].get("auto_chosen")
+    variant = next((name for name, configuration in configuration_names(workload).items()
+                    if chosen and configuration == chosen), None)
     return rows[variant]["median_ms"] if variant else None
 
 

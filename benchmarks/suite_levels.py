@@ -49,9 +49,10 @@ def levels(record: dict, workload: Workload) -> List[Tuple[str, float, int]]:
     return sorted(((name, mean(medians), len(medians)) for name, medians in found.items()), key=lambda level: level[1])
 
 
-def chosen_level_vs_fastest(record: dict, workload: Workload) -> Dict[str, Optional[float]]:
-    """Each configuration auto chose in the record: its level over the fastest level (1.0 when it is the fastest)."""
-    by_name = {name: level for name, level, _ in levels(record, workload)}
+def chosen_level_vs_fastest(record: dict, found: List[Tuple[str, float, int]]) -> Dict[str, Optional[float]]:
+    """Each configuration auto chose in the record: its level (of ``found``, the record's levels) over the fastest
+    level (1.0 when it is the fastest)."""
+    by_name = {name: level for name, level, _ in found}
     fastest = min(by_name.values(), default=None)
     chosen = dict.fromkeys(each["rows"][AUTO]["auto_chosen"] for each in record["round_records"]
                            if each["rows"].get(AUTO, {}).get("auto_chosen"))

@@ -107,11 +107,11 @@ def levels_line(record: dict) -> List[str]:
     (benchmarks/suite_levels.py), and where auto's choice stands against the fastest."""
     if AUTO not in record["variants"] or "round_records" not in record:
         return []
-    workload = WORKLOADS[record["workload"]]
-    found = ", ".join(f"{name} {level:.2f} ({count})" for name, level, count in levels(record, workload))
+    found = levels(record, WORKLOADS[record["workload"]])
+    pooled = ", ".join(f"{name} {level:.2f} ({count})" for name, level, count in found)
     chosen = "; ".join(f"{name} {number(ratio, '.2f', 'x')}" for name, ratio
-                       in chosen_level_vs_fastest(record, workload).items())
-    return [f"Every process of the record by configuration (mean of their medians, ms; how many): {found}. "
+                       in chosen_level_vs_fastest(record, found).items())
+    return [f"Every process of the record by configuration (mean of their medians, ms; how many): {pooled}. "
             f"Auto's choice over the fastest of these: {chosen}.", ""]
 
 
