@@ -68,8 +68,6 @@ def buildable_here(cfg) -> Optional[str]:
              (bool(model.fp8 or model.fp4), "fp8/fp4 (Transformer Engine)"),
              (bool(model.num_moe_experts and (model.moe_permute_fusion or model.moe_router_fusion)),
               "fused MoE kernels (Transformer Engine)"),
-             (model.cross_entropy_fusion_impl == "te" and model.cross_entropy_loss_fusion,
-              "Transformer Engine's cross entropy"),
              (bool(model.num_moe_experts) and model.moe_token_dispatcher_type == "flex", "DeepEP or HybridEP"),
              (bool(model.multi_latent_attention), "multi-latent attention (the Transformer Engine spec)"),
              (bool(model.cpu_offloading), "activation offloading (Transformer Engine)"),

@@ -311,11 +311,13 @@ def graphed_layers(chunks, transformer_config) -> int:
 def steppable(cfg) -> bool:
     """A step runs on fake collectives and without CUDA: not under expert parallelism with a dispatcher that sizes
     buffers from the counts other ranks send, nor with local per-layer graphs (CudaGraphManager captures inside the
-    first step)."""
+    first step), nor with Transformer Engine's fused cross entropy (the loss alone needs its kernel; the model,
+    wrapper and optimizer build without it)."""
     model = cfg.model
     exchanges_counts = (model.num_moe_experts and model.expert_model_parallel_size > 1
                         and model.moe_token_dispatcher_type in COUNT_EXCHANGING_DISPATCHERS)
-    return not exchanges_counts and model.cuda_graph_impl != "local"
+    te_loss = model.cross_entropy_loss_fusion and model.cross_entropy_fusion_impl == "te"
+    return not exchanges_counts and model.cuda_graph_impl != "local" and not te_loss
 
 
 def _train_one_step(cfg, chunks, optimizer) -> None:
