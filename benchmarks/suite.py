@@ -238,8 +238,8 @@ def middle(values: List[float]) -> Optional[float]:
 def chosen_median(workload: Workload, rows: Dict[str, dict]) -> Optional[float]:
     """The round's median step time of the variant that sets what auto chose; None when the workload has none."""
     chosen = rows[AUTO].get("auto_chosen")
-    variant = next((name for name, configuration in configuration_names(workload).items()
-                    if chosen and configuration == chosen), None)
+    variant = next((name for name, configuration in configuration_names(workload).items() if configuration == chosen),
+                   None)
     return rows[variant]["median_ms"] if variant else None
 
 
