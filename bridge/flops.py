@@ -17,7 +17,7 @@ conventions, so our TFLOP/s/GPU compares with Megatron-LM and Megatron-Bridge lo
 Plain arithmetic on the config (a GraphBridgeConfig or its DictConfig): no torch import.
 """
 
-from bridge.config.model_facts import moe_layer_pattern, padded_vocab_size
+from bridge.config.model_facts import last_layer_is_moe, moe_layer_count, padded_vocab_size
 
 
 def model_flops_per_step(cfg) -> float:
@@ -29,10 +29,9 @@ def model_flops_per_step(cfg) -> float:
 def _forward_flops_per_token(cfg) -> float:
     model = cfg.model
     h = model.hidden_size
-    pattern = moe_layer_pattern(model)
     mtp = model.mtp_num_layers or 0
-    moe_layers = sum(pattern) + pattern[-1] * mtp
-    dense_layers = len(pattern) - sum(pattern) + (1 - pattern[-1]) * mtp
+    moe_layers = moe_layer_count(model) + (mtp if last_layer_is_moe(model) else 0)
+    dense_layers = model.num_layers + mtp - moe_layers
     layers = model.num_layers + mtp
 
     glu = 3 if model.gated_linear_unit else 2
@@ -80,7 +79,7 @@ def _linear_attention_layers(model, layers: int) -> int:
         return 0
     freq = model.linear_attention_freq
     if isinstance(freq, int):  # every freq-th layer keeps full attention
-        return sum(1 for i in range(layers) if (i + 1) % freq)
+        return layers - layers // freq
     return sum(int(bit) for bit in freq)
 
 

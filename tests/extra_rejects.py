@@ -9,6 +9,11 @@ from tests.rule_cases import (
 
 EXTRA_REJECTS = {
     "dropless_moe_capture": [Case({**MOE, **local()}), Case({**MOE, **te()})],
+    # MoE fields whose layers are all dense (the dense first layer of a one-layer model)
+    "moe_modules_need_moe_model": [Case({**MOE, "model.num_layers": 1, "model.moe_layer_freq": [0],
+                                         **te("moe_router", "moe_preprocess")})],
+    "expert_bias_score_function": [Case({**MOE, "model.moe_router_enable_expert_bias": True,
+                                         "model.moe_router_score_function": "softmax"}, machine=V19)],
     "block_scaled_gather_shapes": [Case({**TP2_SP, "model.fp8": "e4m3", "model.fp8_recipe": "blockwise",
                                          "model.seq_length": 128, "dataset.seq_length": 128}, machine=EIGHT_H100)],
     "full_iteration_nan_checks": [Case({**FULL_ITERATION, "rerun_state_machine.check_for_nan_in_loss": True,
@@ -68,8 +73,9 @@ EXTRA_REJECTS = {
     "value_ranges": [Case({"perf.warmup_steps": -1}), Case({"perf.nan_check_interval": -3}),
                      Case({"model.num_moe_experts": 0}), Case({"model.moe_router_topk": 0}),
                      Case({"model.ffn_hidden_size": 0}), Case({"model.hidden_dropout": 1.0}),
-                     Case({"optimizer.adam_eps": 0.0}), Case({"train.train_iters": 2**40}),
-                     Case({"model.layernorm_epsilon": float("nan")})],
+                     Case({"optimizer.adam_eps": 0.0}), Case({"model.layernorm_epsilon": float("nan")})],
+    "int32_values": [Case({"train.train_iters": 2**40}), Case({"model.window_size": [-2**63, 0]}),
+                     Case({"model.num_query_groups": 10**20})],  # an Optional field
     "pipeline_layout": [Case({**PP2, "model.pipeline_model_parallel_layout": "Et|tX"}),  # no layer X
                         Case({**PP2, "model.pipeline_model_parallel_layout": "E|t|tL"}),  # 3 stages over PP2
                         # four stages over PP2 are two virtual stages, which graphbridge's schedule must know of

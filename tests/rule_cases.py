@@ -113,6 +113,7 @@ RULE_CASES = {
     "config_types": (Case({"model.window_size": "${model.hidden_size}"}), Case({"model.window_size": [128, 0]})),
     "positive_sizes": (Case({"train.train_iters": 0}), Case({"train.train_iters": 1})),
     "value_ranges": (Case({"model.kv_channels": 0}), Case({"model.kv_channels": 64})),
+    "int32_values": (Case({"train.train_iters": 2**31}), Case({"train.train_iters": 2**31 - 1})),
     # Two layers over two stages that place three: TransformerConfig asserts at model build, on both releases.
     "pipeline_layout": (Case({**PP2, "model.pipeline_model_parallel_layout": "Et*2|tL"}, megatron=True),
                         Case({**PP2, "model.pipeline_model_parallel_layout": "Et|tL"}, megatron=True)),
@@ -307,6 +308,26 @@ RULE_CASES.update({
     "transformer_engine_extension": (Case({"engine": "megatron"}, machine=TE_WITHOUT_EXTENSION),
                                      Case({"engine": "megatron"}, machine=NO_TE)),
     "mla_needs_te_spec": (Case({**MLA, "model.transformer_impl": "local"}), Case(MLA)),
+    "local_graphs_layerless_stage": (
+        Case({**PP2, **local(), "model.pipeline_model_parallel_layout": "E|ttL", "train.global_batch_size": 2}),
+        Case({**PP2, **local(), "model.pipeline_model_parallel_layout": "Et|tL", "train.global_batch_size": 2})),
+    "router_group_limited": (Case({**MOE, "model.moe_router_group_topk": 2}, megatron=True),
+                             Case({**MOE, "model.moe_router_group_topk": 2, "model.moe_router_num_groups": 4},
+                                  megatron=True)),
+    "distributed_optimizer_adam": (Case({**DP2, "optimizer.optimizer": "sgd", "ddp.use_distributed_optimizer": True}),
+                                   Case({**DP2, "optimizer.optimizer": "sgd"})),
+    "param_gather_with_optimizer_step": (
+        Case({"optimizer.overlap_param_gather_with_optimizer_step": True}),
+        Case({"optimizer.overlap_param_gather_with_optimizer_step": True, "ddp.use_distributed_optimizer": True,
+              "ddp.overlap_param_gather": True, "ddp.overlap_grad_reduce": True, **PP2,
+              "model.virtual_pipeline_model_parallel_size": 2, "model.num_layers": 4, "train.global_batch_size": 2})),
+    "rotary_dim_even": (Case({"model.kv_channels": 9}), Case({"model.kv_channels": 10})),
+    "mla_query_groups": (Case({**MLA, "model.num_query_groups": 2}),
+                         Case({**MLA, "model.num_query_groups": 4, "model.num_attention_heads": 4})),
+    "expert_bias_score_function": (
+        Case({**MOE, "model.moe_router_enable_expert_bias": True}, megatron=True),
+        Case({**MOE, "model.moe_router_enable_expert_bias": True, "model.moe_router_score_function": "sigmoid"},
+             megatron=True)),
     # 0.16.1's local spec builds grouped experts as the legacy GroupedMLP, which asserts grouped_gemm imports
     # (qwen/tiny on an H100, at model build).
     "grouped_gemm_package": (Case({**MOE, "model.transformer_impl": "local", "model.moe_grouped_gemm": True}),

@@ -92,6 +92,16 @@ def test_integers_that_overflow_in_training_are_refused_before_a_job(cli, tmp_pa
     assert not (tmp_path / "run").exists()  # no job was written, nothing trained
 
 
+def test_an_integer_beyond_int32_is_named_alone_while_the_other_rules_wait(cli, tmp_path):
+    """int32_values is a gate: before it, the CPU-offloading rule read 2**63 layers here and ended in an
+    OverflowError traceback."""
+    stderr = one_block(cli("mode=plan", "model.num_layers=9223372036854775808", "cuda_graph=te_attn",
+                           "model.cpu_offloading=true", cwd=tmp_path))
+    assert stderr.splitlines()[1:] == [
+        "  [int32_values] model.num_layers: model.num_layers=9223372036854775808 overflows the int32 indices of the "
+        "kernels that read it; set model.num_layers to a value between -2147483648 and 2147483647"]
+
+
 def test_a_nested_list_is_a_wrong_type_not_a_traceback_in_a_rule(cli, tmp_path):
     stderr = one_block(cli("mode=plan", "model.cuda_graph_modules=[[attn]]", cwd=tmp_path))
     assert ("[config_types] model.cuda_graph_modules[0]: model.cuda_graph_modules[0] has a value of the wrong type"
@@ -145,3 +155,8 @@ def test_the_workload_names_are_the_config_groups_choices(key, group):
     """The precision and gpu groups set these (conf/<group>/<choice>.yaml); an override may set them apart."""
     choices = sorted(path.stem for path in (Path(__file__).resolve().parents[1] / "conf" / group).glob("*.yaml"))
     assert sorted(CHOICES[key]) == choices
+
+
+def test_a_layout_that_repeats_absurdly_is_refused_in_one_line_without_writing_it_out(cli, tmp_path):
+    result = cli("mode=plan", "recipe=llama/tiny", "model.pipeline_model_parallel_layout='Et*2000000000|L'", cwd=tmp_path)
+    assert result.returncode == 2 and "a repeat count above 4096" in one_block(result), result.stderr

@@ -137,7 +137,7 @@ def _scope_conflict(model) -> Optional[Conflict]:
     if "full" in names and len(names) > 1:
         return Conflict("legacy_scope", ["model.cuda_graph_scope"],
                         f"'full' (the whole layer) cannot be mixed with other scopes in {names}; "
-                        "use model.cuda_graph_modules=[] for whole layers")
+                        "set model.cuda_graph_scope=null model.cuda_graph_modules=[] for whole layers")
     if "full_iteration" in names and names != ["full_iteration"]:
         return Conflict("legacy_scope", ["model.cuda_graph_scope"],
                         f"full_iteration cannot be combined with other scopes in {names}; use "

@@ -44,8 +44,36 @@ def moe_layer_pattern(model) -> List[int]:
     return [int(bit) for bit in freq]
 
 
+def moe_layer_count(model) -> int:
+    """How many of the layers moe_layer_pattern marks MoE, counted without building the pattern: the rules and
+    the memory estimate read it for any num_layers a user types, up to 2**31-1."""
+    layers = max(model.num_layers, 0)
+    if not is_moe_model(model):
+        return 0
+    freq = model.moe_layer_freq
+    if not valid_moe_layer_freq(model):
+        return layers
+    if isinstance(freq, int):  # layers 0, freq, 2 freq, ...
+        return -(-layers // freq)
+    return sum(freq)
+
+
+def last_layer_is_moe(model) -> bool:
+    """Whether moe_layer_pattern's last layer is an MoE layer (the MTP layers follow its kind)."""
+    freq = model.moe_layer_freq
+    if not is_moe_model(model) or model.num_layers < 1:
+        return False
+    if not valid_moe_layer_freq(model):
+        return True
+    return (model.num_layers - 1) % freq == 0 if isinstance(freq, int) else bool(freq[-1])
+
+
 def has_dense_layers(model) -> bool:
-    return 0 in moe_layer_pattern(model)
+    return moe_layer_count(model) < max(model.num_layers, 0)
+
+
+def has_moe_layers(model) -> bool:
+    return moe_layer_count(model) > 0
 
 
 def is_drop_and_pad(model) -> bool:

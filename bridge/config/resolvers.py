@@ -42,12 +42,24 @@ def global_batch(*, _root_) -> int:
     return train.micro_batch_size * max(1, train.num_gpus // max(1, model_parallel))
 
 
+MAX_PATTERN_LAYERS = 1024
+"""The longest layer pattern dense_first writes out. megatron-core reads moe_layer_freq as a list of num_layers
+entries (get_gpt_decoder_layer_specs asserts its length), so the pattern is written out, one OmegaConf node per
+layer, and a plan builds and reads those nodes about ten times: ~0.8 ms a layer on the 2-core CI machine (10000
+layers planned in 9 s), so 1024 layers keep a plan near its 2 s budget (issue 79) where 2**31-1 would take weeks
+and terabytes. The deepest model
+megatron-core's recipes train has 126 layers (Llama 3.1 405B); DeepSeek-V3, whose pattern this is, 61."""
+
+
 def dense_first(dense: int, layers: int) -> ListConfig:
     """A moe_layer_freq pattern of ``dense`` dense layers, then MoE layers up to ``layers`` (DeepSeek's
     first_k_dense_replace): it follows model.num_layers, so a shorter model keeps its dense layers.
     A ListConfig, not a list: OmegaConf.resolve (Hydra's --cfg job --resolve) cannot put a plain
     list into the schema's Any-typed field."""
     dense, layers = int(dense), int(layers)
+    if layers > MAX_PATTERN_LAYERS:  # the resolvable rule refuses the config with this line
+        raise ValueError(f"model.num_layers={layers} would write out a moe_layer_freq pattern of {layers} entries; "
+                         f"set model.num_layers to at most {MAX_PATTERN_LAYERS}, or model.moe_layer_freq to an int")
     return OmegaConf.create([0] * min(dense, layers) + [1] * max(0, layers - dense))
 
 

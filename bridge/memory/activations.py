@@ -34,7 +34,7 @@ benchmarks/memory_terms.py: 10.0 bytes against the unfused loss's 6.0).
 
 from typing import Dict
 
-from bridge.config.model_facts import moe_layer_pattern, padded_vocab_size, recompute_modules
+from bridge.config.model_facts import moe_layer_count, padded_vocab_size, recompute_modules
 from bridge.memory.params import data_parallel_sizes, layers_per_stage, low_precision_bytes
 
 LOGIT_BYTES = {"unfused": 5.5, "te": 2, "native": 10}
@@ -52,8 +52,7 @@ def layer_activation_terms(model, seq: int, frozen: bool = False) -> Dict[str, f
     q, kv = channels * heads, channels * (model.num_query_groups or heads)
     masks = h if model.hidden_dropout > 0 else 0
     glu = 2 if model.gated_linear_unit else 1
-    pattern = moe_layer_pattern(model)
-    moe_share = sum(pattern) / len(pattern)
+    moe_share = moe_layer_count(model) / model.num_layers
     ffn = model.ffn_hidden_size or 4 * h
     topk, moe_ffn = model.moe_router_topk, model.moe_ffn_hidden_size or ffn
     shared = model.moe_shared_expert_intermediate_size or 0

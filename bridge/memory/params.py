@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import Dict
 
-from bridge.config.model_facts import expert_tensor_parallel_size, moe_layer_pattern, padded_vocab_size
+from bridge.config.model_facts import expert_tensor_parallel_size, moe_layer_count, padded_vocab_size
 from bridge.machine import PRESET_GPUS
 
 ADAM_STATE_BYTES, MASTER_BYTES, FP32_BYTES = 8, 4, 4
@@ -125,8 +125,7 @@ def parameters_per_gpu(cfg) -> Dict[str, float]:
     model = cfg.model
     tp, pp = model.tensor_model_parallel_size, model.pipeline_model_parallel_size
     etp = expert_tensor_parallel_size(model)
-    pattern = moe_layer_pattern(model)
-    moe_share = sum(pattern) / len(pattern)
+    moe_share = moe_layer_count(model) / model.num_layers
     stage = layers_per_stage(cfg)
     per_layer = attention_parameters(model) + 2 * model.hidden_size
     glu = 3 if model.gated_linear_unit else 2

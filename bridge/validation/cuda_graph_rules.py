@@ -6,6 +6,7 @@ keep the upstream wording where there is one and add the override that fixes it.
 
 import difflib
 
+from bridge.config.model_facts import has_dense_layers
 from bridge.config.releases import in_range
 from bridge.config.schema import CUDA_GRAPH_MODULES, PlanFormat
 from bridge.validation.graph_facts import (
@@ -37,8 +38,8 @@ def module_names(cfg, target):
     if "" in names:
         return violation(
             "module_names", [MODULES],
-            f"model.cuda_graph_modules={names} holds an empty string; for the whole layer "
-            "use model.cuda_graph_modules=[]",
+            f"model.cuda_graph_modules={names} holds an empty string; use "
+            "model.cuda_graph_modules=[] for the whole layer",
         )
     if {"full", "full_iteration"} & set(names):
         return violation(
@@ -57,7 +58,8 @@ def module_names(cfg, target):
         )
     if len(set(names)) != len(names):
         return violation(
-            "module_names", [MODULES], f"model.cuda_graph_modules={names} repeats a name; drop the duplicate"
+            "module_names", [MODULES], f"model.cuda_graph_modules={names} repeats a name; drop the duplicate: set "
+            f"model.cuda_graph_modules=[{','.join(dict.fromkeys(names))}]"
         )
     return None
 
@@ -185,7 +187,7 @@ def warmup_steps(cfg, target):
         return violation(
             "warmup_steps", ["model.cuda_graph_warmup_steps", "train.train_iters"],
             f"the graph would never replay: cuda_graph_warmup_steps={warmup} >= "
-            f"train_iters={cfg.train.train_iters}; raise train.train_iters",
+            f"train_iters={cfg.train.train_iters}; raise it: set train.train_iters={warmup + 2} or more",
         )
     return None
 
@@ -200,7 +202,8 @@ def static_shapes(cfg, target):
         return violation(
             "static_shapes", ["model.seq_length", "dataset.seq_length"],
             f"graphs need one static sequence length, got model.seq_length={cfg.model.seq_length} "
-            f"and dataset.seq_length={cfg.dataset.seq_length}; set only dataset.seq_length",
+            f"and dataset.seq_length={cfg.dataset.seq_length}; set model.seq_length={cfg.dataset.seq_length} (or leave "
+            "it unset: it follows dataset.seq_length)",
         )
     if cfg.dataset.packed_sequence and not cfg.dataset.pad_to_max_length:
         return violation(
@@ -218,10 +221,12 @@ def packed_sequence_scope(cfg, target):
     if not (is_graphed(cfg) and cfg.dataset.packed_sequence):
         return None
     if impl_of(cfg) != TE or not modules_of(cfg) or "attn" in modules_of(cfg):
+        # The scope without attention that this model has layers for: its dense MLPs, else its MoE routers.
+        scope = "te_mlp" if has_dense_layers(cfg.model) else "te_moe_router"
         return violation(
             "packed_sequence_scope", [IMPL, MODULES, "dataset.packed_sequence"],
-            "packed sequences carry packed_seq_params, which megatron-core 0.16.1 cannot pass "
-            "into a graph; only TE scopes without attention work: use cuda_graph=te_mlp",
+            f"packed sequences carry packed_seq_params, which megatron-core {target.megatron_core} cannot pass "
+            f"into a graph; only TE scopes without attention work: use cuda_graph={scope}",
         )
     return None
 

@@ -53,8 +53,8 @@ def torch_engine_parallelism(cfg, target):
     return violation(
         "torch_engine_parallelism", ["train.num_gpus", *parallel],
         f"the torch engine trains on one device (train.num_gpus={cfg.train.num_gpus}"
-        f"{''.join(f', {key}={value}' for key, value in parallel.items())}); set train.num_gpus=1 and every "
-        f"parallel size to 1, {or_megatron(target)}",
+        f"{''.join(f', {key}={value}' for key, value in parallel.items())}); set train.num_gpus=1"
+        f"{''.join(f' {key}=1' for key in parallel)}, {or_megatron(target)}",
     )
 
 
@@ -68,7 +68,8 @@ def torch_engine_sequence(cfg, target):
     return violation(
         "torch_engine_sequence", ["model.seq_length", "dataset.seq_length"],
         f"the torch engine trains at model.seq_length={cfg.model.seq_length}, but the data has "
-        f"dataset.seq_length={cfg.dataset.seq_length}; set only dataset.seq_length (model.seq_length follows it), "
+        f"dataset.seq_length={cfg.dataset.seq_length}; set model.seq_length={cfg.dataset.seq_length} (or leave it "
+        "unset: it follows dataset.seq_length), "
         f"{or_megatron(target)}")
 
 
@@ -219,6 +220,24 @@ def mla_needs_te_spec(cfg, target):
             "one takes no k_channels); set model.transformer_impl=transformer_engine",
         )
     return None
+
+
+@rule("mla_query_groups", engine="megatron",
+      rejects="`model.num_query_groups` other than the head count with multi-latent attention, whose keys and values "
+              "have every head",
+      fix="`model.num_query_groups=null`")
+def mla_query_groups(cfg, target):
+    # MLA projects keys and values for every head, but Transformer Engine's attention is built with
+    # num_query_groups: deepseek/tiny with model.num_query_groups=2 failed at the first forward on an H100, on both
+    # releases ("Keys and values must have num_gqa_group = 2 heads! Found 8."). Null means one group a head.
+    model = cfg.model
+    if not model.multi_latent_attention or model.num_query_groups in (None, model.num_attention_heads):
+        return None
+    return violation(
+        "mla_query_groups", ["model.num_query_groups", "model.multi_latent_attention"],
+        f"multi-latent attention projects keys and values for all {model.num_attention_heads} heads, so it has no "
+        f"query groups (model.num_query_groups={model.num_query_groups}); set model.num_query_groups=null",
+    )
 
 
 @rule("yarn_rounding_mla", engine="megatron",

@@ -74,8 +74,9 @@ def megatron_core_version(cfg, target):
     planned = cfg.plan.megatron_core
     if planned is not None and release(planned) is None:
         return violation("megatron_core_version", ["plan.megatron_core"],
-                         f"plan.megatron_core={planned} is not a release graphbridge supports; use one of "
-                         f"{', '.join(SUPPORTED)} (or leave it unset for the installed one)")
+                         f"plan.megatron_core={planned} is not a release graphbridge supports "
+                         f"({', '.join(SUPPORTED)}); set plan.megatron_core={SUPPORTED[-1]}, or leave it unset for "
+                         "the installed one")
     return None
 
 
@@ -185,8 +186,20 @@ def transformer_engine(cfg, target):
                          f"{installed} is installed here; {install}{other}")
     return [violation("transformer_engine", list(need.keys),
                       f"{need.what} need Transformer Engine >= {need.lowest} and {installed} is installed here; "
-                      f"{install}")
+                      f"{install if row.accepts_transformer_engine(need.lowest) else newer_install(cfg, row, need)}")
             for need in needs if version_tuple(installed) < version_tuple(need.lowest)]
+
+
+def newer_install(cfg, row, need: TransformerEngineNeed) -> str:
+    """The install for a need beyond every Transformer Engine ``row``'s release accepts: the first release that
+    accepts one new enough (and the plan moved to it where plan.megatron_core pins the old one)."""
+    newer = next((other for other in RELEASES.values() if other.accepts_transformer_engine(need.lowest)), None)
+    if newer is None:
+        return f"megatron-core {row.version} accepts Transformer Engine {row.transformer_engine_range} only"
+    plan = f" and set plan.megatron_core={newer.version}" if cfg.plan.megatron_core else ""
+    return (f"megatron-core {row.version} accepts Transformer Engine {row.transformer_engine_range} only: pip install "
+            f"'graphbridge[{newer.te_extra}]' (megatron-core {newer.version}, Transformer Engine "
+            f"{newer.transformer_engine_range}){plan}")
 
 
 @rule("grouped_gemm_package", environment=True, megatron_core="<0.19",
@@ -280,8 +293,10 @@ def quantized_precision_gpu(cfg, target):
         return None
     lowest, end = (".".join(map(str, c)) if c else None for c in PRECISION_CAPABILITY[precision])
     needs = f"{lowest} to below {end}" if end else f"{lowest} or newer"
-    here = ", ".join(["precision=bf16"] + [f"precision={p}" for p in PRECISION_CAPABILITY if runs_on(p, gpu.capability)])
     keys = ["model.fp4"] if precision == "nvfp4" else ["model.fp8", "model.fp8_recipe"]
+    # The bf16 choice sets no fp8/fp4 field, so a quantized field typed by hand must go with it.
+    here = ", ".join([f"precision=bf16 ({keys[0]}=null)"]
+                     + [f"precision={p}" for p in PRECISION_CAPABILITY if runs_on(p, gpu.capability)])
     return violation("quantized_precision_gpu", keys,
                      f"precision={precision} needs a GPU of compute capability {needs}, and this machine's {gpu.name} "
                      f"is {'.'.join(map(str, gpu.capability))} (Transformer Engine asserts at the first forward pass); "

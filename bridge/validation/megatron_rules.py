@@ -195,8 +195,10 @@ def shared_expert_overlap(cfg, target):
       rejects="padding the routing map for fp8 without fp8 or fp4, or with the allgather dispatcher",
       fix="`model.moe_router_padding_for_fp8=false`, or fp8 with the alltoall or flex dispatcher")
 def router_padding_for_quantization(cfg, target):
+    # TransformerConfig checks both for dense models too (0.16.1 and 0.19.2): the schema-wide draw planned llama with
+    # the padding and no fp8 valid, and megatron-core refused it.
     model = cfg.model
-    if not (is_moe_model(model) and model.moe_router_padding_for_fp8):
+    if not model.moe_router_padding_for_fp8:
         return None
     if model.fp8 is None and model.fp4 is None:
         return violation("router_padding_for_quantization", ["model.moe_router_padding_for_fp8", "model.fp8"],

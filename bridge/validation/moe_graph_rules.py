@@ -15,7 +15,8 @@ from bridge.validation.graph_facts import (
     modules_of,
     te_graphs_attention,
 )
-from bridge.config.model_facts import has_dense_layers, is_drop_and_pad, is_moe_model, recompute_modules
+from bridge.config.model_facts import (has_dense_layers, has_moe_layers, is_drop_and_pad, is_moe_model,
+                                      recompute_modules)
 from bridge.validation.registry import rule, violation
 
 
@@ -47,18 +48,21 @@ def moe_preprocess_needs_router(cfg, target):
 
 
 @rule("moe_modules_need_moe_model",
-      rejects='moe or moe_router on a dense model',
+      rejects='moe or moe_router on a model without an MoE layer (a dense model, or MoE fields with every layer dense)',
       fix='`cuda_graph=te_attn_mlp`')
 def moe_modules_need_moe_model(cfg, target):
     # local graphs add moe_router to moe_preprocess (R7a), so moe_preprocess alone names MoE layers too.
+    # Experts alone make no MoE layer: deepseek/tiny at model.num_layers=1 keeps only its dense first layer, and
+    # cuda_graph=te_moe_router there planned valid and failed at build, the engine finding no layer to capture.
     moe_scopes = {"moe", "moe_router"} | ({"moe_preprocess"} if impl_of(cfg) == LOCAL else set())
-    if not is_moe_model(cfg.model) and moe_scopes & active_modules(cfg):
-        return violation(
-            "moe_modules_need_moe_model", [MODULES, "model.num_moe_experts"],
-            "moe cuda graph is only supported for MoE; this model is dense, use "
-            "cuda_graph=te_attn_mlp or cuda_graph=te_layer",
-        )
-    return None
+    if not moe_scopes & active_modules(cfg) or has_moe_layers(cfg.model):
+        return None
+    dense = ("this model is dense" if not is_moe_model(cfg.model)
+             else f"none of its {cfg.model.num_layers} layers is MoE (model.moe_layer_freq)")
+    return violation(
+        "moe_modules_need_moe_model", [MODULES, "model.num_moe_experts", "model.moe_layer_freq"],
+        f"moe cuda graph is only supported for MoE layers, and {dense}; use cuda_graph=te_attn_mlp",
+    )
 
 
 @rule("mlp_needs_dense_layers",
@@ -104,12 +108,19 @@ def moe_preprocess_host_sync(cfg, target):
         and syncs
         and "moe_preprocess" in active_modules(cfg)
     ):
+        # The sync's own source: a capacity factor, router padding, or both.
+        sources = {key: value for key, value, on in (
+            ("model.moe_expert_capacity_factor", "null", model.moe_expert_capacity_factor is not None),
+            ("model.moe_router_padding_for_fp8", "false", model.moe_router_padding_for_fp8)) if on}
+        unsync = "set " + " ".join(f"{key}={value}" for key, value in sources.items())
+        kept = [module for module in modules_of(cfg) if module != "moe_preprocess"]
+        # Local graphs add moe_preprocess back to moe_router (R7a), and an empty list is the whole layer.
+        drop = (f"drop moe_preprocess (model.cuda_graph_modules=[{','.join(kept)}])"
+                if impl_of(cfg) == TE and kept else "")
         return violation(
-            "moe_preprocess_host_sync",
-            [MODULES, "model.moe_token_dispatcher_type", "model.moe_expert_capacity_factor"],
+            "moe_preprocess_host_sync", [MODULES, "model.moe_token_dispatcher_type", *sources],
             "moe_preprocess cuda graph is not supported when there are DtoH copies and "
-            "synchronizations in the preprocess step; drop moe_preprocess "
-            "(model.cuda_graph_modules=[attn,moe_router]) or model.moe_expert_capacity_factor=null",
+            f"synchronizations in the preprocess step; {drop + ', or ' + unsync if drop else unsync}",
         )
     return None
 

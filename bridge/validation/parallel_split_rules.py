@@ -10,7 +10,7 @@ from typing import Callable, Dict
 from bridge.config.model_facts import expert_tensor_parallel_size, has_dense_layers, is_moe_model
 from bridge.config.releases import in_range
 from bridge.validation.registry import rule, violation
-from bridge.validation.training_rules import expert_parallel_fix
+from bridge.validation.training_rules import divisors, expert_parallel_fix
 
 GATED_DELTA_NET = "gated_delta_net"
 
@@ -46,7 +46,7 @@ def splits_heads(tp: int, heads: int, groups: int) -> bool:
 def largest_divisor(size: int, fits: Callable[[int], bool]) -> int:
     """The largest divisor of a parallel ``size``, below it, that ``fits``: as a divisor it keeps train.num_gpus a
     multiple of the model-parallel sizes."""
-    return max(divisor for divisor in range(1, size) if size % divisor == 0 and fits(divisor))
+    return max(divisor for divisor in divisors(size) if divisor < size and fits(divisor))
 
 
 def linear_heads_violation(cfg, target):

@@ -10,12 +10,16 @@ over PP first: stage i belongs to pipeline rank i mod PP, virtual stage i div PP
 import re
 from typing import List, Optional
 
+from bridge.validation.graph_facts import IMPL, LOCAL, impl_of
 from bridge.validation.registry import rule, violation
 
 LAYOUT = "model.pipeline_model_parallel_layout"
 LAYER_CHARACTERS = "ELtm"
 GROUP_REPEAT = re.compile(r"\(([^)]+)\)\*(\d+)")
 CHARACTER_REPEAT = re.compile(r"(.)\*(\d+)")
+MAX_REPEAT = 4096
+"""The largest repeat a layout may write (megatron-core's recipes repeat at most 61 layers), checked before it is
+written out."""
 
 
 def layout_stages(layout: str) -> List[str]:
@@ -49,6 +53,10 @@ def pipeline_layout(cfg, target):
 
 def layout_problem(model):
     """What megatron-core would refuse in the model's layout, and the keys beside the layout it concerns."""
+    repeats = [int(count) for count in re.findall(r"\*(\d+)", model.pipeline_model_parallel_layout)]
+    if max(repeats, default=0) > MAX_REPEAT:
+        # Written out, such a layout is gigabytes long (`t*2000000000`), and no model has that many layers.
+        return f"a repeat count above {MAX_REPEAT} places more layers than a model has", []
     stages = layout_stages(model.pipeline_model_parallel_layout)
     unknown = sorted({character for stage in stages for character in stage} - set(LAYER_CHARACTERS))
     if unknown:
@@ -88,3 +96,29 @@ def mtp_placement_problem(model, stages: List[str], pp: int) -> Optional[tuple]:
         if "m" in own[-1] and own[-1].count("m") != model.mtp_num_layers:
             return "the MTP layers m must all sit in one stage", []
     return None
+
+
+@rule("local_graphs_layerless_stage", engine="megatron",
+      rejects="local per-layer graphs (`model.cuda_graph_impl=local`) where the pipeline layout leaves a pipeline rank "
+              "without a transformer layer",
+      fix="a layout that gives every pipeline rank a t, or `cuda_graph=te_layer`")
+def local_graphs_layerless_stage(cfg, target):
+    # graphbridge's local-graph engine looks for a CudaGraphManager on its own rank's layers and refuses to train
+    # without one (bridge/engines/megatron/local.py); Transformer Engine's graphs count the whole pipeline instead.
+    model = cfg.model
+    if impl_of(cfg) != LOCAL or not model.pipeline_model_parallel_layout or pipeline_layout_problem(model):
+        return None
+    stages, pp = layout_stages(model.pipeline_model_parallel_layout), model.pipeline_model_parallel_size
+    empty = [rank for rank in range(pp) if not any("t" in stage for stage in stages[rank::pp])]
+    if not empty:
+        return None
+    return violation(
+        "local_graphs_layerless_stage", [IMPL, LAYOUT],
+        f"{LAYOUT}={model.pipeline_model_parallel_layout!r} gives pipeline rank {empty[0]} no transformer layer, and "
+        "local graphs need one on every rank; give every rank a t, or use cuda_graph=te_layer",
+    )
+
+
+def pipeline_layout_problem(model) -> bool:
+    """Whether the layout itself is refused (pipeline_layout reports it)."""
+    return model.pipeline_model_parallel_size < 1 or layout_problem(model) is not None

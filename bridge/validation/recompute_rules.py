@@ -158,9 +158,9 @@ def cpu_offloading_conflicts(cfg, target):
     return None
 
 
-def recompute_without(model, dropped) -> str:
-    """The override that recomputes what the user asked for but ``dropped``: the modules left, or none at all."""
-    kept = [name for name in recompute_modules(model) if name not in dropped]
+def recompute_without(model, names) -> str:
+    """The override that stops recomputing ``names``: the rest of the list, or no recompute where none is left."""
+    kept = [name for name in recompute_modules(model) if name not in names]
     return f"model.recompute_modules=[{','.join(kept)}]" if kept else "model.recompute_granularity=null"
 
 
@@ -218,7 +218,7 @@ def recompute_quantized_in_layer_graphs(cfg, target):
     return violation(
         "recompute_quantized_in_layer_graphs", [IMPL, MODULES, "model.recompute_modules", "model.fp8"],
         f"with fp8/fp4, Transformer Engine recomputes {', '.join(inside)} with a reentrant checkpoint, which fails "
-        "when a per-layer graph holding it is captured; drop them from model.recompute_modules, train in bf16, or "
+        f"when a per-layer graph holding it is captured; set {recompute_without(cfg.model, inside)}, train in bf16, or "
         "use cuda_graph=full_iteration",
     )
 
@@ -241,7 +241,7 @@ def mla_recompute_in_layer_graphs(cfg, target):
     return violation(
         "mla_recompute_in_layer_graphs", [IMPL, MODULES, "model.recompute_modules", "model.multi_latent_attention"],
         f"recomputing {', '.join(inside)} of multi-latent attention inside a per-layer graph reads freed memory "
-        "when the graph replays; drop them from model.recompute_modules, graph a scope without attention "
+        f"when the graph replays; set {recompute_without(cfg.model, inside)}, graph a scope without attention "
         "(cuda_graph=te_mlp or te_moe_router), or use cuda_graph=full_iteration",
     )
 

@@ -2,6 +2,9 @@
 megatron-core would reject later, or what would only show once a job is running at scale. Value
 types and ranges are in value_rules.py."""
 
+import math
+from typing import List
+
 from bridge.config.model_facts import expert_tensor_parallel_size, is_moe_model, valid_moe_layer_freq
 from bridge.validation.registry import rule, violation
 
@@ -12,6 +15,13 @@ def model_parallel_size(cfg) -> int:
 
 def data_parallel_size(cfg) -> int:
     return cfg.train.num_gpus // model_parallel_size(cfg)
+
+
+def divisors(number: int) -> List[int]:
+    """The divisors of ``number`` (1 or more), ascending, found in sqrt(number) steps: a fix names a parallel size
+    that divides another, and a size may be any value up to 2**31-1 (a walk up to it took minutes)."""
+    low = [divisor for divisor in range(1, math.isqrt(number) + 1) if number % divisor == 0]
+    return sorted(set(low + [number // divisor for divisor in low]))
 
 
 @rule("attention_heads",
@@ -89,9 +99,9 @@ def gpu_count(cfg, target):
 def expert_parallel_fix(model, expert_world: int, expert_tp: int) -> str:
     """The override(s) that fit the experts onto a pipeline stage's GPUs: the largest expert-parallel size
     that divides them and the experts, and the dispatcher that works there (flex needs TP x EP > 1)."""
-    experts = model.num_moe_experts or 1
-    fitting = [ep for ep in range(model.expert_model_parallel_size, 0, -1)
-               if expert_world % (ep * expert_tp) == 0 and experts % ep == 0]
+    experts = max(model.num_moe_experts or 1, 1)  # value_ranges reports fewer than 1
+    fitting = [ep for ep in reversed(divisors(experts))
+               if ep <= model.expert_model_parallel_size and expert_world % (ep * expert_tp) == 0]
     if not fitting:
         return "change model.expert_model_parallel_size or model.expert_tensor_parallel_size"
     fix = f"set model.expert_model_parallel_size={fitting[0]}"
@@ -259,7 +269,7 @@ def torch_compile(cfg, target):
     if cfg.torch_compile not in ("none", "default", "reduce-overhead"):
         return violation(
             "torch_compile", ["torch_compile"],
-            f"torch_compile={cfg.torch_compile!r}: use none, default or reduce-overhead",
+            f"torch_compile={cfg.torch_compile!r} is none of none, default or reduce-overhead; set torch_compile=none",
         )
     return None
 
@@ -300,4 +310,30 @@ def context_parallel_attention_variants(cfg, target):
         "context_parallel_attention_variants", ["model.context_parallel_size", *variants],
         "Transformer Engine's attention splits neither attention sinks nor a sliding window over context-parallel "
         f"ranks ({', '.join(variants)} set here); set model.context_parallel_size=1",
+    )
+
+
+@rule("rotary_dim_even",
+      rejects="rotary position embeddings over an odd number of channels: `model.kv_channels` (hidden size over heads "
+              "when unset) times `model.rotary_percent`, or multi-latent attention's `model.qk_pos_emb_head_dim`",
+      fix="an even rotary width (the message names the key), or `model.position_embedding_type=learned_absolute`")
+def rotary_dim_even(cfg, target):
+    # RoPE rotates channel pairs: its table has ceil(dim / 2) frequencies twice over, one more than an odd dim holds,
+    # and the first forward fails ("The size of tensor a (9) must match the size of tensor b (10)": llama/tiny with
+    # model.kv_channels=9 built on the CPU, both releases; deepseek/tiny's qk_pos_emb_head_dim=15 likewise).
+    model = cfg.model
+    if model.multi_latent_attention:  # MLA rotates its own positional channels whatever the embedding type
+        key, width, other = "model.qk_pos_emb_head_dim", model.qk_pos_emb_head_dim, ""
+    elif model.position_embedding_type in ("rope", "yarn") and model.num_attention_heads > 0:
+        key, other = "model.kv_channels", ", or model.position_embedding_type=learned_absolute"
+        width = int((model.kv_channels or model.hidden_size // model.num_attention_heads) * model.rotary_percent)
+    else:
+        return None
+    if width % 2 == 0:
+        return None
+    return violation(
+        "rotary_dim_even", [key, "model.position_embedding_type"],
+        f"rotary embeddings rotate channel pairs, and {key} gives them {width} channels; set {key} to an even "
+        f"width{f' (e.g. {key}={width + 1})' if key.endswith('qk_pos_emb_head_dim') or model.rotary_percent == 1 else ''}"
+        f"{other}",
     )

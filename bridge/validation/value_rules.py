@@ -146,19 +146,25 @@ def number_leaves(node, kind: type, prefix: str = ""):
                 yield prefix + item.name + (f"[{index}]" if isinstance(value, (list, tuple)) else ""), element
 
 
+@rule("int32_values", gate=True,
+      rejects="an integer beyond the int32 range (below -2**31 or above 2**31-1); the other rules wait for it",
+      fix="a value between -2147483648 and 2147483647 (in the range the field means something in)")
+def int32_values(cfg, target):
+    # A gate: the other rules and the memory estimate do arithmetic, sizing and searches on these numbers, and a
+    # value beyond any GPU job (2**63, 10**20) made them raise OverflowError or run for minutes before this refusal.
+    return [violation("int32_values", [key], f"{key}={value} overflows the int32 indices of the kernels that read "
+                                             f"it; set {key} to a value between {-INT32_MAX - 1} and {INT32_MAX}")
+            for key, value in number_leaves(cfg, int) if not -INT32_MAX - 1 <= value <= INT32_MAX]
+
+
 @rule("value_ranges",
       rejects="a value outside the range it means something in (zero sizes and counts, negative steps and "
-              "intervals, dropout of 1, non-finite floats, integers beyond 2**31-1)",
+              "intervals, dropout of 1, non-finite floats)",
       fix="a value in the range the message names")
 def value_ranges(cfg, target):
     found = [violation("value_ranges", [key], f"{key}={_get(cfg, key)} must be {range_text(key)}; set a value "
                                               f"{range_text(key)}{' (or null: unset)' if nullable(key) else ''}")
              for key in RANGES if _get(cfg, key) is not None and out_of_range(key, _get(cfg, key))]
-    flagged = {v.keys[0] for v in found}
-    found += [violation("value_ranges", [key], f"{key}={value} overflows the int32 indices of the kernels that read "
-                                              f"it; use a value between {-INT32_MAX - 1} and {INT32_MAX}")
-              for key, value in number_leaves(cfg, int)
-              if key not in flagged and not -INT32_MAX - 1 <= value <= INT32_MAX]
     found += [violation("value_ranges", [key], f"{key}={value} is not a finite number; set a finite value")
               for key, value in number_leaves(cfg, float) if not math.isfinite(value) and key not in RANGES]
     return found

@@ -1,0 +1,44 @@
+"""The MoE router's settings that TransformerConfig checks together: the score function an expert bias needs, and
+group-limited routing's groups. Each planned valid and failed at build before its rule (the schema-wide draw found
+them, tests/differential.py)."""
+
+from bridge.config.releases import in_range
+from bridge.validation.registry import rule, violation
+
+
+@rule("expert_bias_score_function",
+      rejects="aux-loss-free expert bias (`model.moe_router_enable_expert_bias=true`) with a router score function "
+              "other than sigmoid (or, on megatron-core 0.19, sqrtsoftplus)",
+      fix="`model.moe_router_score_function=sigmoid`, or `model.moe_router_enable_expert_bias=false`")
+def expert_bias_score_function(cfg, target):
+    # TransformerConfig raises it in __post_init__ (0.16.1: sigmoid only; 0.19.2 also sqrtsoftplus): deepseek/tiny,
+    # which enables the bias, with model.moe_router_score_function=softmax planned valid and failed at build.
+    model = cfg.model
+    scores = ("sigmoid", "sqrtsoftplus") if in_range(target.megatron_core, ">=0.19") else ("sigmoid",)
+    if not model.moe_router_enable_expert_bias or model.moe_router_score_function in scores:
+        return None
+    return violation(
+        "expert_bias_score_function", ["model.moe_router_score_function", "model.moe_router_enable_expert_bias"],
+        f"megatron-core {target.megatron_core} routes with an expert bias only under the "
+        f"{' or '.join(scores)} score function (model.moe_router_score_function={model.moe_router_score_function}); "
+        "set model.moe_router_score_function=sigmoid, or model.moe_router_enable_expert_bias=false",
+    )
+
+
+@rule("router_group_limited",
+      rejects="group-limited routing (`model.moe_router_group_topk`) without `model.moe_router_num_groups`",
+      fix="`model.moe_router_num_groups` (a divisor of the experts), or `model.moe_router_group_topk=null`")
+def router_group_limited(cfg, target):
+    # TransformerConfig raises "When using group limited routing, moe_router_num_groups must be specified" (0.16.1
+    # and 0.19.2), for dense models too: qwen/tiny with model.moe_router_group_topk=4 planned valid and failed so.
+    model = cfg.model
+    if not model.moe_router_group_topk or model.moe_router_num_groups:
+        return None
+    groups = next((size for size in (8, 4, 2) if model.num_moe_experts and model.num_moe_experts % size == 0
+                   and size >= model.moe_router_group_topk), None)
+    fix = f"model.moe_router_num_groups={groups}" if groups else "model.moe_router_num_groups=<groups of the experts>"
+    return violation(
+        "router_group_limited", ["model.moe_router_group_topk", "model.moe_router_num_groups"],
+        f"group-limited routing picks the best {model.moe_router_group_topk} of model.moe_router_num_groups expert "
+        f"groups, which is unset; set {fix}, or model.moe_router_group_topk=null",
+    )
