@@ -55,11 +55,13 @@ def validate(cfg: Union[DictConfig, GraphBridgeConfig], machine=None) -> List[Vi
 
 
 def plan(overrides_or_config: Union[Sequence[str], DictConfig, GraphBridgeConfig] = (), machine=None):
-    """The plan for these overrides (or this config): verdict, what is graphed, megatron-core arguments."""
+    """The plan for these overrides (or this config): verdict, what is graphed, megatron-core arguments (and
+    megatron-core's own verdict on them with plan.check_megatron=true)."""
     from bridge.planning import build_plan
     from bridge.prepare import prepare
 
     source = overrides_or_config
     if not isinstance(source, (DictConfig, GraphBridgeConfig)):
         source = compose(source)
-    return build_plan(prepare(source), machine)
+    prepared = prepare(source)
+    return build_plan(prepared, machine, check_megatron=prepared.config.plan.check_megatron)

@@ -10,6 +10,8 @@ migration notes, the derived values, what is graphed and when, the
 engine and device it would train on here, and the arguments megatron-core would be given. A run
 refuses exactly what the plan reports. The arguments are those of the target megatron-core release
 (plan.megatron_core, else the installed one), in that release's spelling (bridge.config.releases).
+A run also has megatron-core's own config classes judge them before its launch (bridge.translate.gate); a plan
+asks them with plan.check_megatron=true.
 """
 
 import dataclasses
@@ -25,6 +27,7 @@ from bridge.machine import PRESET_GPUS, Machine, preset_machine, probe
 from bridge.memory import MemoryEstimate, estimate_memory
 from bridge.prepare import Prepared
 from bridge.translate import cuda_graph_arguments, megatron_arguments
+from bridge.translate.gate import check_megatron_core
 from bridge.validation import Target, resolve_target, validate
 from bridge.validation.violation import CONFIG, Violation
 
@@ -46,6 +49,9 @@ class Plan:
     here_violations: List[Violation] = field(default_factory=list)
     """When the target is a preset GPU's machine: what a run on this machine would refuse on top of the
     target's verdict. Facts about here, never part of it."""
+    megatron_check: Optional[str] = None
+    """megatron-core's own config classes' verdict, or why they were not asked (bridge.translate.gate), in
+    one line; None when the check was not wanted."""
 
     @property
     def config_violations(self) -> List[Violation]:
@@ -124,6 +130,7 @@ class Plan:
             "megatron": _jsonable(self.megatron()) if self.valid else None,
             "env": dict(self.config.env_vars),
             "auto": self.auto.as_dict() if self.auto is not None else None,
+            "megatron_core_check": self.megatron_check,
         }
 
     def to_json(self) -> str:
@@ -154,6 +161,8 @@ class Plan:
         if self.valid:
             lines.append(f"  memory:    {self.memory().to_text()}")
         lines.append(f"  target:    megatron-core {self.target.megatron_core} ({self.megatron_core_source()})")
+        if self.megatron_check is not None:
+            lines.append(f"  checked:   {self.megatron_check}")
         if self.valid:
             graph_fields = cuda_graph_arguments(cfg, self.target.megatron_core)
             lines.append(f"  megatron-core {self.target.megatron_core} TransformerConfig (CUDA-graph fields):")
@@ -186,9 +195,21 @@ def wrapped(head: str, items: List[str], width: int = 100) -> List[str]:
     return lines + [line.rstrip(", ")]
 
 
-def build_plan(prepared: Prepared, machine: Optional[Machine] = None, graphs_measured: bool = False) -> Plan:
+def build_plan(prepared: Prepared, machine: Optional[Machine] = None, graphs_measured: bool = False,
+               check_megatron: bool = False) -> Plan:
     """The plan of ``prepared`` on ``machine`` (default: this one); ``graphs_measured``: the job composed
-    cuda_graph=auto, whose rules (bridge/validation/auto_rules.py) judge it too."""
+    cuda_graph=auto, whose rules (bridge/validation/auto_rules.py) judge it too; ``check_megatron``: megatron-core's
+    own config classes judge it as well (seconds: bridge.translate.gate), their refusal one more violation."""
+    plan = judged_plan(prepared, machine, graphs_measured)
+    if check_megatron:
+        check = check_megatron_core(plan.config, plan.target, plan.refused_here)
+        plan.megatron_check = check.summary
+        plan.violations += check.violations
+    return plan
+
+
+def judged_plan(prepared: Prepared, machine: Optional[Machine], graphs_measured: bool) -> Plan:
+    """The plan with the catalogue's verdict."""
     cfg = prepared.config
     here = machine or probe()
     cluster = cluster_machine(cfg, here)

@@ -29,6 +29,7 @@ from bridge.config.store import register
 from bridge.planning import build_plan
 from bridge.prepare import prepare
 from bridge.result import write_invalid_result
+from bridge.translate.gate import check_wanted
 from bridge.validation import Violation, judge_composed
 from perf import bridge_config, callbacks
 from perf.bridge_config_export import to_yaml
@@ -61,7 +62,9 @@ def app(composed: DictConfig) -> None:
         refuse_unresolvable(unresolvable[0], composed, job_dir, job, label)
         return
     measured = chosen_graph_choice(job["choices"]) == MEASURED_CHOICE
-    plan = build_plan(prepare(composed), graphs_measured=measured)
+    prepared = prepare(composed)
+    # megatron-core's config classes judge a training job here, before its launch (seconds; a plan opts in).
+    plan = build_plan(prepared, graphs_measured=measured, check_megatron=check_wanted(prepared.config))
     if measured:
         plan.auto = plan_auto(plan, job["overrides"])
     report_violations(plan, label)

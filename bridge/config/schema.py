@@ -173,6 +173,11 @@ class PlanConfig:
     """The megatron-core release to plan for (0.16.1 or 0.19.2, bridge.config.releases); None:
     the installed one when graphbridge supports it, else the newest this Python can install. A run
     refuses a plan for a release other than the installed one."""
+    check_megatron: bool = False
+    """Also build megatron-core's own TransformerConfig, DistributedDataParallelConfig and OptimizerConfig
+    from the translated arguments, as a mode=train job the rules accept does before its launch; a refusal is
+    the violation megatron_core_config. Off by default: importing megatron-core adds seconds to a plan of about
+    one. It judges configs for the megatron engine and the installed release only (the plan says why it did not)."""
 
 
 @dataclass

@@ -3,7 +3,8 @@
 The table of supported megatron-core releases and how each spells graphbridge's settings is on the
 ground floor (bridge/config/releases.py); arguments.py computes the arguments as plain data for any supported release (no
 megatron-core import: planning stays light and can target a release that is not installed);
-build.py builds the real objects for the installed release.
+build.py builds the real objects for the installed release; gate.py has them judge a job before its launch
+(and a plan that asks), a refusal one more violation.
 """
 
 from bridge.translate.arguments import cuda_graph_arguments, megatron_arguments
