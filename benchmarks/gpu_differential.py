@@ -40,9 +40,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from bridge.atomic import write_text_atomic  # noqa: E402
-from differential_draw import DROPOUTS, draw  # noqa: E402
+from differential_draw import DROPOUTS, draw, varied  # noqa: E402
 from differential_launch import Launch, port_range_problem, train  # noqa: E402
 from differential_witnesses import WITNESS_CASES, gpus_of  # noqa: E402
+from schema_draw import coverage  # noqa: E402
 
 STEPS = 6
 """Enough for the default three eager warmup steps, the capture and two replays."""
@@ -241,8 +242,11 @@ def summary(runs: List[Run], args, environment: Dict[str, object], elapsed: floa
                 bypass[rule]["completed" if run.status == "completed" else "failed"] += 1
     classes = Counter(failure_class(run.error) for run in crashed)
     gaps = {pair["graphed"]: pair["max_relative_gap"] for pair in twin_pairs(runs)}
+    fields = coverage((varied(run.overrides), run.plan["runnable_here"]) for run in drawn)
     return {
         **environment, "num_gpus": args.gpus, "seed": args.seed, "drawn": len(drawn), "accepted": len(accepted),
+        "fields_drawn": fields["fields_drawn"], "fields_varied": fields["fields_varied"],
+        "field_coverage": fields["per_field"],
         "trained": len(trained), "completed": len(trained) - len(crashed), "crash_after_accept": len(crashed),
         "rejections": dict(Counter(rule for run in drawn if not run.plan["runnable_here"]
                                    for rule in refused_rules(run.plan)).most_common()),

@@ -130,24 +130,26 @@ def run(seed: int, count: int, world_size: int, all_roles: bool = True, gpu_draw
     machine = target_machine(world_size)
     records = []
     for index in range(count):
-        overrides, finish = gpu_drawn(rng, world_size) if gpu_draws else layout_drawn(rng, world_size)
-        records.append({"index": index, "overrides": overrides, **judge(finish, machine, all_roles)})
+        overrides, varied, finish = gpu_drawn(rng, world_size) if gpu_draws else layout_drawn(rng, world_size)
+        records.append({"index": index, "overrides": overrides, "varied": varied,
+                        **judge(finish, machine, all_roles)})
     return records
 
 
-def layout_drawn(rng: random.Random, world_size: int) -> Tuple[List[str], Callable[[], object]]:
-    """A draw of tests/layout_draw.py: its command line, and what makes its config."""
+def layout_drawn(rng: random.Random, world_size: int) -> Tuple[List[str], List[str], Callable[[], object]]:
+    """A draw of tests/layout_draw.py: its command line, the fields it varied, and what makes its config."""
     drawn = draw(rng, world_size)
-    return drawn.overrides(), functools.partial(finished, drawn)
+    return drawn.overrides(), drawn.varied(), functools.partial(finished, drawn)
 
 
-def gpu_drawn(rng: random.Random, world_size: int) -> Tuple[List[str], Callable[[], object]]:
-    """A draw of the GPU differential: its command line, and what makes its config (as the CLI does)."""
+def gpu_drawn(rng: random.Random, world_size: int) -> Tuple[List[str], List[str], Callable[[], object]]:
+    """A draw of the GPU differential: its command line, the fields it set, and what makes its config (as the CLI
+    does)."""
     import bridge
-    from differential_draw import draw as gpu_draw
+    from differential_draw import draw as gpu_draw, varied
 
     overrides = gpu_draw(rng, world_size)
-    return overrides, functools.partial(bridge.load, overrides)
+    return overrides, varied(overrides), functools.partial(bridge.load, overrides)
 
 
 def summary(records: List[dict]) -> Dict[str, object]:
@@ -158,7 +160,16 @@ def summary(records: List[dict]) -> Dict[str, object]:
             "graphbridge_alone": dict(Counter(rule for record in records if record["class"] == OURS_ONLY
                                               for rule in record["ours"])),
             "missing_rules": dict(Counter(record["megatron"] for record in records
-                                          if record["class"] == MEGATRON_ONLY))}
+                                          if record["class"] == MEGATRON_ONLY)),
+            "fields": field_coverage(records)}
+
+
+def field_coverage(records: List[dict]) -> Dict[str, object]:
+    """Per schema field, how many draws varied it and how many of those graphbridge accepted (fields_varied: the
+    fields varied at least five times and accepted once)."""
+    from benchmarks.schema_draw import coverage
+
+    return coverage((record["varied"], record["class"] in (BOTH_ACCEPT, MEGATRON_ONLY)) for record in records)
 
 
 def main() -> int:
@@ -176,7 +187,10 @@ def main() -> int:
     if args.json:
         print(json.dumps(records))
         return 0
-    print(json.dumps(summary(records), indent=1))
+    overview = summary(records)
+    per_field = overview["fields"].pop("per_field")
+    print(json.dumps(overview, indent=1))
+    print("fields never accepted when varied:", sorted(key for key, seen in per_field.items() if not seen["accepted"]))
     for record in records:
         if record["class"] == MEGATRON_ONLY:
             print(f"MISSING RULE: {record['megatron']}\n  {' '.join(record['overrides'])}")

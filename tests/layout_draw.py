@@ -4,7 +4,8 @@ W ranks, with a few fields mutated. Mutations are drawn independently, so some b
 what the CPU can build (the local layer spec, bf16), so that the build sees most of what the plan accepts.
 
 A draw is the composed config's base overrides plus the dotted fields set on top (``Draw.changes``); ``finished``
-turns it into the config every later step reads, without composing again (bases are composed once)."""
+turns it into the config every later step reads, without composing again (bases are composed once). The fields
+mutated on top come from the schema (benchmarks/schema_draw.py), drawn as the GPU differential draws them."""
 
 import copy
 import random
@@ -16,10 +17,10 @@ from omegaconf import OmegaConf
 
 from bridge.config.load import override_value
 from bridge.recipes import presets, recipe_names
+from benchmarks.schema_draw import mutations
 
 TINY = ("llama/tiny", "qwen/tiny", "deepseek/tiny", "gpt_oss/tiny")
 DISPATCHERS = ("allgather", "alltoall", "flex")
-RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm", "moe", "moe_act", "shared_experts", "mla_up_proj")
 
 
 @dataclass
@@ -28,6 +29,11 @@ class Draw:
     """The Hydra overrides the config is composed from: a recipe, and a preset's gpu and precision."""
     changes: Dict[str, object] = field(default_factory=dict)
     """Dotted fields set on the composed config, as a user's overrides would."""
+
+    def varied(self) -> List[str]:
+        """The fields whose value the draw changed from its base's."""
+        node = composed(self.base)
+        return [key for key, value in self.changes.items() if value != OmegaConf.select(node, key)]
 
     def overrides(self) -> List[str]:
         """The command line that gives the same config (every change, in the order drawn)."""
@@ -67,7 +73,8 @@ def draw(rng: random.Random, world_size: int) -> Draw:
     moe = bool(node.model.num_moe_experts)
     changes = shrunk(rng, node)
     changes.update(layout(rng, world_size, moe, changes))
-    changes.update(mutations(rng, moe, node))
+    changes.update(buildable(rng, moe, node))
+    changes.update(mutations(rng, lambda key: changes[key] if key in changes else OmegaConf.select(node, key)))
     return Draw(base, changes)
 
 
@@ -141,8 +148,8 @@ def layout(rng: random.Random, world_size: int, moe: bool, changes: Dict[str, ob
     return picked
 
 
-def mutations(rng: random.Random, moe: bool, node) -> Dict[str, object]:
-    """A few fields changed, each with its own chance: mostly what the CPU builds (local spec, bf16)."""
+def buildable(rng: random.Random, moe: bool, node) -> Dict[str, object]:
+    """Mostly what the CPU builds (the local spec, bf16), so that the build sees most of what the plan accepts."""
     changes: Dict[str, object] = {}
     if rng.random() < 0.92:
         changes["model.transformer_impl"] = "local"
@@ -158,62 +165,4 @@ def mutations(rng: random.Random, moe: bool, node) -> Dict[str, object]:
         changes.update({"model.fp8": None, "model.fp4": None})
     if node.model.multi_latent_attention and changes.get("model.transformer_impl") == "local" and rng.random() < 0.7:
         changes["model.multi_latent_attention"] = False  # the local spec builds standard attention only
-    changes.update(graphs(rng, local=changes.get("model.transformer_impl") == "local", moe=moe))
-    for key, chance in (("model.add_bias_linear", 0.1), ("model.qk_layernorm", 0.15),
-                        ("model.layernorm_zero_centered_gamma", 0.05), ("model.persist_layer_norm", 0.05),
-                        ("optimizer.optimizer_in_graph", 0.04)):
-        if rng.random() < chance:
-            changes[key] = not _current(node, key)
-    if rng.random() < 0.2:
-        changes["model.normalization"] = "LayerNorm"
-    for key in ("model.attention_dropout", "model.hidden_dropout"):
-        if rng.random() < 0.1:
-            changes[key] = 0.1
-    changes.update(recompute(rng))
-    if moe:
-        changes.update(moe_mutations(rng))
-    return changes
-
-
-def _current(node, dotted: str):
-    section, name = dotted.split(".", 1)
-    return getattr(node[section], name)
-
-
-def graphs(rng: random.Random, local: bool, moe: bool) -> Dict[str, object]:
-    """A graph choice; Transformer Engine's graphs seldom on the local spec, which they need, and MoE layers eager
-    more often (most graphs of them need drop-and-pad routing)."""
-    weights = [8 if moe else 4, 2.5, 2, 0.3 if local else 1.5]
-    impl = rng.choices(["none", "full_iteration", "local", "transformer_engine"], weights)[0]
-    modules: List[str] = []
-    if impl == "transformer_engine":
-        modules = rng.sample(["attn", "mlp", "moe_router", "moe_preprocess"], rng.randint(0, 2))
-    return {"model.cuda_graph_impl": impl, "model.cuda_graph_modules": modules}
-
-
-def recompute(rng: random.Random) -> Dict[str, object]:
-    roll = rng.random()
-    if roll < 0.12:
-        return {"model.recompute_granularity": "selective", "model.recompute_method": None,
-                "model.recompute_num_layers": None,
-                "model.recompute_modules": rng.sample(RECOMPUTE_MODULES, rng.randint(1, 2))}
-    if roll < 0.17:
-        return {"model.recompute_granularity": "full", "model.recompute_method": rng.choice(["uniform", "block"]),
-                "model.recompute_num_layers": 1}
-    return {}
-
-
-def moe_mutations(rng: random.Random) -> Dict[str, object]:
-    changes: Dict[str, object] = {}
-    for key, chance in (("model.moe_grouped_gemm", 0.15), ("model.moe_permute_fusion", 0.08),
-                        ("model.moe_router_fusion", 0.05), ("model.moe_shared_expert_overlap", 0.1)):
-        if rng.random() < chance:
-            changes[key] = rng.random() < 0.6
-    roll = rng.random()
-    if roll < 0.4:  # drop-and-pad: what graphs of MoE layers need (dropless dispatch syncs with the host)
-        changes.update({"model.moe_expert_capacity_factor": 1.0, "model.moe_pad_expert_input_to_capacity": True})
-    elif roll < 0.45:
-        changes["model.moe_expert_capacity_factor"] = 1.0
-    if rng.random() < 0.15:
-        changes["model.moe_router_dtype"] = rng.choice(["fp32", "fp64"])
     return changes

@@ -1,7 +1,7 @@
 """Nothing megatron-core refuses is accepted, at any parallel layout: the differential of tests/differential.py, in
 its own process (megatron-core keeps global state). By default 50 seeded configs at each of 2, 4 and 8 ranks, one
-rank built a config; under -m slow 350 at each of 2, 4, 8 and 16 ranks (1400 a release), every role built, with at
-least a third accepted and four in five of those built, 150 at each of 32, 64 and 256 ranks, and the draws of
+rank built a config; under -m slow 300 at each of 1, 2, 4 and 8 ranks (1200 a release), every role built, with at
+least a third accepted, half of those built and 120 schema fields varied and accepted, 150 at each of 32, 64 and 256 ranks, and the draws of
 the next GPU differentials (one, two and four GPUs).
 Against the installed megatron-core, and against the release GRAPHBRIDGE_MEGATRON_CORE_PATH makes importable
 (0.19.2 on this Python: its wheel unpacked, triton beside it)."""
@@ -109,13 +109,19 @@ def test_the_catalogue_accepts_nothing_megatron_core_refuses(world_size, release
 @pytest.mark.slow
 @pytest.mark.parametrize("release_path", RELEASES)
 def test_the_catalogue_accepts_nothing_megatron_core_refuses_at_scale(release_path):
-    records = [record for world_size in (2, 4, 8, 16)
-               for record in differential(seed=100 + world_size, count=350, release_path=release_path,
+    """1200 draws of the schema-wide draw over 1 to 8 ranks: most fields of the schema varied and accepted."""
+    from benchmarks.schema_draw import coverage
+
+    records = [record for world_size in (1, 2, 4, 8)
+               for record in differential(seed=100 + world_size, count=300, release_path=release_path,
                                           world_size=world_size, first_role_only=False)]
     check(records)
     accepted = [record for record in records if record["class"] == "both accept"]
     assert len(accepted) >= len(records) / 3, f"{len(accepted)} of {len(records)} accepted"
-    assert sum(record["built"] for record in accepted) >= 0.8 * len(accepted)
+    # Half of them build here: the rest need Transformer Engine, fp8 or a GPU's kernels (the schema draws them).
+    assert sum(record["built"] for record in accepted) >= 0.5 * len(accepted)
+    fields = coverage((record["varied"], record["class"] == "both accept") for record in records)
+    assert fields["fields_varied"] >= 120, fields["fields_varied"]
 
 
 @pytest.mark.slow
