@@ -82,11 +82,12 @@ class Run:
 
 
 def plan_verdict(overrides: List[str]) -> Dict[str, object]:
-    """The plan of this machine for ``overrides``: what ``graphbridge mode=plan`` decides, in-process."""
+    """The plan of this machine for ``overrides``: what ``graphbridge mode=plan`` decides, in-process, with
+    megatron-core's own config classes asked as a training run asks them before its launch."""
     import bridge
 
     try:
-        plan = bridge.plan(overrides)
+        plan = bridge.plan([*overrides, "plan.check_megatron=true"])
     except Exception as error:  # an override the CLI refuses in one line before any rule runs
         return {"valid": False, "runnable_here": False, "violations": [{"rule": "override", "where": "config"}],
                 "error": f"{type(error).__name__}: {str(error).splitlines()[0]}"}

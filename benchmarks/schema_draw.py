@@ -39,7 +39,7 @@ STRING_CHOICES = {
 }
 """The string fields the catalogue's CHOICES leaves out: megatron-core's own spellings of their values."""
 MIN_VARIED = 5
-CHANGES_WEIGHTS = (30, 25, 18, 12, 8, 7)
+CHANGES_WEIGHTS = (40, 25, 14, 9, 7, 5)
 """How often a draw changes 1, 2, ... 6 fields: mostly few, so that most draws stay near a recipe that trains."""
 
 

@@ -25,6 +25,7 @@ import functools
 import json
 import os
 import random
+import re
 import sys
 import warnings
 from collections import Counter
@@ -41,6 +42,7 @@ from tests.rank_build import REFUSALS, build_rank, first_line, roles  # noqa: E4
 BOTH_ACCEPT, BOTH_REFUSE, OURS_ONLY, MEGATRON_ONLY = "both accept", "both refuse", "graphbridge refuses", \
     "megatron-core refuses"
 H100 = ("NVIDIA H100 80GB HBM3", (9, 0))
+TRANSFORMER_ENGINE = re.compile(r"\bTE\b|Transformer ?Engine|transformer_engine", re.IGNORECASE)
 
 
 def target_machine(world_size: int):
@@ -75,20 +77,25 @@ def buildable_here(cfg) -> Optional[str]:
     return next((why for needed, why in needs if needed), None)
 
 
-def megatron_verdict(cfg, role_ranks: List[int]) -> Tuple[Optional[str], bool, Optional[str]]:
+def megatron_verdict(cfg, role_ranks: List[int], machine) -> Tuple[Optional[str], bool, Optional[str]]:
     """(megatron-core's refusal or None, whether every role's model, wrapper and optimizer were built, what the CPU
     could not do: a build or a step that needs a GPU machine's CUDA or packages)."""
+    import megatron.core.utils
+
     from bridge.translate import build_megatron_configs
+    from bridge.translate.gate import caused_by_import, transformer_engine_of
+    from bridge.validation import resolve_target
 
     unbuildable = buildable_here(cfg)
     try:
-        with warnings.catch_warnings():
+        # Checks that read Transformer Engine's version read the target node's, as the gate before a launch does.
+        with warnings.catch_warnings(), transformer_engine_of(megatron.core.utils, resolve_target(cfg, machine)):
             warnings.simplefilter("ignore")
             build_megatron_configs(cfg)
     except REFUSALS as error:
-        # Where the configuration needs Transformer Engine, megatron-core's checks here ask for TE's version or
-        # kernels, which the GPU node has: no verdict from this CPU.
-        if unbuildable or isinstance(error, ImportError):
+        # A check that reaches for Transformer Engine itself (an import, or a kernel it asks for: "fused permutation
+        # is not available. Please install TE >= 2.1.0") is the GPU node's to judge: no verdict from this CPU.
+        if caused_by_import(error) or TRANSFORMER_ENGINE.search(str(error)):
             return None, False, unbuildable or f"{type(error).__name__}: {first_line(error)}"[:200]
         return f"{type(error).__name__}: {first_line(error)}"[:300], False, None
     if unbuildable:
@@ -117,7 +124,7 @@ def judge(finish: Callable[[], object], machine, all_roles: bool) -> Dict[str, o
     ours = graphbridge_verdict(cfg, machine)
     # What graphbridge accepts is built at every role; what it refuses, at the first (enough to agree it fails).
     ranks = roles(cfg) if all_roles and not ours else roles(cfg)[:1]
-    theirs, built, unbuilt = megatron_verdict(cfg, ranks)
+    theirs, built, unbuilt = megatron_verdict(cfg, ranks, machine)
     return {"class": classify(ours, theirs), "ours": ours, "megatron": theirs, "built": built, "not_built": unbuilt,
             "roles": ranks}
 

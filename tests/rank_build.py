@@ -232,9 +232,10 @@ def _forget_moe_metrics() -> None:
 
 
 REFUSALS = (AssertionError, ValueError, KeyError, NotImplementedError, TypeError, RuntimeError, ImportError,
-            AttributeError, NameError)
-"""What megatron-core raises on a configuration it will not build or train (TypeError and AttributeError are its
-crashes on inputs it never expected, which a user meets all the same)."""
+            AttributeError, NameError, ArithmeticError, IndexError)
+"""What megatron-core raises on a configuration it will not build or train (TypeError, AttributeError, a division
+by a zero size and an index past a list are its crashes on inputs it never expected, which a user meets all the
+same)."""
 
 
 def first_line(error: BaseException) -> str:

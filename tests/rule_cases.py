@@ -322,6 +322,11 @@ RULE_CASES.update({
               "ddp.overlap_param_gather": True, "ddp.overlap_grad_reduce": True, **PP2,
               "model.virtual_pipeline_model_parallel_size": 2, "model.num_layers": 4, "train.global_batch_size": 2})),
     "rotary_dim_even": (Case({"model.kv_channels": 9}), Case({"model.kv_channels": 10})),
+    "cpu_offloading_layers": (Case({"model.cpu_offloading": True, "model.cpu_offloading_num_layers": 2}, megatron=True),
+                              Case({"model.cpu_offloading": True, "model.cpu_offloading_num_layers": 1},
+                                   megatron=True)),
+    "moe_ffn_without_experts": (Case({"model.moe_ffn_hidden_size": 128}, megatron=True),
+                                Case({**MOE, "model.moe_ffn_hidden_size": 128}, megatron=True)),
     "mla_query_groups": (Case({**MLA, "model.num_query_groups": 2}),
                          Case({**MLA, "model.num_query_groups": 4, "model.num_attention_heads": 4})),
     "expert_bias_score_function": (

@@ -62,6 +62,24 @@ STRICTER = {
                    "this test never runs",
     "bias_activation_fusion": "megatron-core's MLP forward raises for the fusions its config checks let through, "
                               "which this test never runs",
+    # Reached once the draw came from the schema (issue 79):
+    "recompute_settings": "a recompute method or layer count without full recompute, which megatron-core ignores: "
+                          "the user's value would not take effect, so it is refused with the fix (explicit values win)",
+    "lr_schedule": "megatron-core's OptimizerParamScheduler asserts it when the engine builds the scheduler, which "
+                   "the rank build does not construct",
+    "config_choices": "a name megatron-core's Literal annotations leave out but never check: it would train as "
+                      "something else (bridge/validation/value_rules.py, CHOICES)",
+    "static_shapes": "graphs capture one sequence length: the model's must be the data's (Bridge's rule)",
+    "attention_heads": "Megatron-LM's arguments assert hidden_size % num_attention_heads == 0 without kv_channels; "
+                       "megatron-core's classes floor-divide and build an attention narrower than the hidden size",
+    "param_gather_with_optimizer_step": "the non-distributed optimizer fails on it at the step (\"no attribute "
+                                        "'model_chunks'\", llama/tiny at 4 ranks), which refused draws do not reach; "
+                                        "Megatron-LM's arguments ask the distributed optimizer, its overlapped "
+                                        "gather and virtual stages",
+    "legacy_flags": "the older CUDA-graph spellings beside the canonical ones: conflicting inputs are refused, not "
+                    "resolved silently (DESIGN, config model)",
+    "full_iteration_nan_checks": "the host reads of the NaN checks the user turned on cannot be captured in the "
+                                 "full-iteration graph; the override helper never flips what the user set",
     # Rules that refuse on GPU grounds: the run that justified each is its witness (tests/gpu_witnesses.py).
     **{rule: f"a GPU failure: {witness.record} run {witness.run}" for rule, witness in GPU_WITNESSES.items()},
 }

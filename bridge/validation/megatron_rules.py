@@ -250,8 +250,9 @@ def router_padding_saved_map(cfg, target):
       rejects="top-1 routing with a softmax router that applies softmax after the top-k (a zero gradient)",
       fix="`model.moe_router_pre_softmax=true`")
 def router_topk_one(cfg, target):
+    # TransformerConfig checks it for dense models too (0.16.1 and 0.19.2), where a drawn top-1 planned valid.
     model = cfg.model
-    if (is_moe_model(model) and model.moe_router_topk == 1 and model.moe_router_score_function == "softmax"
+    if (model.moe_router_topk == 1 and model.moe_router_score_function == "softmax"
             and not model.moe_router_pre_softmax and model.moe_router_load_balancing_type != "sinkhorn"):
         return violation("router_topk_one", ["model.moe_router_topk", "model.moe_router_pre_softmax"],
                          "Please use --moe-router-pre-softmax when topk is 1 (softmax over one expert has no gradient); "
@@ -305,24 +306,31 @@ def pipeline_split(cfg, target):
 
 
 def accounted_split(model):
-    """TransformerConfig's check of an even split that counts the embedding and/or the loss as a layer each."""
+    """megatron-core's even split (TransformerConfig, and the transformer block at build), which counts the embedding
+    and/or the loss as a layer each where the accounting asks: llama/tiny's 2 layers over PP4 planned valid and
+    failed at build ("num_layers should be divisible by pipeline_model_parallel_size") before it was checked here."""
     accounted = int(model.account_for_embedding_in_pipeline_split) + int(model.account_for_loss_in_pipeline_split)
     stages, vp = model.pipeline_model_parallel_size, model.virtual_pipeline_model_parallel_size
-    if not accounted or model.pipeline_model_parallel_layout or stages <= 1:
+    if model.pipeline_model_parallel_layout or stages <= 1:
         return None
     layers = model.num_layers + accounted
     keys = ["model.num_layers", "model.pipeline_model_parallel_size", "model.account_for_embedding_in_pipeline_split",
             "model.account_for_loss_in_pipeline_split"]
+    counted = " (the embedding and/or loss counted as one each)" if accounted else ""
     if layers % stages:
-        problem = f"{layers} layers (the embedding and/or loss counted as one each) over {stages} stages"
+        problem = f"{layers} layers{counted} over {stages} stages"
     elif vp and (layers // stages) % vp:
-        problem = f"{layers // stages} layers a stage (the embedding and/or loss counted) over {vp} virtual stages"
+        problem = f"{layers // stages} layers a stage{counted} over {vp} virtual stages"
         keys.append("model.virtual_pipeline_model_parallel_size")
     else:
         return None
+    even = stages * (vp or 1)
+    fix = f"set model.num_layers={max(even, -(-layers // even) * even) - accounted}"
+    if accounted:
+        fix += (", or model.account_for_embedding_in_pipeline_split=false and "
+                "model.account_for_loss_in_pipeline_split=false")
     return violation("pipeline_split", keys, f"megatron-core splits the pipeline evenly, and {problem} do not split "
-                     "evenly; change model.num_layers, or set model.account_for_embedding_in_pipeline_split=false and "
-                     "model.account_for_loss_in_pipeline_split=false")
+                     f"evenly; {fix}")
 
 
 @rule("gated_delta_net_layout",

@@ -137,6 +137,23 @@ def recompute_modules_problem(model):
     return None
 
 
+@rule("cpu_offloading_layers",
+      rejects="CPU offloading (`model.cpu_offloading=true`) of `model.cpu_offloading_num_layers` not below the layer count",
+      fix="`model.cpu_offloading_num_layers` below `model.num_layers`")
+def cpu_offloading_layers(cfg, target):
+    # TransformerConfig raises "CPU offloading can be done only for layers less than N" (0.16.1 and 0.19.2): a
+    # one-layer model offloading one layer planned valid in the schema-wide draw and failed there.
+    model = cfg.model
+    if not model.cpu_offloading or model.cpu_offloading_num_layers < model.num_layers:
+        return None
+    return violation(
+        "cpu_offloading_layers", ["model.cpu_offloading_num_layers", "model.num_layers"],
+        f"megatron-core offloads fewer layers than the model has (model.cpu_offloading_num_layers="
+        f"{model.cpu_offloading_num_layers}, model.num_layers={model.num_layers}); set "
+        f"model.cpu_offloading_num_layers={model.num_layers - 1}",
+    )
+
+
 @rule("cpu_offloading_conflicts",
       rejects='CPU offloading with recompute or pipeline parallelism',
       fix='`model.cpu_offloading=false`')

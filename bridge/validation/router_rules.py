@@ -42,3 +42,25 @@ def router_group_limited(cfg, target):
         f"group-limited routing picks the best {model.moe_router_group_topk} of model.moe_router_num_groups expert "
         f"groups, which is unset; set {fix}, or model.moe_router_group_topk=null",
     )
+
+
+@rule("moe_ffn_without_experts",
+      rejects="`model.moe_ffn_hidden_size` on a model without `model.num_moe_experts` (megatron-core 0.19 lets it pass "
+              "when `model.moe_layer_freq` leaves dense layers)",
+      fix="`model.moe_ffn_hidden_size=null`, or `model.num_moe_experts`")
+def moe_ffn_without_experts(cfg, target):
+    # TransformerConfig refuses an experts' width without experts (0.16.1 asserts it; 0.19.2 raises unless the layer
+    # frequency marks dense layers, where it drops the width): the schema-wide draw planned it valid.
+    model = cfg.model
+    if model.num_moe_experts is not None or model.moe_ffn_hidden_size is None:
+        return None
+    freq = model.moe_layer_freq
+    mixed = (isinstance(freq, (list, tuple)) and 0 in freq) or (
+        isinstance(freq, int) and not isinstance(freq, bool) and freq > 1)
+    if mixed and in_range(target.megatron_core, ">=0.19"):
+        return None
+    return violation(
+        "moe_ffn_without_experts", ["model.moe_ffn_hidden_size", "model.num_moe_experts"],
+        f"model.moe_ffn_hidden_size={model.moe_ffn_hidden_size} sizes experts this model does not have "
+        "(model.num_moe_experts is null); set model.moe_ffn_hidden_size=null",
+    )

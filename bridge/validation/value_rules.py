@@ -92,7 +92,7 @@ RANGES = {
     "perf.inject_nan_at_step": (0, None), "rng.seed": (0, None), "optimizer.lr_warmup_iters": (0, None),
     "workload.preset_global_batch_size": (1, None),
     "model.attention_dropout": (0.0, 1.0), "model.hidden_dropout": (0.0, 1.0),
-    "model.layernorm_epsilon": (0.0, None), "model.init_method_std": (0.0, None), "model.rotary_base": (0.0, None),
+    "model.layernorm_epsilon": (0.0, None), "model.init_method_std": (0.0, None), "model.rotary_base": (1.0, None),
     "model.rotary_percent": (0.0, 1.0), "model.moe_aux_loss_coeff": (0.0, None),
     "model.mtp_loss_scaling_factor": (0.0, None), "model.moe_input_jitter_eps": (0.0, None),
     "optimizer.weight_decay": (0.0, None), "optimizer.adam_beta1": (0.0, 1.0), "optimizer.adam_beta2": (0.0, 1.0),
@@ -104,7 +104,8 @@ EXCLUSIVE_LOW = {"model.layernorm_epsilon", "model.init_method_std", "model.rota
                  "model.moe_input_jitter_eps", "optimizer.adam_eps", "model.moe_expert_capacity_factor",
                  "model.rope_scaling_factor", "model.rotary_scaling_factor", "model.moe_router_topk_scaling_factor"}
 """Floats that must be above their lowest value, not equal to it (an epsilon of 0 divides by zero, a
-scaling factor of 0 zeroes what it scales, a capacity factor of 0 drops every token)."""
+scaling factor of 0 zeroes what it scales, a capacity factor of 0 drops every token, a rotary base of 1 gives every
+channel one frequency and YaRN divides by its logarithm: deepseek/tiny with model.rotary_base=1.0 failed at build)."""
 EXCLUSIVE_HIGH = {"model.attention_dropout", "model.hidden_dropout", "optimizer.adam_beta1", "optimizer.adam_beta2"}
 """Floats that must stay below their highest value (a dropout of 1 drops everything)."""
 
