@@ -71,7 +71,8 @@ def _subset(rng: random.Random, names, low: int, high: int) -> List[str]:
 
 def _layout(rng: random.Random, current: Callable[[str], Any]):
     """A pipeline layout of the model's layers over PP x VP stages, E first and L last, the layers split at random."""
-    stages = current("model.pipeline_model_parallel_size") * (current("model.virtual_pipeline_model_parallel_size") or 1)
+    virtual = current("model.virtual_pipeline_model_parallel_size") or 1
+    stages = current("model.pipeline_model_parallel_size") * virtual
     layers = current("model.num_layers")
     if layers > 64 or stages > 16:
         return None
@@ -86,7 +87,8 @@ STRUCTURED: Dict[str, Callable[[random.Random, Callable[[str], Any]], Any]] = {
     "model.cuda_graph_modules": lambda rng, current: _subset(rng, CUDA_GRAPH_MODULES, 0, 2),
     "model.recompute_modules": lambda rng, current: _subset(rng, RECOMPUTE_MODULES, 1, 2),
     "model.moe_layer_freq": lambda rng, current: (
-        rng.choice([1, 2]) if rng.random() < 0.5 else [rng.randint(0, 1) for _ in range(min(current("model.num_layers"), 64))]),
+        rng.choice([1, 2]) if rng.random() < 0.5
+        else [rng.randint(0, 1) for _ in range(min(current("model.num_layers"), 64))]),
     "model.linear_attention_freq": lambda rng, current: rng.choice([2, 4]),
     "model.window_size": lambda rng, current: [rng.choice([16, 64, 128]), 0],
     "model.pipeline_model_parallel_layout": _layout,

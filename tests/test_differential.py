@@ -1,8 +1,8 @@
 """Nothing megatron-core refuses is accepted, at any parallel layout: the differential of tests/differential.py, in
 its own process (megatron-core keeps global state). By default 50 seeded configs at each of 2, 4 and 8 ranks, one
 rank built a config; under -m slow 300 at each of 1, 2, 4 and 8 ranks (1200 a release), every role built, with at
-least a third accepted, half of those built and 120 schema fields varied and accepted, 150 at each of 32, 64 and 256 ranks, and the draws of
-the next GPU differentials (one, two and four GPUs).
+least a third accepted, half of those built and 120 schema fields varied and accepted; 150 at each of 32, 64 and
+256 ranks; and the draws of the next GPU differentials (one, two and four GPUs).
 Against the installed megatron-core, and against the release GRAPHBRIDGE_MEGATRON_CORE_PATH makes importable
 (0.19.2 on this Python: its wheel unpacked, triton beside it)."""
 

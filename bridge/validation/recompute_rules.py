@@ -138,7 +138,8 @@ def recompute_modules_problem(model):
 
 
 @rule("cpu_offloading_layers",
-      rejects="CPU offloading (`model.cpu_offloading=true`) of `model.cpu_offloading_num_layers` not below the layer count",
+      rejects="CPU offloading (`model.cpu_offloading=true`) of `model.cpu_offloading_num_layers` not below the layer "
+              "count",
       fix="`model.cpu_offloading_num_layers` below `model.num_layers`")
 def cpu_offloading_layers(cfg, target):
     # TransformerConfig raises "CPU offloading can be done only for layers less than N" (0.16.1 and 0.19.2): a

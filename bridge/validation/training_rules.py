@@ -331,9 +331,10 @@ def rotary_dim_even(cfg, target):
         return None
     if width % 2 == 0:
         return None
+    # The next width up is even where the whole head rotates; under a rotary_percent it depends on the product.
+    example = f" (e.g. {key}={width + 1})" if key.endswith("qk_pos_emb_head_dim") or model.rotary_percent == 1 else ""
     return violation(
         "rotary_dim_even", [key, "model.position_embedding_type"],
         f"rotary embeddings rotate channel pairs, and {key} gives them {width} channels; set {key} to an even "
-        f"width{f' (e.g. {key}={width + 1})' if key.endswith('qk_pos_emb_head_dim') or model.rotary_percent == 1 else ''}"
-        f"{other}",
+        f"width{example}{other}",
     )
