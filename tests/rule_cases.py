@@ -327,6 +327,9 @@ RULE_CASES.update({
                                    megatron=True)),
     "moe_ffn_without_experts": (Case({"model.moe_ffn_hidden_size": 128}, megatron=True),
                                 Case({**MOE, "model.moe_ffn_hidden_size": 128}, megatron=True)),
+    "sinkhorn_aux_loss": (Case({**MOE, "model.moe_router_load_balancing_type": "sinkhorn",
+                                "model.moe_aux_loss_coeff": 0.001}),
+                          Case({**MOE, "model.moe_router_load_balancing_type": "sinkhorn"})),
     "mla_query_groups": (Case({**MLA, "model.num_query_groups": 2}),
                          Case({**MLA, "model.num_query_groups": 4, "model.num_attention_heads": 4})),
     "expert_bias_score_function": (

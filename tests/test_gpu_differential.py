@@ -155,7 +155,7 @@ def test_draws_at_two_gpus_take_every_parallel_layout_and_plan_on_a_cluster_gpu(
     assert {"model.tensor_model_parallel_size", "model.pipeline_model_parallel_size", "model.context_parallel_size",
             "model.expert_model_parallel_size", "model.virtual_pipeline_model_parallel_size"} <= keys, LAYOUTS
     # This CPU machine cannot run them (the GPU machine plans them itself); the configuration rules judge them here.
-    verdicts = [plan_verdict(overrides) for overrides in draws[:12]]
+    verdicts = [plan_verdict(overrides) for overrides in draws]
     assert not [v for v in verdicts if "error" in v]
     assert any(v["valid"] for v in verdicts) and not any(v["runnable_here"] for v in verdicts)
 

@@ -64,3 +64,20 @@ def moe_ffn_without_experts(cfg, target):
         f"model.moe_ffn_hidden_size={model.moe_ffn_hidden_size} sizes experts this model does not have "
         "(model.num_moe_experts is null); set model.moe_ffn_hidden_size=null",
     )
+
+
+@rule("sinkhorn_aux_loss",
+      rejects="Sinkhorn load balancing (`model.moe_router_load_balancing_type=sinkhorn`) with an auxiliary loss "
+              "(`model.moe_aux_loss_coeff` above 0)",
+      fix="`model.moe_aux_loss_coeff=0.0`, or another load-balancing type")
+def sinkhorn_aux_loss(cfg, target):
+    # The Sinkhorn router asserts "Sinkhorn routing does not support aux loss" in its first forward (0.16.1 and
+    # 0.19.2): deepseek/tiny (aux-loss coefficient set) with Sinkhorn balancing planned valid and failed at a step.
+    model = cfg.model
+    if model.moe_router_load_balancing_type != "sinkhorn" or not model.moe_aux_loss_coeff:
+        return None
+    return violation(
+        "sinkhorn_aux_loss", ["model.moe_router_load_balancing_type", "model.moe_aux_loss_coeff"],
+        f"Sinkhorn routing balances the experts itself and takes no auxiliary loss (model.moe_aux_loss_coeff="
+        f"{model.moe_aux_loss_coeff}); set model.moe_aux_loss_coeff=0.0, or model.moe_router_load_balancing_type=aux_loss",
+    )
