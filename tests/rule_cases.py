@@ -330,6 +330,8 @@ RULE_CASES.update({
     "sinkhorn_aux_loss": (Case({**MOE, "model.moe_router_load_balancing_type": "sinkhorn",
                                 "model.moe_aux_loss_coeff": 0.001}),
                           Case({**MOE, "model.moe_router_load_balancing_type": "sinkhorn"})),
+    "quantized_gemm_widths": (Case({**MOE, "model.fp8": "hybrid", "model.moe_ffn_hidden_size": 100}),
+                              Case({**MOE, "model.fp8": "hybrid", "model.moe_ffn_hidden_size": 112})),
     "mla_query_groups": (Case({**MLA, "model.num_query_groups": 2}),
                          Case({**MLA, "model.num_query_groups": 4, "model.num_attention_heads": 4})),
     "expert_bias_score_function": (

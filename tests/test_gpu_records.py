@@ -37,6 +37,17 @@ UNDECIDED: Dict[Tuple[str, int], str] = {}
 decide it. None now: the last, b15bb2a's run 320, hung as five runs of 4ebf167 did, each with a pipeline rank that had
 no layer to graph (TRAINS_NOW)."""
 REFUSES_WHAT_TRAINS = {
+    **{rule: "with the block inference scope (megatron-core 0.19) local whole-layer graphs capture nothing, so the "
+             "dispatch's host syncs never meet a capture: gpt_oss/tiny trained eagerly so (run 1728 of "
+             "h200/mcore-0.19.2/gpu_differential_schema_9901178.json), which inference_block_training refuses; "
+             "wherever a graph holds the dispatch the capture fails (their witnesses)"
+       for rule in ("allgather_dispatch_capture", "dropless_moe_capture")},
+    "legacy_flags": "an older spelling beside the canonical one is refused rather than one of them picked silently "
+                    "(the config model); deepseek/tiny with te_attn and model.external_cuda_graph=true trained on the "
+                    "canonical fields (run 1729 of h200/mcore-0.16.1/gpu_differential_schema_9901178.json)",
+    "inference_block_training": "it trains, but eagerly: with the block inference scope megatron-core 0.19 gives the "
+                                "layers no training graph, so cuda_graph=local_layer would capture nothing (gpt_oss/tiny, "
+                                "run 1728 of h200/mcore-0.19.2/gpu_differential_schema_9901178.json)",
     "optimizer_graph_distributed": "at one GPU graphbridge's capturable AdamW steps the single shard whole, so it "
                                    "trains, but with whole, unsharded optimizer state, and it shards nothing at two "
                                    "GPUs or more; megatron-core 0.19's own optimizer graph does (docs/gpu_differential.md)",

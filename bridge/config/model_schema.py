@@ -101,7 +101,8 @@ class ModelConfig:
     """Norm weights stored as offsets from 1 (Qwen3-Next's zero-centred RMSNorm)."""
     # --- linear attention (Qwen3-Next's Gated DeltaNet layers) ---
     experimental_attention_variant: Optional[str] = None
-    """None, gated_delta_net or dsa; gated_delta_net needs linear_attention_freq."""
+    """None or gated_delta_net (which needs linear_attention_freq); megatron-core 0.19's dsa needs indexer fields
+    graphbridge does not have."""
     linear_attention_freq: Any = None
     """An int N (N-1 linear-attention layers per full-attention layer) or a 0/1 list per layer."""
     linear_conv_kernel_dim: int = 4

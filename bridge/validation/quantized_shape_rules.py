@@ -3,7 +3,7 @@ tensor-parallel ranks (sequence parallel): the gathered tensor must split into w
 
 from typing import Dict, Optional
 
-from bridge.config.model_facts import is_moe_model
+from bridge.config.model_facts import has_dense_layers, is_moe_model
 from bridge.validation.local_spec_rules import builds_local_spec
 from bridge.validation.registry import rule, violation
 
@@ -64,4 +64,39 @@ def block_scaled_gather_shapes(cfg, target):
         f"and {listed} {'is not a multiple' if len(uneven) == 1 else 'are not multiples'} of {block}; make "
         f"{'it one' if len(uneven) == 1 else 'them so'}, or use precision=fp8_cs (one scale a tensor)"
         + ("" if is_moe_model(model) else ", or set model.sequence_parallel=false"),
+    )
+
+
+FP8_GEMM_ALIGNMENT = 16
+"""Transformer Engine's fp8 and fp4 GEMMs take leading dimensions that are multiples of 16 (cuBLASLt's
+"Leading dimension requirement on A for FP8 GEMM", TE 2.10)."""
+
+
+@rule("quantized_gemm_widths", engine="megatron",
+      rejects="fp8 or fp4 with a linear layer's width per tensor-parallel rank not a multiple of 16: the hidden size, "
+              "the dense MLP's, the experts' (over ETP) or the shared expert's",
+      fix="widths that are multiples of 16 per rank, or `precision=bf16`")
+def quantized_gemm_widths(cfg, target):
+    # gpt_oss/tiny and qwen/tiny with fp8_cs and model.moe_ffn_hidden_size of 1, 4 or 255 planned valid and failed at
+    # the first forward on an H200, on both releases (runs 7, 199, 702 and 1458 of gpu_differential_schema_9901178).
+    model = cfg.model
+    if not (model.fp8 or model.fp4) or builds_local_spec(cfg, target):
+        return None
+    tp = max(model.tensor_model_parallel_size, 1)
+    etp = max(model.expert_tensor_parallel_size or tp, 1)
+    widths = {"model.hidden_size": model.hidden_size}
+    if not is_moe_model(model) or has_dense_layers(model):
+        widths["model.ffn_hidden_size"] = (model.ffn_hidden_size or 4 * model.hidden_size) // tp
+    if is_moe_model(model):
+        widths["model.moe_ffn_hidden_size"] = (model.moe_ffn_hidden_size or model.ffn_hidden_size or 0) // etp
+        if model.moe_shared_expert_intermediate_size:
+            widths["model.moe_shared_expert_intermediate_size"] = model.moe_shared_expert_intermediate_size // tp
+    uneven = {key: width for key, width in widths.items() if width % FP8_GEMM_ALIGNMENT}
+    if not uneven:
+        return None
+    key, width = next(iter(uneven.items()))
+    return violation(
+        "quantized_gemm_widths", [key, "model.fp4" if model.fp4 else "model.fp8"],
+        f"fp8 and fp4 GEMMs take widths in multiples of {FP8_GEMM_ALIGNMENT} per rank, and {key} gives {width}; set "
+        f"{key} to a multiple of {FP8_GEMM_ALIGNMENT} per rank, or precision=bf16 (model.fp8=null model.fp4=null)",
     )

@@ -99,13 +99,16 @@ RANGES = {
     "optimizer.adam_eps": (0.0, None), "optimizer.clip_grad": (0.0, None),
     "model.moe_expert_capacity_factor": (0.0, None), "model.rope_scaling_factor": (0.0, None),
     "model.rotary_scaling_factor": (0.0, None), "model.moe_router_topk_scaling_factor": (0.0, None),
+    "model.beta_fast": (0.0, None),
 }
 EXCLUSIVE_LOW = {"model.layernorm_epsilon", "model.init_method_std", "model.rotary_base", "model.rotary_percent",
                  "model.moe_input_jitter_eps", "optimizer.adam_eps", "model.moe_expert_capacity_factor",
-                 "model.rope_scaling_factor", "model.rotary_scaling_factor", "model.moe_router_topk_scaling_factor"}
+                 "model.rope_scaling_factor", "model.rotary_scaling_factor", "model.moe_router_topk_scaling_factor",
+                 "model.beta_fast"}
 """Floats that must be above their lowest value, not equal to it (an epsilon of 0 divides by zero, a
 scaling factor of 0 zeroes what it scales, a capacity factor of 0 drops every token, a rotary base of 1 gives every
-channel one frequency and YaRN divides by its logarithm: deepseek/tiny with model.rotary_base=1.0 failed at build)."""
+channel one frequency and YaRN divides by its logarithm: deepseek/tiny with model.rotary_base=1.0 failed at build;
+YaRN divides by beta_fast too: deepseek/tiny with model.beta_fast=0.0 failed at build on an H200, 9901178)."""
 EXCLUSIVE_HIGH = {"model.attention_dropout", "model.hidden_dropout", "optimizer.adam_beta1", "optimizer.adam_beta2"}
 """Floats that must stay below their highest value (a dropout of 1 drops everything)."""
 
@@ -178,13 +181,15 @@ def value_ranges(cfg, target):
 # first step with `loss` unbound, an unknown activation in graphbridge's translation). Narrower where graphbridge
 # has no way to build a value: position_embedding_type=mrope wants 3-D position ids its data does not make,
 # fp8_recipe=custom a quantizer factory it has no field for, transformer_impl=inference_optimized is an inference
-# spec, and 0.19's lion optimizer and quantile_balancing router are outside the catalogue so far.
+# spec, and 0.19's lion optimizer and quantile_balancing router are outside the catalogue so far. DeepSeek sparse
+# attention (experimental_attention_variant=dsa) needs its indexer's fields, which graphbridge has not: on an H200
+# (9901178) 0.16.1 refused the name at build, and 0.19.2 asserted without MLA and failed in the indexer with it.
 CHOICES = {
     "model.normalization": ("LayerNorm", "RMSNorm"),
     "model.activation_func": ACTIVATIONS,
     "model.position_embedding_type": ("learned_absolute", "rope", "yarn", "none"),
     "model.softmax_type": ("vanilla", "off-by-one", "learnable"),
-    "model.experimental_attention_variant": ("gated_delta_net", "dsa"),
+    "model.experimental_attention_variant": ("gated_delta_net",),
     "model.moe_router_score_function": ("softmax", "sigmoid", "sqrtsoftplus"),
     "model.moe_router_dtype": ("fp32", "fp64"),
     "model.moe_router_load_balancing_type": ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"),
