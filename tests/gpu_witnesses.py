@@ -54,6 +54,8 @@ SCHEMA_DRAW_0192 = "h200/mcore-0.19.2/gpu_differential_schema_9901178.json"
 GPU_WITNESSES = {
     "mla_query_groups": GpuWitness(SCHEMA_DRAW_0192, 1700, "Keys and values must have num_gqa_group = 2 heads"),
     "quantized_gemm_widths": GpuWitness(SCHEMA_DRAW_0192, 7, "Leading dimension requirement on A for FP8 GEMM"),
+    "te_graphs_bf16_params": GpuWitness(SCHEMA_DRAW_0192, 645, "Data types for parameters must match"),
+    "single_token_attention": GpuWitness(SCHEMA_DRAW_0192, 555, "s_q = s_kv = 1 is not supported"),
     "allgather_dispatch_capture": GpuWitness(ON_0161, 706, "Cannot copy between CPU and CUDA tensors during CUDA graph"),
     "dropless_permute_capture": GpuWitness(ON_0161, 709, "cudaErrorStreamCaptureUnsupported"),
     "recompute_in_layer_graphs": GpuWitness(ON_0161, 702, "Checkpointing is not compatible with .grad()"),

@@ -332,6 +332,8 @@ RULE_CASES.update({
                           Case({**MOE, "model.moe_router_load_balancing_type": "sinkhorn"})),
     "quantized_gemm_widths": (Case({**MOE, "model.fp8": "hybrid", "model.moe_ffn_hidden_size": 100}),
                               Case({**MOE, "model.fp8": "hybrid", "model.moe_ffn_hidden_size": 112})),
+    "te_graphs_bf16_params": (Case({**te("attn"), "model.bf16": False}), Case(te("attn"))),
+    "single_token_attention": (Case({"dataset.seq_length": 1}), Case({"dataset.seq_length": 2})),
     "mla_query_groups": (Case({**MLA, "model.num_query_groups": 2}),
                          Case({**MLA, "model.num_query_groups": 4, "model.num_attention_heads": 4})),
     "expert_bias_score_function": (

@@ -214,6 +214,25 @@ def static_shapes(cfg, target):
     return None
 
 
+@rule("te_graphs_bf16_params", engine="megatron",
+      rejects="Transformer Engine per-layer graphs with parameters that are not bf16 (`model.bf16=false`)",
+      fix="`model.bf16=true`")
+def te_graphs_bf16_params(cfg, target):
+    # megatron-core captures each layer with bf16 sample hidden states whatever the parameters' dtype
+    # (GraphableMegatronModule.get_layer_static_inputs, 0.16.1 and 0.19.2), and a TE module outside autocast asserts
+    # that its input and parameters share a dtype: qwen/tiny te_attn and llama/tiny te_attn_mlp with model.bf16=false
+    # trained eagerly and failed at capture ("Data types for parameters must match when outside of autocasted
+    # region"), both releases, on an H200 (runs 645 and 1126 of gpu_differential_schema_9901178.json).
+    if impl_of(cfg) != TE or cfg.model.bf16:
+        return None
+    dtype = "fp16" if cfg.model.fp16 else "fp32"
+    return violation(
+        "te_graphs_bf16_params", [IMPL, "model.bf16", *(["model.fp16"] if cfg.model.fp16 else [])],
+        f"Transformer Engine per-layer graphs are captured with bf16 sample inputs, which {dtype} parameters refuse; "
+        "set model.bf16=true" + (" model.fp16=false" if cfg.model.fp16 else ""),
+    )
+
+
 @rule("packed_sequence_scope",
       rejects='packed sequences with attention, whole-layer or full-iteration graphs',
       fix='`cuda_graph=te_mlp`')

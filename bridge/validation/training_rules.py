@@ -6,6 +6,7 @@ import math
 from typing import List
 
 from bridge.config.model_facts import expert_tensor_parallel_size, is_moe_model, valid_moe_layer_freq
+from bridge.validation.local_spec_rules import builds_local_spec
 from bridge.validation.registry import rule, violation
 
 def model_parallel_size(cfg) -> int:
@@ -340,4 +341,20 @@ def rotary_dim_even(cfg, target):
         "rotary_dim_even", [key, "model.position_embedding_type"],
         f"rotary embeddings rotate channel pairs, and {key} gives them {width} channels; set {key} to an even "
         f"width{example}{other}",
+    )
+
+
+@rule("single_token_attention", engine="megatron", environment=True,
+      rejects="a sequence of one token through Transformer Engine's attention (`dataset.seq_length=1`)",
+      fix="`dataset.seq_length=2` or longer")
+def single_token_attention(cfg, target):
+    # TE picks cuDNN's fused attention for a bf16 sequence of one token, and cuDNN refuses it in the first forward
+    # ("s_q = s_kv = 1 is not supported"): qwen/tiny with dataset.seq_length=1 on an H200, both releases, eager
+    # (run 555 of gpu_differential_schema_9901178.json).
+    if cfg.dataset.seq_length != 1 or builds_local_spec(cfg, target):  # the data's length is the attention's
+        return None
+    return violation(
+        "single_token_attention", ["dataset.seq_length"],
+        "Transformer Engine's fused attention refuses a sequence of one token (cuDNN: s_q = s_kv = 1 is not "
+        "supported); set dataset.seq_length=2 or longer",
     )
