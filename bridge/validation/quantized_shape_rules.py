@@ -1,7 +1,7 @@
 """Shapes that block-scaled fp8 and fp4 need where Transformer Engine gathers a linear's quantized input across the
 tensor-parallel ranks (sequence parallel): the gathered tensor must split into whole scaling blocks."""
 
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Tuple
 
 from bridge.config.model_facts import has_dense_layers, is_moe_model
 from bridge.validation.local_spec_rules import builds_local_spec
@@ -72,31 +72,60 @@ FP8_GEMM_ALIGNMENT = 16
 "Leading dimension requirement on A for FP8 GEMM", TE 2.10)."""
 
 
+def linear_sizes(cfg) -> List[Tuple[str, int]]:
+    """The sizes a rank's Transformer Engine linear layers multiply, each by the key that sets it: the tokens a rank
+    holds (its input rows), the hidden size, and each linear's output and input widths per tensor-parallel rank. MLA's
+    down-projections are replicated across TP; its up-projections and the output projection are split."""
+    model = cfg.model
+    tp, heads = max(model.tensor_model_parallel_size, 1), model.num_attention_heads
+    tokens = model.seq_length // max(model.context_parallel_size, 1) * cfg.train.micro_batch_size
+    sizes = [("dataset.seq_length", tokens), ("model.hidden_size", model.hidden_size)]
+    if model.multi_latent_attention:
+        if model.q_lora_rank:
+            sizes.append(("model.q_lora_rank", model.q_lora_rank))
+        sizes += [("model.qk_head_dim", heads * (model.qk_head_dim + model.qk_pos_emb_head_dim) // tp),
+                  ("model.kv_lora_rank", model.kv_lora_rank),
+                  ("model.kv_lora_rank", model.kv_lora_rank + model.qk_pos_emb_head_dim),
+                  ("model.v_head_dim", heads * (model.qk_head_dim + model.v_head_dim) // tp),
+                  ("model.v_head_dim", heads * model.v_head_dim // tp)]
+    elif heads > 0:
+        head = model.kv_channels or model.hidden_size // heads
+        queries = 2 * heads if model.attention_output_gate else heads  # the gate is a second query-sized output
+        sizes += [("model.kv_channels", (queries + 2 * (model.num_query_groups or heads)) * head // tp),
+                  ("model.kv_channels", heads * head // tp)]
+    if not is_moe_model(model) or has_dense_layers(model):
+        sizes.append(("model.ffn_hidden_size", (model.ffn_hidden_size or 4 * model.hidden_size) // tp))
+    if is_moe_model(model):
+        etp = max(model.expert_tensor_parallel_size or tp, 1)
+        sizes.append(("model.moe_ffn_hidden_size", (model.moe_ffn_hidden_size or model.ffn_hidden_size or 0) // etp))
+        if model.moe_shared_expert_intermediate_size:
+            sizes.append(("model.moe_shared_expert_intermediate_size", model.moe_shared_expert_intermediate_size // tp))
+    return sizes
+
+
 @rule("quantized_gemm_widths", engine="megatron",
-      rejects="fp8 or fp4 with a linear layer's width per tensor-parallel rank not a multiple of 16: the hidden size, "
-              "the dense MLP's, the experts' (over ETP) or the shared expert's",
-      fix="widths that are multiples of 16 per rank, or `precision=bf16`")
+      rejects="fp8 or fp4 with a size a linear layer multiplies not a multiple of 16: the tokens a rank holds (sequence "
+              "over CP x micro batch), the hidden size, or a linear's width per tensor-parallel rank (attention's, "
+              "multi-latent attention's ranks and heads, the dense MLP's, the experts' over ETP, the shared expert's)",
+      fix="sizes that are multiples of 16 (the message names the key), or `precision=bf16`")
 def quantized_gemm_widths(cfg, target):
-    # gpt_oss/tiny and qwen/tiny with fp8_cs and model.moe_ffn_hidden_size of 1, 4 or 255 planned valid and failed at
-    # the first forward on an H200, on both releases (runs 7, 199, 702 and 1458 of gpu_differential_schema_9901178).
+    # cuBLASLt's fp8 GEMMs take leading dimensions in multiples of 16 and TE asserts fp8 shapes before them, forward
+    # and backward, so a layer's inputs, outputs and tokens all count. Each planned valid and failed in the first
+    # step on both releases: the experts' width (1, 4 or 255: runs 7, 199, 702, 1458 of 9901178 on an H200), a
+    # sequence of 257 or 4 tokens (runs 184 and 230 of gpu_differential_schema_e6aa918 on an H100), MLA's kv rank of 2
+    # (671, 1201) and its qk head of 31 (1639, blockwise: "Leading dimension requirement on NVTE_BLOCK_SCALING
+    # GEMM"). No fp8 or fp4 run of either record trained with a size this rule refuses.
     model = cfg.model
     if not (model.fp8 or model.fp4) or builds_local_spec(cfg, target):
         return None
-    tp = max(model.tensor_model_parallel_size, 1)
-    etp = max(model.expert_tensor_parallel_size or tp, 1)
-    widths = {"model.hidden_size": model.hidden_size}
-    if not is_moe_model(model) or has_dense_layers(model):
-        widths["model.ffn_hidden_size"] = (model.ffn_hidden_size or 4 * model.hidden_size) // tp
-    if is_moe_model(model):
-        widths["model.moe_ffn_hidden_size"] = (model.moe_ffn_hidden_size or model.ffn_hidden_size or 0) // etp
-        if model.moe_shared_expert_intermediate_size:
-            widths["model.moe_shared_expert_intermediate_size"] = model.moe_shared_expert_intermediate_size // tp
-    uneven = {key: width for key, width in widths.items() if width % FP8_GEMM_ALIGNMENT}
-    if not uneven:
+    uneven = next(((key, size) for key, size in linear_sizes(cfg) if size % FP8_GEMM_ALIGNMENT), None)
+    if uneven is None:
         return None
-    key, width = next(iter(uneven.items()))
+    key, size = uneven
+    what = "the tokens a rank holds (sequence / CP x micro batch)" if key == "dataset.seq_length" else \
+        f"a linear width that {key} sets"
     return violation(
         "quantized_gemm_widths", [key, "model.fp4" if model.fp4 else "model.fp8"],
-        f"fp8 and fp4 GEMMs take widths in multiples of {FP8_GEMM_ALIGNMENT} per rank, and {key} gives {width}; set "
-        f"{key} to a multiple of {FP8_GEMM_ALIGNMENT} per rank, or precision=bf16 (model.fp8=null model.fp4=null)",
+        f"fp8 and fp4 GEMMs take sizes in multiples of {FP8_GEMM_ALIGNMENT}, and {what} is {size}; change {key} so "
+        f"that this size is a multiple of {FP8_GEMM_ALIGNMENT}, or set precision=bf16 (model.fp8=null model.fp4=null)",
     )
