@@ -332,6 +332,11 @@ RULE_CASES.update({
                           Case({**MOE, "model.moe_router_load_balancing_type": "sinkhorn"})),
     "quantized_gemm_widths": (Case({**MOE, "model.fp8": "hybrid", "model.moe_ffn_hidden_size": 100}),
                               Case({**MOE, "model.fp8": "hybrid", "model.moe_ffn_hidden_size": 112})),
+    "router_topk_experts": (Case({**MOE, "model.num_moe_experts": 1, "model.moe_router_topk": 2}),
+                            Case({**MOE, "model.num_moe_experts": 2, "model.moe_router_topk": 2})),
+    "cpu_offloading_sequential_experts": (
+        Case({**MOE, "model.cpu_offloading": True, "model.moe_ffn_hidden_size": 128}),
+        Case({**MOE, "model.cpu_offloading": True, "model.moe_ffn_hidden_size": 128, "model.moe_grouped_gemm": True})),
     "te_graphs_bf16_params": (Case({**te("attn"), "model.bf16": False}), Case(te("attn"))),
     "single_token_attention": (Case({"dataset.seq_length": 1}), Case({"dataset.seq_length": 2})),
     "mla_query_groups": (Case({**MLA, "model.num_query_groups": 2}),

@@ -45,6 +45,24 @@ REFUSES_WHAT_TRAINS = {
     "legacy_flags": "an older spelling beside the canonical one is refused rather than one of them picked silently "
                     "(the config model); deepseek/tiny with te_attn and model.external_cuda_graph=true trained on the "
                     "canonical fields (run 1729 of h200/mcore-0.16.1/gpu_differential_schema_9901178.json)",
+    **{rule: "two explicit values in conflict, or one the run cannot honour, are refused rather than one of them "
+             "dropped silently (the config model): each trained on the value megatron-core kept, with the other "
+             "unused (e6aa918, gpu_differential_schema_e6aa918.json on an H100: runs 1734 with model.cuda_graph_scope "
+             "beside the modules, 1764 with model.seq_length 257 beside the data's 256, 1755 with "
+             "model.recompute_num_layers without full recompute, 1737 with a mamba module the model has no layer "
+             "for, 1733 and 1768 with fields 0.16.1 lacks)"
+       for rule in ("legacy_scope", "static_shapes", "recompute_settings", "mamba_layers", "version_fields")},
+    "packed_sequence_scope": "llama/tiny te_layer and qwen/tiny te_attn with packed sequences completed on 0.16.1 "
+                             "(runs 1767 and 1750 of h100/mcore-0.16.1/gpu_differential_schema_b0ccb80.json), but a "
+                             "layer graph is captured without packed_seq_params and a Transformer Engine graphed "
+                             "callable drops at replay the keyword arguments it was not captured with (TE 2.10 "
+                             "pytorch/graph.py), so their attention ran across the packed sequences' boundaries: "
+                             "it trains something else",
+    "te_rng_tracker": "te_mlp on llama/tiny (fp8_sc, no dropout) trained on 0.16.1 with megatron-core's tracker (run "
+                      "1768 of h100/mcore-0.16.1/gpu_differential_schema_e6aa918.json), but Transformer Engine refuses "
+                      "any other tracker where a captured layer draws random numbers (witness: run 711 of the h100 "
+                      "0.19.2 gpu_differential.json), and the tracker is derived on for every graph unless the user "
+                      "turns it off: the refusal stays until a record shows which captures need it on each release",
     "inference_block_training": "it trains, but eagerly: with the block inference scope megatron-core 0.19 gives the "
                                 "layers no training graph, so cuda_graph=local_layer would capture nothing (gpt_oss/tiny, "
                                 "run 1728 of h200/mcore-0.19.2/gpu_differential_schema_9901178.json)",

@@ -176,6 +176,29 @@ def cpu_offloading_conflicts(cfg, target):
     return None
 
 
+@rule("cpu_offloading_sequential_experts", engine="megatron",
+      rejects="CPU offloading of an MoE model whose experts run one by one (`model.moe_grouped_gemm=false`) at an "
+              "expert width other than the dense one (`model.moe_ffn_hidden_size`)",
+      fix="`model.moe_grouped_gemm=true`, or `model.cpu_offloading=false`")
+def cpu_offloading_sequential_experts(cfg, target):
+    # The transformer block puts Transformer Engine's offload context, which holds CUDA streams, on the config, and
+    # SequentialMLP deep-copies the config to give its experts their own width; a stream does not copy: qwen/tiny
+    # with model.cpu_offloading=true failed so at build on an H100 (0.16.1, run 184 of
+    # gpu_differential_schema_b0ccb80.json). Both releases copy the config there (moe/experts.py).
+    model = cfg.model
+    if not (model.cpu_offloading and is_moe_model(model)) or model.moe_grouped_gemm:
+        return None
+    dense = model.ffn_hidden_size or 4 * model.hidden_size
+    if (model.moe_ffn_hidden_size or dense) == dense:
+        return None
+    return violation(
+        "cpu_offloading_sequential_experts", ["model.cpu_offloading", "model.moe_grouped_gemm"],
+        f"megatron-core copies the config for experts of their own width (model.moe_ffn_hidden_size="
+        f"{model.moe_ffn_hidden_size}), and CPU offloading's streams on it do not copy; set model.moe_grouped_gemm=true, "
+        "or model.cpu_offloading=false",
+    )
+
+
 def recompute_without(model, names) -> str:
     """The override that stops recomputing ``names``: the rest of the list, or no recompute where none is left."""
     kept = [name for name in recompute_modules(model) if name not in names]

@@ -81,3 +81,21 @@ def sinkhorn_aux_loss(cfg, target):
         f"Sinkhorn routing balances the experts itself and takes no auxiliary loss (model.moe_aux_loss_coeff="
         f"{model.moe_aux_loss_coeff}); set model.moe_aux_loss_coeff=0.0, or model.moe_router_load_balancing_type=aux_loss",
     )
+
+
+@rule("router_topk_experts",
+      rejects="an MoE router that picks more experts a token (`model.moe_router_topk`) than the model has "
+              "(`model.num_moe_experts`)",
+      fix="`model.num_moe_experts` of at least `model.moe_router_topk`, or a smaller `model.moe_router_topk`")
+def router_topk_experts(cfg, target):
+    # The router's torch.topk takes k from the experts' scores: llama/tiny with model.num_moe_experts=1 (top-k 2)
+    # planned valid and failed in the first forward ("selected index k out of range") on an H100, both releases
+    # (run 843 of gpu_differential_schema_b0ccb80.json). TransformerConfig does not check it.
+    model = cfg.model
+    if not model.num_moe_experts or model.moe_router_topk <= model.num_moe_experts:
+        return None
+    return violation(
+        "router_topk_experts", ["model.moe_router_topk", "model.num_moe_experts"],
+        f"the router picks model.moe_router_topk={model.moe_router_topk} experts a token, but the model has "
+        f"model.num_moe_experts={model.num_moe_experts}; set model.num_moe_experts={model.moe_router_topk} or more",
+    )
