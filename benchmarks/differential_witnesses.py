@@ -47,6 +47,12 @@ WITNESS_CASES = {
     "te_graphs_bf16_params": ("recipe=qwen/tiny", "cuda_graph=te_attn"),
     "single_token_sequence": ("recipe=qwen/tiny", "dataset.seq_length=1"),
     "two_token_sequence": ("recipe=qwen/tiny", "dataset.seq_length=2"),
+    # The 34th block's (b0ccb80): a router top-k above the expert count fails in the first forward, at the count it
+    # trains; CPU offloading's streams break SequentialMLP's copy of the config at build, grouped experts copy none.
+    "router_topk_above_experts": ("recipe=llama/tiny", "model.num_moe_experts=1"),
+    "router_topk_at_experts": ("recipe=llama/tiny", "model.num_moe_experts=2"),
+    "cpu_offloading_sequential_experts": ("recipe=qwen/tiny", "model.cpu_offloading=true"),
+    "cpu_offloading_grouped_experts": ("recipe=qwen/tiny", "model.cpu_offloading=true", "model.moe_grouped_gemm=true"),
     "gpt_oss_bias_activation_fusion": ("recipe=gpt_oss/tiny", "model.bias_activation_fusion=true"),
     "router_padding_drop_and_pad": ("recipe=qwen/tiny", "cuda_graph=te_attn", "precision=fp8_sc", ALLTOALL,
                                     *DROP_AND_PAD, "model.moe_router_padding_for_fp8=true"),
