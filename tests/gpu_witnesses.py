@@ -51,6 +51,8 @@ H200_0DCDB17_0161 = "h200/mcore-0.16.1/gpu_differential_0dcdb17.json.gz"
 """The one-GPU differential at 0dcdb17 (seed 15), whose witness cases found the rule it witnesses."""
 SCHEMA_DRAW_0192 = "h200/mcore-0.19.2/gpu_differential_schema_9901178.json"
 """The first one-GPU differential with the schema-wide draw (issue 79), at 9901178 on an H200."""
+SCHEMA_DRAW_E6AA918_0161 = "h100/mcore-0.16.1/gpu_differential_schema_e6aa918.json"
+"""The second one-GPU differential with the schema-wide draw (seed 80), at e6aa918 on an H100."""
 SCHEMA_DRAW_B0CCB80_0161 = "h100/mcore-0.16.1/gpu_differential_schema_b0ccb80.json"
 SCHEMA_DRAW_B0CCB80_0192 = "h100/mcore-0.19.2/gpu_differential_schema_b0ccb80.json"
 """The third one-GPU differential with the schema-wide draw (seed 81), at b0ccb80 on an H100."""
@@ -59,6 +61,7 @@ GPU_WITNESSES = {
     "quantized_gemm_widths": GpuWitness(SCHEMA_DRAW_0192, 7, "Leading dimension requirement on A for FP8 GEMM"),
     "te_graphs_bf16_params": GpuWitness(SCHEMA_DRAW_0192, 645, "Data types for parameters must match"),
     "single_token_attention": GpuWitness(SCHEMA_DRAW_0192, 555, "s_q = s_kv = 1 is not supported"),
+    "yarn_betas": GpuWitness(SCHEMA_DRAW_E6AA918_0161, 1415, "float division by zero when instantiating MLASelf"),
     "router_topk_experts": GpuWitness(SCHEMA_DRAW_B0CCB80_0192, 843, "selected index k out of range"),
     "cpu_offloading_sequential_experts": GpuWitness(SCHEMA_DRAW_B0CCB80_0161, 184, "cannot pickle 'Stream' object"),
     "allgather_dispatch_capture": GpuWitness(ON_0161, 706, "Cannot copy between CPU and CUDA tensors during CUDA graph"),

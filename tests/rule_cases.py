@@ -332,6 +332,8 @@ RULE_CASES.update({
                           Case({**MOE, "model.moe_router_load_balancing_type": "sinkhorn"})),
     "quantized_gemm_widths": (Case({**MOE, "model.fp8": "hybrid", "model.moe_ffn_hidden_size": 100}),
                               Case({**MOE, "model.fp8": "hybrid", "model.moe_ffn_hidden_size": 112})),
+    "yarn_betas": (Case({"model.position_embedding_type": "yarn", "model.beta_slow": 0.0}),
+                   Case({"model.position_embedding_type": "rope", "model.beta_slow": 0.0})),
     "router_topk_experts": (Case({**MOE, "model.num_moe_experts": 1, "model.moe_router_topk": 2}),
                             Case({**MOE, "model.num_moe_experts": 2, "model.moe_router_topk": 2})),
     "cpu_offloading_sequential_experts": (

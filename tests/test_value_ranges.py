@@ -18,8 +18,8 @@ from bridge.validation.value_rules import CHOICES, POSITIVE, RANGES
 OPEN = {
     "model.glu_linear_offset": "an offset: any sign",
     "model.activation_func_clamp_value": "a clamp bound: any sign",
-    "model.beta_fast": "YaRN ramp boundary (megatron-core takes any value)",
-    "model.beta_slow": "YaRN ramp boundary (megatron-core takes any value)",
+    "model.beta_fast": "yarn_betas (only YaRN reads it)",
+    "model.beta_slow": "yarn_betas (only YaRN reads it)",
     "model.mscale": "YaRN attention scale (megatron-core takes any value)",
     "model.mscale_all_dim": "YaRN attention scale, 0 turns it off",
     "model.window_size": "(left, right) attention window, -1 is unbounded",

@@ -252,3 +252,29 @@ def yarn_rounding_mla(cfg, target):
             "setting for it; set model.yarn_correction_range_round_to_int=true",
         )
     return None
+
+
+YARN_BETAS = {"model.beta_fast": 32.0, "model.beta_slow": 1.0}
+"""YaRN's ramp bounds and the values DeepSeek's and gpt-oss's recipes give them."""
+
+
+@rule("yarn_betas", engine="megatron",
+      rejects="YaRN rotary embeddings (`model.position_embedding_type=yarn`) with a ramp bound "
+              "(`model.beta_fast`, `model.beta_slow`) of 0 or below",
+      fix="ramp bounds above 0 (the recipes' 32 and 1)")
+def yarn_betas(cfg, target):
+    # YaRN's correction range divides by each bound's rotations (megatron-core _yarn_find_correction_dim):
+    # deepseek/tiny with model.beta_fast=0.0 (9901178, H200) or model.beta_slow=0.0 (e6aa918, H100) failed at build
+    # with a ZeroDivisionError in MLASelfAttention, while llama/tiny (rope) trained with beta_slow=0.0 (run 482 of
+    # 9901178, run 1366 of e6aa918): only YaRN reads them.
+    if cfg.model.position_embedding_type != "yarn":
+        return None
+    bounds = {key: getattr(cfg.model, key.removeprefix("model.")) for key in YARN_BETAS}
+    low = {key: value for key, value in bounds.items() if value <= 0}
+    if not low:
+        return None
+    return violation(
+        "yarn_betas", [*low, "model.position_embedding_type"],
+        f"YaRN divides by its ramp bounds, and {' and '.join(f'{key}={value}' for key, value in low.items())} "
+        f"{'is' if len(low) == 1 else 'are'} not above 0; set {' '.join(f'{key}={YARN_BETAS[key]}' for key in low)}",
+    )

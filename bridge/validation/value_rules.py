@@ -99,17 +99,14 @@ RANGES = {
     "optimizer.adam_eps": (0.0, None), "optimizer.clip_grad": (0.0, None),
     "model.moe_expert_capacity_factor": (0.0, None), "model.rope_scaling_factor": (0.0, None),
     "model.rotary_scaling_factor": (0.0, None), "model.moe_router_topk_scaling_factor": (0.0, None),
-    "model.beta_fast": (0.0, None), "model.beta_slow": (0.0, None),
 }
 EXCLUSIVE_LOW = {"model.layernorm_epsilon", "model.init_method_std", "model.rotary_base", "model.rotary_percent",
                  "model.moe_input_jitter_eps", "optimizer.adam_eps", "model.moe_expert_capacity_factor",
-                 "model.rope_scaling_factor", "model.rotary_scaling_factor", "model.moe_router_topk_scaling_factor",
-                 "model.beta_fast", "model.beta_slow"}
+                 "model.rope_scaling_factor", "model.rotary_scaling_factor", "model.moe_router_topk_scaling_factor"}
 """Floats that must be above their lowest value, not equal to it (an epsilon of 0 divides by zero, a
 scaling factor of 0 zeroes what it scales, a capacity factor of 0 drops every token, a rotary base of 1 gives every
 channel one frequency and YaRN divides by its logarithm: deepseek/tiny with model.rotary_base=1.0 failed at build;
-YaRN divides by beta_fast and beta_slow too: deepseek/tiny with model.beta_fast=0.0 failed at build on an H200,
-9901178, and with model.beta_slow=0.0 on an H100, e6aa918)."""
+YaRN's ramp bounds, which only YaRN reads, are engine_rules.yarn_betas')."""
 EXCLUSIVE_HIGH = {"model.attention_dropout", "model.hidden_dropout", "optimizer.adam_beta1", "optimizer.adam_beta2"}
 """Floats that must stay below their highest value (a dropout of 1 drops everything)."""
 
