@@ -12,6 +12,10 @@ EXTRA_REJECTS = {
     # MoE fields whose layers are all dense (the dense first layer of a one-layer model)
     "moe_modules_need_moe_model": [Case({**MOE, "model.num_layers": 1, "model.moe_layer_freq": [0],
                                          **te("moe_router", "moe_preprocess")})],
+    "router_group_limited": [Case({**MOE, "model.num_moe_experts": 7, "model.moe_router_num_groups": 4,
+                                   "model.moe_router_group_topk": 2}, megatron=True),
+                             Case({**MOE, "model.moe_router_num_groups": 2, "model.moe_router_group_topk": 4},
+                                  megatron=True)],
     "expert_bias_score_function": [Case({**MOE, "model.moe_router_enable_expert_bias": True,
                                          "model.moe_router_score_function": "softmax"}, machine=V19)],
     "block_scaled_gather_shapes": [Case({**TP2_SP, "model.fp8": "e4m3", "model.fp8_recipe": "blockwise",

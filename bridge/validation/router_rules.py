@@ -26,14 +26,17 @@ def expert_bias_score_function(cfg, target):
 
 
 @rule("router_group_limited",
-      rejects="group-limited routing (`model.moe_router_group_topk`) without `model.moe_router_num_groups`",
+      rejects="group-limited routing (`model.moe_router_group_topk`) without `model.moe_router_num_groups`, with "
+              "groups that do not divide the experts, or with more groups picked than there are",
       fix="`model.moe_router_num_groups` (a divisor of the experts), or `model.moe_router_group_topk=null`")
 def router_group_limited(cfg, target):
     # TransformerConfig raises "When using group limited routing, moe_router_num_groups must be specified" (0.16.1
     # and 0.19.2), for dense models too: qwen/tiny with model.moe_router_group_topk=4 planned valid and failed so.
     model = cfg.model
-    if not model.moe_router_group_topk or model.moe_router_num_groups:
+    if not model.moe_router_group_topk:
         return None
+    if model.moe_router_num_groups:
+        return uneven_router_groups(model)
     groups = next((size for size in (8, 4, 2) if model.num_moe_experts and model.num_moe_experts % size == 0
                    and size >= model.moe_router_group_topk), None)
     fix = f"model.moe_router_num_groups={groups}" if groups else "model.moe_router_num_groups=<groups of the experts>"
@@ -42,6 +45,25 @@ def router_group_limited(cfg, target):
         f"group-limited routing picks the best {model.moe_router_group_topk} of model.moe_router_num_groups expert "
         f"groups, which is unset; set {fix}, or model.moe_router_group_topk=null",
     )
+
+
+def uneven_router_groups(model):
+    # TransformerConfig asserts both (0.16.1 and 0.19.2): the cluster-scale CPU differential drew deepseek/tiny with
+    # seven experts in four groups, which planned valid and megatron-core refused.
+    experts, groups, picked = model.num_moe_experts, model.moe_router_num_groups, model.moe_router_group_topk
+    if experts and experts % groups:
+        return violation(
+            "router_group_limited", ["model.moe_router_num_groups", "model.num_moe_experts"],
+            f"model.moe_router_num_groups={groups} does not divide model.num_moe_experts={experts} into equal groups; "
+            f"set model.moe_router_num_groups to a divisor of {experts}, or model.moe_router_group_topk=null",
+        )
+    if picked > groups:
+        return violation(
+            "router_group_limited", ["model.moe_router_group_topk", "model.moe_router_num_groups"],
+            f"group-limited routing picks {picked} of model.moe_router_num_groups={groups} groups; set "
+            f"model.moe_router_group_topk={groups} or fewer",
+        )
+    return None
 
 
 @rule("moe_ffn_without_experts",
