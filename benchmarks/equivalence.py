@@ -133,10 +133,10 @@ def measure(runs: List[dict], workers: int, port_base: int) -> List[dict]:
     # Planned here, one after the other: composition is not thread-safe (Hydra's global state).
     results = {overrides: refusal(overrides) for overrides in distinct}
     runnable = [overrides for overrides in distinct if results[overrides] is None]
-    workdir = Path(tempfile.mkdtemp(prefix="equivalence_"))
     launch = differential_launch.Launch("process", {}, port_base, timeout_s=RUN_TIMEOUT_S)
-    with ThreadPoolExecutor(workers) as pool:
-        results.update(zip(runnable, pool.map(lambda index: train(runnable[index], workdir, index, launch),
+    # The runs' directories matter only while they train: their losses come back in the results.
+    with tempfile.TemporaryDirectory(prefix="equivalence_") as workdir, ThreadPoolExecutor(workers) as pool:
+        results.update(zip(runnable, pool.map(lambda index: train(runnable[index], Path(workdir), index, launch),
                                               range(len(runnable)))))
     measured = []
     for run in runs:

@@ -83,3 +83,9 @@ def is_drop_and_pad(model) -> bool:
 def recompute_modules(model) -> List[str]:
     """megatron-core normalises an unset list to ["core_attn"], even without recompute."""
     return list(model.recompute_modules) if model.recompute_modules is not None else ["core_attn"]
+
+
+def dense_ffn_hidden_size(model) -> int:
+    """The dense MLP's width: ``ffn_hidden_size``, or four times the hidden size where it is unset (megatron-core's
+    TransformerConfig default)."""
+    return model.ffn_hidden_size or 4 * model.hidden_size

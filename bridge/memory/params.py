@@ -32,7 +32,8 @@ import math
 from dataclasses import dataclass
 from typing import Dict
 
-from bridge.config.model_facts import expert_tensor_parallel_size, moe_layer_count, padded_vocab_size
+from bridge.config.model_facts import (dense_ffn_hidden_size, expert_tensor_parallel_size, moe_layer_count,
+                                       padded_vocab_size)
 from bridge.machine import PRESET_GPUS
 
 ADAM_STATE_BYTES, MASTER_BYTES, FP32_BYTES = 8, 4, 4
@@ -129,7 +130,7 @@ def parameters_per_gpu(cfg) -> Dict[str, float]:
     stage = layers_per_stage(cfg)
     per_layer = attention_parameters(model) + 2 * model.hidden_size
     glu = 3 if model.gated_linear_unit else 2
-    h, ffn = model.hidden_size, model.ffn_hidden_size or 4 * model.hidden_size
+    h, ffn = model.hidden_size, dense_ffn_hidden_size(model)
     dense_mlp = h * ffn * glu
     experts = model.num_moe_experts or 0
     moe_ffn = model.moe_ffn_hidden_size or ffn

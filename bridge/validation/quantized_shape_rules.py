@@ -1,9 +1,10 @@
-"""Shapes that block-scaled fp8 and fp4 need where Transformer Engine gathers a linear's quantized input across the
-tensor-parallel ranks (sequence parallel): the gathered tensor must split into whole scaling blocks."""
+"""Shapes that fp8 and fp4 GEMMs need: every size a Transformer Engine linear multiplies in multiples of 16, and, where
+Transformer Engine gathers a linear's block-scaled input across the tensor-parallel ranks (sequence parallel), a
+gathered tensor that splits into whole scaling blocks."""
 
 from typing import Dict, List, Optional, Tuple
 
-from bridge.config.model_facts import has_dense_layers, is_moe_model
+from bridge.config.model_facts import dense_ffn_hidden_size, has_dense_layers, is_moe_model
 from bridge.validation.local_spec_rules import builds_local_spec
 from bridge.validation.registry import rule, violation
 
@@ -94,7 +95,7 @@ def linear_sizes(cfg) -> List[Tuple[str, int]]:
         sizes += [("model.kv_channels", (queries + 2 * (model.num_query_groups or heads)) * head // tp),
                   ("model.kv_channels", heads * head // tp)]
     if not is_moe_model(model) or has_dense_layers(model):
-        sizes.append(("model.ffn_hidden_size", (model.ffn_hidden_size or 4 * model.hidden_size) // tp))
+        sizes.append(("model.ffn_hidden_size", dense_ffn_hidden_size(model) // tp))
     if is_moe_model(model):
         etp = max(model.expert_tensor_parallel_size or tp, 1)
         sizes.append(("model.moe_ffn_hidden_size", (model.moe_ffn_hidden_size or model.ffn_hidden_size or 0) // etp))

@@ -2,7 +2,7 @@
 (R11 in the reference) and on its own (its checks outside the graph block)."""
 
 from bridge.validation.graph_facts import FULL_ITERATION, IMPL, LOCAL, MODULES, TE, impl_of, is_graphed, modules_of
-from bridge.config.model_facts import has_dense_layers, is_moe_model, recompute_modules
+from bridge.config.model_facts import dense_ffn_hidden_size, has_dense_layers, is_moe_model, recompute_modules
 from bridge.validation.registry import rule, violation
 
 
@@ -188,7 +188,7 @@ def cpu_offloading_sequential_experts(cfg, target):
     model = cfg.model
     if not (model.cpu_offloading and is_moe_model(model)) or model.moe_grouped_gemm:
         return None
-    dense = model.ffn_hidden_size or 4 * model.hidden_size
+    dense = dense_ffn_hidden_size(model)
     if (model.moe_ffn_hidden_size or dense) == dense:
         return None
     return violation(

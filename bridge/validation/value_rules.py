@@ -106,7 +106,7 @@ EXCLUSIVE_LOW = {"model.layernorm_epsilon", "model.init_method_std", "model.rota
 """Floats that must be above their lowest value, not equal to it (an epsilon of 0 divides by zero, a
 scaling factor of 0 zeroes what it scales, a capacity factor of 0 drops every token, a rotary base of 1 gives every
 channel one frequency and YaRN divides by its logarithm: deepseek/tiny with model.rotary_base=1.0 failed at build;
-YaRN's ramp bounds, which only YaRN reads, are engine_rules.yarn_betas')."""
+YaRN's ramp bounds, which only YaRN reads, are engine_rules.yarn_betas's)."""
 EXCLUSIVE_HIGH = {"model.attention_dropout", "model.hidden_dropout", "optimizer.adam_beta1", "optimizer.adam_beta2"}
 """Floats that must stay below their highest value (a dropout of 1 drops everything)."""
 
