@@ -372,11 +372,14 @@ def main() -> int:
         return 2
     record()  # what was drawn and accepted, before the first run ends
     launch = Launch(args.launcher, run_env, args.port_base)
-    workdir = Path(tempfile.mkdtemp(prefix="gpu_differential_"))
-    with ThreadPoolExecutor(args.workers) as pool:
+    # The runs' directories matter only while they train: what the record keeps of each (status, losses, error, log
+    # tail) is read from them as it ends. A process a timed-out run left behind may still write there, so a failed
+    # clean-up leaves what it could not remove rather than failing the harness.
+    with tempfile.TemporaryDirectory(prefix="gpu_differential_", ignore_cleanup_errors=True) as workdir, \
+            ThreadPoolExecutor(args.workers) as pool:
         def in_time(run: Run) -> Run:
             late = args.deadline_s is not None and time.monotonic() - start > args.deadline_s
-            return run if late else train(run, workdir, launch)
+            return run if late else train(run, Path(workdir), launch)
 
         for done, future in enumerate(as_completed([pool.submit(in_time, run) for run in queue]), 1):
             run = future.result()

@@ -10,9 +10,9 @@ from typing import Optional
 
 import pytest
 
-from bridge.auto.decision import (ITERATION_AND_OPTIMIZER_GRAPH, ITERATION_GRAPH, LAYER_GRAPHS, Measurement, Scope,
-                                  confirmation_order, confirmation_settled, decide, decide_confirmed, screening_pays,
-                                  stopped_early, survivors, worth_confirming)
+from bridge.auto.decision import (Measurement, confirmation_order, confirmation_settled, decide, decide_confirmed,
+                                  screening_pays, stopped_early, survivors, worth_confirming)
+from tests.auto_probe_kit import SCOPES
 from tests.gpu_witnesses import RESULTS
 
 
@@ -245,21 +245,6 @@ def test_screening_pays_only_where_the_steps_it_saves_outweigh_the_runs_it_adds(
 
 
 # --- graph choices the probe cannot tell apart ---------------------------------------------------------------
-
-SCOPES = {
-    "full_iteration+optimizer_in_graph": Scope(ITERATION_AND_OPTIMIZER_GRAPH),
-    "full_iteration": Scope(ITERATION_GRAPH),
-    "te_layer": Scope(LAYER_GRAPHS),
-    "local_layer": Scope(LAYER_GRAPHS),
-    "te_attn_mlp": Scope(LAYER_GRAPHS, frozenset({"attn", "mlp"})),
-    "te_attn": Scope(LAYER_GRAPHS, frozenset({"attn"})),
-    "te_mlp": Scope(LAYER_GRAPHS, frozenset({"mlp"})),
-    "te_attn_moe_router": Scope(LAYER_GRAPHS, frozenset({"attn", "moe_router", "moe_preprocess"})),
-    "te_moe_router": Scope(LAYER_GRAPHS, frozenset({"moe_router", "moe_preprocess"})),
-}
-"""What llama/tiny's and the Qwen3 proxy's graph candidates capture, as bridge.auto.candidates reads them from their
-plans (test_auto_probe.py checks it there)."""
-
 
 @pytest.mark.parametrize("wider, narrower, covers", [
     ("full_iteration+optimizer_in_graph", "full_iteration", True),

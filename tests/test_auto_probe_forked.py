@@ -15,7 +15,7 @@ from bridge.machine import Machine
 from bridge.start_gate import GATE_ENV
 from perf import auto_probe
 from perf.auto_probe import ProbeRuns, choose_graphs
-from tests.test_auto_probe import H100, OPTIMIZER_IN_GRAPH, SMALL, Finished, gpu_plan, synthesized_trainer
+from tests.auto_probe_kit import H100, OPTIMIZER_IN_GRAPH, SMALL, Finished, gpu_plan, synthesized_trainer
 
 
 def test_the_probe_forks_each_run_and_leaves_its_table_and_plot_in_the_run_directory(tmp_path, cache_home):

@@ -88,8 +88,9 @@ def test_the_host_noise_mode_trains_a_variant_unbound_and_bound_turn_by_turn(tmp
     """One run of each mode, the bound one on CPU 0 (a GPU would name its own CPUs): both median step times and the
     CPUs bound are in the record. Nine steps are the fewest the suite's profile window leaves a timed step in."""
     env = stand_in_environment(tmp_path, MCORE="0.16.1")
+    # The runs' job directories under tmp_path, not in host_noise.py's default scratch (/tmp/graphbridge-host-noise).
     command = ["bash", "scripts/gpu_check.sh", "host_noise", "llama_tiny_local", "--runs", "1", "--steps", "9",
-               "--cpus", "0"]
+               "--cpus", "0", "--scratch", str(tmp_path / "scratch")]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     record = json.loads((tmp_path / "out" / "mcore-0.16.1" / "host_noise_llama_tiny_local.json").read_text())
