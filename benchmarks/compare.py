@@ -9,7 +9,7 @@ medians), its ratio to the first variant, and peak memory against it.
     python benchmarks/compare.py --common recipe=llama/tiny engine=torch \\
         --variant eager=cuda_graph=none --variant full=cuda_graph=full_iteration
 
-The torch_engine set produces the torch-engine table in docs/benchmarks.md (llama/tiny: 8
+The torch_engine set produces the torch-engine numbers in docs/benchmarks.md (llama/tiny: 8
 layers, hidden 512, seq 256, micro-batch 2); benchmarks/suite.py the megatron ones.
 """
 

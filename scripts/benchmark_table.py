@@ -4,6 +4,10 @@ graphbridge beside Megatron-Bridge (the vs_bridge markers) from benchmarks/resul
 benchmarks/vs_bridge.py writes, and the equivalence tables (the equivalence markers) from
 benchmarks/results/<gpu>/mcore-<release>/equivalence.json that benchmarks/equivalence.py writes.
 
+The page shows today's numbers: of the records that measured the same thing on the same megatron-core release
+(a suite workload, an equivalence run, a side-by-side row), only the newest, on whichever GPU it ran; each
+section names the older records it leaves out, which stay in the repository (and git) as they were written.
+
     python scripts/benchmark_table.py          # rewrite the section
     python scripts/benchmark_table.py --check  # exit 1 when it is out of date
 """
@@ -11,7 +15,7 @@ benchmarks/results/<gpu>/mcore-<release>/equivalence.json that benchmarks/equiva
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from sections import write_or_check
 
@@ -29,8 +33,47 @@ HEADER = ("| variant | step ms (median) | p10-p90 ms | speedup | GPU busy | peak
 
 
 def records(directory: Path = RESULTS) -> List[dict]:
-    return sorted((json.loads(path.read_text()) for path in directory.glob("*.json")),
+    return sorted((json.loads(path.read_text()) | {"file": path.name} for path in directory.glob("*.json")),
                   key=lambda record: (record["workload"], record["gpu"] or "", record["versions"]["megatron_core"] or ""))
+
+
+def newest(found: List[dict], measurement, when) -> Tuple[List[dict], List[dict]]:
+    """``found`` split into the newest of each measurement (``when`` orders them; ties go to the later in ``found``)
+    and the older ones, each list in ``found``'s order."""
+    latest = {}
+    for record in found:
+        key = measurement(record)
+        if key not in latest or when(record) >= when(latest[key]):
+            latest[key] = record
+    kept = [record for record in found if latest[measurement(record)] is record]
+    return kept, [record for record in found if latest[measurement(record)] is not record]
+
+
+def when_measured(record: dict) -> Tuple[str, str]:
+    """A suite record's date, and on one day the later release first."""
+    return record["date"], record["versions"]["megatron_core"] or ""
+
+
+def summary_line(record: dict) -> str:
+    """A record in one line: where and how it ran, eager's step and every other variant's speedup."""
+    versions = record["versions"]
+    cells = []
+    for name, row in record["variants"].items():
+        label = f"{name} (chose {row['auto_chosen']})" if row.get("auto_chosen") else name
+        if row["status"] != "completed":
+            cells.append(f"{label} {row['status']}")
+        elif name == "eager":
+            cells.append(f"{label} {row['median_ms']:.2f} ms")
+        else:
+            cells.append(f"{label} {number(row['speedup'], '.2f', 'x')}")
+    return (f"On megatron-core {versions['megatron_core']}: `{record['file']}` ({record['gpus']} x {record['gpu']}, "
+            f"Transformer Engine {versions['transformer_engine']}, graphbridge {versions['graphbridge']}, "
+            f"{record['date']}, `{record['suite_command']}`{rounds_so_far(record)}): {'; '.join(cells)}.")
+
+
+def left_out(older: List[str]) -> List[str]:
+    """The line that names the records a section leaves out, if any."""
+    return [f"Older records of the same measurements, not shown: {', '.join(older)}.", ""] if older else []
 
 
 def number(value, spec: str, suffix: str = "") -> str:
@@ -80,7 +123,7 @@ def rounds_so_far(record: dict) -> str:
 
 def table(record: dict) -> List[str]:
     versions = record["versions"]
-    lines = [f"### {record['workload']}: {record['description']}", "",
+    lines = [f"### {record['workload']}: {record['description']}",
              f"{record['gpus']} x {record['gpu']} (driver {record['driver']}"
              + (f"; host {record['host_cpu']}" if record.get("host_cpu") else "")
              + f"), torch {versions['torch']}, megatron-core {versions['megatron_core']}, Transformer Engine "
@@ -125,11 +168,19 @@ def why_not(row: dict) -> str:
 
 
 def markdown(directory: Path = RESULTS) -> str:
-    found = records(directory)
+    """Per workload, a table of its newest record, and a line for the newest on each other release."""
+    found, older = newest(records(directory), lambda record: (record["workload"], record["versions"]["megatron_core"]),
+                          when_measured)
     if not found:
         return "No suite results yet: run `python benchmarks/suite.py <workload>` on a GPU machine."
+    body = []
+    for workload in dict.fromkeys(record["workload"] for record in found):
+        ran = sorted((record for record in found if record["workload"] == workload), key=when_measured, reverse=True)
+        body += table(ran[0]) + [summary_line(record) for record in ran[1:]] + ([""] if ran[1:] else [])
     intro = ("Generated by `python scripts/benchmark_table.py` from benchmarks/results/*.json (written by "
-             "`python benchmarks/suite.py`; each file holds the exact commands). Timed steps exclude the eager "
+             "`python benchmarks/suite.py`; each file holds the exact commands): per workload, the table of its "
+             "newest record, and under it a line for the newest on the other megatron-core release (eager's median "
+             "step and each variant's speedup; its file has the rest). Timed steps exclude the eager "
              "warmup, the capture step and the 5 profiled steps; GPU busy is the profiled GPU time per step over "
              "the median step time (up to 5 % above it reads 100 %: a GPU-bound step); \"invalid\" marks a fraction "
              "far above 100 %, which graphbridge f7c7096 and earlier measured when the profiler's step annotations "
@@ -148,26 +199,43 @@ def markdown(directory: Path = RESULTS) -> str:
              "choice is set against the fastest level: on a host-bound row, where one configuration's processes "
              "land far apart, that says more than one process a variant. A record cut off by "
              "its block's end says how many rounds it holds, and `suite.py --resume` adds the rest.")
-    return "\n".join([intro, ""] + [line for record in found for line in table(record)]).rstrip()
+    older_files = [f"`{record['file']}` ({record['gpu']}, {record['date']})" for record in older]
+    return "\n".join([intro, ""] + body + left_out(older_files)).rstrip()
 
 
 def vs_bridge_markdown(directory: Path = RESULTS / "vs_bridge") -> str:
-    """One table per vs_bridge.py run: what ran, where, and its rows (ratio above 1: graphbridge is faster)."""
+    """One table per vs_bridge.py run that holds the newest measurement of a row (ratio above 1: graphbridge is
+    faster), with those rows only: a row measured again later (the same row, GPU and release) is left out."""
+    runs = [json.loads(path.read_text()) | {"file": path.name} for path in sorted(directory.glob("*.json"))]
+    rows = [(run, row) for run in runs for row in run["rows"]]
+    kept, older = newest(rows, lambda pair: (pair[1]["row"], pair[0]["environment"]["gpu"],
+                                             pair[0]["environment"]["megatron_core"]), row_created)
     blocks = []
-    for path in sorted(directory.glob("*.json")):
-        run = json.loads(path.read_text())
+    for run in runs:
+        current = [row for shown, row in kept if shown is run]
+        if not current:
+            continue
         env = run["environment"]
-        blocks += [f"#### {path.name}", "",
+        blocks += [f"#### {run['file']}",
                    f"{env['gpu']}, torch {env['torch']}, megatron-core {env['megatron_core']}, Transformer Engine "
                    f"{env['transformer_engine']}, Megatron-Bridge {env['megatron_bridge']}, graphbridge "
                    f"{run['graphbridge_commit']}, {run['date']}, {run['steps']} steps ({run['warmup_excluded']} "
                    f"untimed): `{run['command']}`", ""]
         blocks += [f"{run['note']}.", ""] if run.get("note") else []
-        blocks += [vs_bridge.table(run["rows"], run["tolerance"]), ""]
+        blocks += [vs_bridge.table(current, run["tolerance"]), ""]
     intro = ("Generated by `python scripts/benchmark_table.py` from benchmarks/results/vs_bridge/*.json (written by "
-             "`python benchmarks/vs_bridge.py`, each row with both sides' exact commands). Ratio = Bridge's median "
-             "step / graphbridge's: above 1, graphbridge is faster. Losses agree: the first 10 steps within 2 %.")
-    return "\n".join([intro, ""] + blocks).rstrip()
+             "`python benchmarks/vs_bridge.py`, each row with both sides' exact commands): the newest measurement of "
+             "each row. Ratio = Bridge's median step / graphbridge's: above 1, graphbridge is faster. Losses agree: "
+             "the first 10 steps within 2 %.")
+    return "\n".join([intro, ""] + blocks + left_out(
+        [f"`{run['file']}`'s {row['row']}" for run, row in older])).rstrip()
+
+
+def row_created(pair) -> str:
+    """When a side-by-side row was measured: its graphbridge run's result, else Bridge's, else the run's date."""
+    run, row = pair
+    sides = [row.get(side) for side in ("graphbridge", "bridge")]
+    return next((side["created"] for side in sides if isinstance(side, dict) and side.get("created")), run["date"])
 
 
 def gap_percent(gap: float) -> str:
@@ -196,18 +264,21 @@ def equivalence_row(record: dict, variant: str) -> str:
 
 
 def equivalence_markdown(directory: Path = RESULTS) -> str:
-    """One table per committed equivalence record."""
+    """One table for the newest equivalence record of each megatron-core release."""
+    found = [json.loads(path.read_text()) | {"file": path.relative_to(ROOT).as_posix()}
+             for path in sorted(directory.glob("*/mcore-*/equivalence.json"))]
+    kept, older = newest(found, lambda record: record["megatron_core"], lambda record: record["date"])
     lines = []
-    for path in sorted(directory.glob("*/mcore-*/equivalence.json")):
-        record = json.loads(path.read_text())
+    for record in kept:
         start, end = record["window"]
-        lines += [f"`{path.relative_to(ROOT).as_posix()}`: {record['gpu']}, megatron-core {record['megatron_core']}, "
+        lines += [f"`{record['file']}`: {record['gpu']}, megatron-core {record['megatron_core']}, "
                   f"TE {record['transformer_engine']}, graphbridge {record['commit']}, {record['date']}; seeds "
                   f"{', '.join(str(seed) for seed in record['seeds'])}, {record['steps']} steps; judged over steps "
                   f"{start}-{end - 1} within {gap_percent(record['tolerance'])} (`{record['command']}`)", "",
                   "| variant | runs completed | largest window gap, steps 10-29 | steps 50-99 | within tolerance |",
                   "|---|---|---|---|---|"]
         lines += [equivalence_row(record, variant) for variant in record["variants"]] + [""]
+    lines += left_out([f"`{record['file']}` ({record['gpu']}, {record['date']})" for record in older])
     return "\n".join(lines).rstrip() if lines else "No record is committed yet."
 
 

@@ -67,6 +67,66 @@ def test_the_table_is_built_from_raw_results(tmp_path):
     assert suite.result_name(record) == "llama_tiny_local_h100_mcore0.16.1.json"
 
 
+def test_the_table_shows_the_newest_record_of_each_workload_and_release(tmp_path):
+    """A workload measured again on a newer machine: its newest record is the table, the newest on the other release
+    one line under it, and the record the newer one replaced is only named."""
+    def record(gpu, release, date, eager_ms):
+        rows = {"eager": {"status": "completed", "median_ms": eager_ms, "p10_ms": None, "p90_ms": None, "speedup": 1.0,
+                          "gpu_busy": None, "peak_allocated_gb": None, "capture_time_s": None, "graph_count": 0},
+                "full_iteration": {"status": "completed", "median_ms": eager_ms / 8, "p10_ms": None, "p90_ms": None,
+                                   "speedup": 8.0, "gpu_busy": None, "peak_allocated_gb": None, "capture_time_s": 0.1,
+                                   "graph_count": 1},
+                "local_layer": {"status": "failed", "reason": "boom", "median_ms": None, "p10_ms": None,
+                                "p90_ms": None, "speedup": None, "gpu_busy": None, "peak_allocated_gb": None,
+                                "capture_time_s": None, "graph_count": 0}}
+        return {"workload": "llama_tiny_local", "description": "tiny", "gpus": 1, "steps": 40, "date": date, "gpu": gpu,
+                "driver": "580.1", "suite_command": "python benchmarks/suite.py llama_tiny_local --steps 40",
+                "versions": {"torch": "2.11", "megatron_core": release, "transformer_engine": "2.10.0",
+                             "graphbridge": "abc1234", "python": "3.12"}, "variants": rows}
+    for each in (record("NVIDIA H100 80GB HBM3", "0.19.2", "2026-11-24", 60.0),
+                 record("NVIDIA H200", "0.19.2", "2026-11-29", 50.0),
+                 record("NVIDIA H100 80GB HBM3", "0.16.1", "2026-11-25", 70.0)):
+        (tmp_path / suite.result_name(each)).write_text(json.dumps(each))
+    text = benchmark_table.markdown(tmp_path)
+    assert text.count("### llama_tiny_local") == 1 and "| eager | 50.00 |" in text and "| eager | 60.00 |" not in text
+    assert ("On megatron-core 0.16.1: `llama_tiny_local_h100_mcore0.16.1.json` (1 x NVIDIA H100 80GB HBM3, Transformer "
+            "Engine 2.10.0, graphbridge abc1234, 2026-11-25, `python benchmarks/suite.py llama_tiny_local "
+            "--steps 40`): eager 70.00 ms; full_iteration 8.00x; local_layer failed.") in text
+    assert text.rstrip().endswith("Older records of the same measurements, not shown: "
+                                  "`llama_tiny_local_h100_mcore0.19.2.json` (NVIDIA H100 80GB HBM3, 2026-11-24).")
+
+
+def test_the_docs_show_only_the_newest_equivalence_and_side_by_side_records():
+    equivalence = benchmark_table.equivalence_markdown()
+    assert equivalence.startswith("`benchmarks/results/h200/mcore-0.16.1/equivalence.json`: NVIDIA H200")
+    assert equivalence.count("| variant | runs completed |") == 2  # a table for each release
+    assert "not shown: `benchmarks/results/h100/mcore-0.16.1/equivalence.json`" in equivalence
+    side_by_side = benchmark_table.vs_bridge_markdown()
+    # llama32_1b_eager ran twice: before graphbridge imported Bridge's loss fusion (0.93x) and after (1.01x)
+    assert "| llama32_1b_eager | 1276.04" not in side_by_side
+    assert "#### llama32_1b_unfused_loss_h100.json" not in side_by_side
+    assert side_by_side.endswith("not shown: `llama32_1b_unfused_loss_h100.json`'s llama32_1b_eager.")
+
+
+def test_the_differential_section_says_how_each_witness_case_ended_in_a_line_a_kind():
+    witnesses = [
+        {"label": "refused", "unchecked_rules": ["rule_a", "rule_b"], "status": "failed", "error": "boom",
+         "eager_gap": None},
+        {"label": "control", "unchecked_rules": [], "status": "completed", "error": None, "eager_gap": 0.0},
+        {"label": "over_strict", "unchecked_rules": ["rule_c"], "status": "completed", "error": None,
+         "eager_gap": None},
+        {"label": "crashed", "unchecked_rules": [], "status": "timeout", "error": "hung\nat step 3", "eager_gap": None}]
+    assert differential_table.witness_table({"witnesses": witnesses}) == [
+        "- witnesses that failed with their rules unasked (1): `refused` (rule_a, rule_b)",
+        "- witnesses that completed (2): `control` (gap to its eager twin 0.0e+00), `over_strict` (trained with "
+        "`rule_c` unasked)",
+        "- **witnesses that failed with no rule unasked** (1): `crashed` timeout: hung"]
+    # the current records only: a witness record replaced by a newer one keeps its commit in its name
+    section = differential_table.markdown()
+    assert "gpu_witnesses.json`" in section and "gpu_witnesses_0d3b80c.json" not in section
+    assert "gpu_witnesses_2gpu_cfa782d.json" not in section and "gpu_differential_0433e38" not in section
+
+
 @pytest.mark.parametrize("name", ["qwen3_moe_dropless", "qwen3_moe_drop_and_pad", "qwen3_moe_ep2",
                                   "qwen3_moe_ep2_drop_and_pad"])
 def test_the_recipe_default_variant_graphs_what_the_h100_preset_graphs(name):

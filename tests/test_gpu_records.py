@@ -75,7 +75,8 @@ REFUSES_WHAT_TRAINS = {
                                 "run 1728 of h200/mcore-0.19.2/gpu_differential_schema_9901178.json)",
     "optimizer_graph_distributed": "at one GPU graphbridge's capturable AdamW steps the single shard whole, so it "
                                    "trains, but with whole, unsharded optimizer state, and it shards nothing at two "
-                                   "GPUs or more; megatron-core 0.19's own optimizer graph does (docs/gpu_differential.md)",
+                                   "GPUs or more; megatron-core 0.19's own optimizer graph does (0.16.1 run 1428 of the "
+                                   "h100 gpu_differential_e15f81f.json.gz)",
     "mla_recompute_in_layer_graphs": "attention graphs alone with mla_up_proj recomputed train at one micro-batch a "
                                      "step (deepseek_v3_gb200_recompute_attn in gpu_witnesses_2gpu_cfa782d.json and "
                                      "gpu_differential_2gpu_5bba762.json.gz) and at two (0.19.2 run 1754 of the h200 "

@@ -14,7 +14,7 @@ from bridge.prepare import prepare
 from tests.preset_reference import composed_presets
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
-H200_LOCAL = "docs/benchmarks.md, One H200: megatron engine (benchmarks/megatron_graphs.py), peak MiB / 1024"
+H200_LOCAL = "benchmarks/megatron_graphs.py on one H200, 2026-11-21, peak MiB / 1024 (docs/benchmarks.md at c483bbc)"
 
 
 MEGATRON_CORE_LOSS = {
@@ -55,12 +55,13 @@ def side_by_side_rows():
 
 
 # Measured torch.cuda.max_memory_allocated in GiB (result.json's memory.peak_allocated_gb), one GPU:
-# (overrides, measured, source): the suite's rows as committed, and the rows docs/benchmarks.md holds.
+# (overrides, measured, source): the suite's rows as committed, and six llama/tiny rows measured before the suite
+# kept records, copied here from the docs of then (`git show c483bbc:docs/benchmarks.md`).
 ROWS = [
     *suite_rows(),
     *side_by_side_rows(),
     (["recipe=llama/tiny", "cuda_graph=local_layer"], 0.69,
-     "docs/benchmarks.md, H100 graph scopes through the CLI (peak alloc GB)"),
+     "graphbridge -m sweep=dense_scopes on one H100, 2026-11-22, peak alloc GB (docs/benchmarks.md at c483bbc)"),
     (["recipe=llama/tiny", "model.transformer_impl=local"], 648 / 1024, H200_LOCAL),
     (["recipe=llama/tiny", "model.transformer_impl=local", "cuda_graph=local_layer"], 739 / 1024, H200_LOCAL),
     (["recipe=llama/tiny", "model.transformer_impl=local", "cuda_graph=full_iteration"], 711 / 1024, H200_LOCAL),

@@ -127,8 +127,8 @@ def test_a_sweep_of_good_jobs_exits_0(cli, tmp_path):
 
 @pytest.mark.gpu
 def test_gpu_sweep_measures_a_full_iteration_speedup(cli, tmp_path):
-    """The speedups the benchmark measures (docs/benchmarks.md: full_iteration 9-10x, local
-    layer 3x on this shape), checked against the issue's floors, and the GPU-busy fraction:
+    """The speedups the benchmark measures (docs/benchmarks.md, the llama_tiny rows: full_iteration 6-10x,
+    local_layer about 3x on this shape), checked against the issue's floors, and the GPU-busy fraction:
     a full-iteration graph keeps the GPU far busier than eager launches do."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():

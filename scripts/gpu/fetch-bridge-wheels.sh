@@ -12,8 +12,7 @@
 # accelerate and nemo-run, and its pretraining path imports none of them (each import is guarded). What
 # it does import, unguarded, was found by importing megatron.bridge.training.{pretrain,gpt_step,train,
 # config} and the llama and qwen recipes on a machine with only the GPU image's packages, adding the
-# missing module each time (scripts/gpu/README.md lists the chain); the versions are the ones that
-# import was done with:
+# missing module each time; the versions are the ones that import was done with:
 #   .gpu/bridge-core     Bridge; transformers and the hub client its model conversion imports (with
 #                        requests and its TLS/charset helpers); nvidia-modelopt and pulp (the training
 #                        step imports modelopt's distillation plugin); nvidia-resiliency-ext, psutil
