@@ -157,8 +157,8 @@ def test_the_catalogue_accepts_nothing_megatron_core_refuses_at_cluster_scale(re
 @pytest.mark.slow
 @pytest.mark.parametrize("release_path", RELEASES)
 def test_the_next_gpu_blocks_draws_agree_with_megatron_core(release_path):
-    """The draws of the next GPU blocks (scripts/gpu/README.md: seed 15 at one GPU, 34 at two, 41 at four), judged
+    """The draws of the next GPU blocks (scripts/gpu/README.md: seed 34 at two GPUs, 41 at four), judged
     here first: a configuration megatron-core refuses would be GPU time spent on a missing rule."""
-    check([record for world_size, seed, count in ((1, 15, 1700), (2, 34, 1000), (4, 41, 800))
+    check([record for world_size, seed, count in ((2, 34, 1000), (4, 41, 800))
            for record in differential(seed=seed, count=count, release_path=release_path, world_size=world_size,
                                       first_role_only=False, gpu_draws=True)])
