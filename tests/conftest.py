@@ -5,9 +5,12 @@ decision cache per test.
 Tests use these fixtures; no test module imports another one.
 """
 
+import getpass
 import json
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -15,6 +18,11 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+# Importing megatron-core makes torch create its compile cache (torchinductor_<user>) in the system's temporary
+# directory: the suite and the commands it runs keep it in pytest's own (pytest-of-<user>), where it outlives a
+# session as that cache should. A cache the user chose is kept.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                      str(Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}" / "torchinductor"))
 TINY_RECIPES = ("llama/tiny", "qwen/tiny", "deepseek/tiny", "gpt_oss/tiny")
 # Small enough for two CPU cores; deepseek's per-layer MoE pattern must match num_layers.
 SMALL = ("model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64", "train.train_iters=5")
