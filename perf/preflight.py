@@ -1,24 +1,31 @@
 """Checks on the command line before Hydra composes, for errors Hydra reports badly or not at all:
 a YAML syntax error or a duplicate key in a config file, a malformed '# @package' header, a
 defaults list that is not a list of names, a primary config that no longer loads the schema (each
-a long traceback), an unknown key, a misspelled group choice (no suggestion), a group set to null,
-a callable set in Hydra's tree (perf/hydra_overrides.py), and what perf/command_line.py checks in
-the argument list itself (a Slurm submission without Slurm among them). Each becomes one line
-naming the file and line, or the override.
+a long traceback), an unknown key, a value of the wrong type (a conversion error that names no fix),
+an integer too long for Python to read (a traceback), a misspelled group choice (no suggestion), a
+group set to null, a callable set in Hydra's tree (perf/hydra_overrides.py), and what
+perf/command_line.py checks in the argument list itself (a Slurm submission without Slurm among
+them). Each becomes one line naming the file and line, or the override.
 """
 
 import dataclasses
 import difflib
 import os
 import re
+import sys
+import typing
+from enum import Enum
 from pathlib import Path
-from typing import Iterable, List, Optional
+from typing import Any, Iterable, List, Optional, Tuple, Union
 
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, ValueType
 from hydra.errors import HydraException
+from omegaconf import BooleanNode, EnumNode, FloatNode, IntegerNode, OmegaConf
+from omegaconf.errors import OmegaConfBaseException, ValidationError
 
+from bridge.config.load import compose_config, override_value
 from bridge.config.paths import config_dir
 from bridge.config.schema import GraphBridgeConfig
 from bridge.recipes import presets
@@ -35,6 +42,10 @@ STR, NULL = "tag:yaml.org,2002:str", "tag:yaml.org,2002:null"
 HEADER = re.compile(r"^\s*#\s*@")
 PACKAGE = re.compile(r"^\w[\w-]*(\.\w[\w-]*)*$")
 SCHEMA = ("base_config", "/base_config")  # the ConfigStore entry of GraphBridgeConfig
+# The scalar types a value is checked against: OmegaConf's node for each (its own conversion rules), how
+# a message names what it takes, and the example where the composed config has no value to show.
+SCALARS = {int: (IntegerNode, "an integer", 1), float: (FloatNode, "a number", 0.5),
+           bool: (BooleanNode, "true or false", True)}
 
 
 class DuplicateKeyError(yaml.constructor.ConstructorError):
@@ -267,6 +278,8 @@ def _override_error(overrides: List[str], roots: List[Path]) -> Optional[str]:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except HydraException:
         return None  # Hydra's parser message is clear; let Hydra report it
+    except ValueError:  # its int() refuses more digits than sys.get_int_max_str_digits(), with a traceback
+        return _long_number_error(overrides)
     own = own_callbacks(roots[0] / "config.yaml")
     for override in parsed:
         key = override.key_or_group
@@ -278,10 +291,24 @@ def _override_error(overrides: List[str], roots: List[Path]) -> Optional[str]:
             error = None if override.is_force_add() else _choice_error(key, override, _group_choices(key, roots))
         elif "/" in key:
             error = None
-        else:  # a key, set or added (+/++): under the schema it must be one of its fields
-            error = _key_error(key, _group_names(roots))
+        else:  # a key, set or added (+/++): under the schema it must be one of its fields, its value of its type
+            error = _key_error(key, _group_names(roots)) or _value_error(override, overrides, roots[0])
         if error:
             return error
+    return None
+
+
+def _long_number_error(overrides: List[str]) -> Optional[str]:
+    """The override whose integer is too long for Python to read, by its key."""
+    parser = OverridesParser.create()
+    for line in overrides:
+        try:
+            parser.parse_override(line)
+        except ValueError:
+            return (f"{line.split('=', 1)[0]}: a number of more than {sys.get_int_max_str_digits()} digits; "
+                    f"no key takes one that long")
+        except HydraException:
+            continue  # another override's syntax: Hydra names it once this one is fixed
     return None
 
 
@@ -351,19 +378,105 @@ def _group_names(roots: List[Path]) -> List[str]:
 
 
 def _key_error(dotted: str, groups: List[str]) -> Optional[str]:
-    """An unknown key, with the closest field, or at the top level the closest group (cuda_graphs=...)."""
+    """An unknown key, with the closest key that exists as a whole: a field, or at the top level a group
+    (cuda_graphs=...)."""
     node = GraphBridgeConfig
     path: List[str] = []
     parts = dotted.split(".")
     for index, part in enumerate(parts):
-        fields = {f.name: f for f in dataclasses.fields(node)} if dataclasses.is_dataclass(node) else None
+        fields = _fields(node)
         if fields is None:
             return None  # below a leaf or a free-form node: OmegaConf judges it
         if part not in fields:
-            close = difflib.get_close_matches(part, [*fields, *(groups if len(parts) == 1 else ())], n=1)
+            rest = parts[index + 1:]
+            close = _closest(part, fields, groups if len(parts) == 1 else [], rest)
             where = ".".join(path) or "the top level"
-            hint = f"; did you mean {'.'.join(path + close + parts[index + 1:])}?" if close else ""
+            hint = f"; did you mean {'.'.join(path + [close] + rest)}?" if close else ""
             return f"{dotted}: no key '{part}' in {where}{hint} (graphbridge --cfg job lists every key)"
         path.append(part)
-        node = fields[part].type if dataclasses.is_dataclass(fields[part].type) else None
+        node = fields[part].type
     return None
+
+
+def _fields(node) -> Optional[dict]:
+    """A schema section's fields by name; None for a leaf or a free-form node."""
+    return {f.name: f for f in dataclasses.fields(node)} if dataclasses.is_dataclass(node) else None
+
+
+def _closest(part: str, fields: dict, groups: List[str], rest: List[str]) -> Optional[str]:
+    """The name nearest ``part`` below which ``rest`` is a key too: for modle.num_layers model, not mode
+    (nearer, but a string), so that following the suggestion does not fail again."""
+    names = [*fields, *groups]
+    for name in difflib.get_close_matches(part, names, n=len(names)):
+        if (name in fields and _lookup(fields[name].type, rest) is not None) or (name in groups and not rest):
+            return name
+    return None
+
+
+def _lookup(node, parts: List[str]):
+    """The schema's type of the key ``parts`` below ``node``, or None where there is no such key. Any
+    key below a free-form dict (env_vars) is one, of any type."""
+    for part in parts:
+        if typing.get_origin(node) is dict:
+            return Any
+        fields = _fields(node)
+        if fields is None or part not in fields:
+            return None
+        node = fields[part].type
+    return node
+
+
+def _value_error(override, overrides: List[str], root: Path) -> Optional[str]:
+    """A value its key's type refuses, as what the key takes and an example; OmegaConf's own message
+    ("could not be converted to Integer") names no fix."""
+    if override.is_delete() or override.is_add():
+        return None  # deleting takes any value; adding a key the schema has fails whatever the value
+    if override.value_type not in (ValueType.ELEMENT, ValueType.CHOICE_SWEEP, ValueType.SIMPLE_CHOICE_SWEEP):
+        return None  # a range or interval sweep: Hydra makes its values
+    key = override.key_or_group
+    scalar = _scalar(_lookup(GraphBridgeConfig, key.split(".")))
+    if scalar is None:
+        return None  # strings, lists, dicts and Any: OmegaConf judges them
+    value = override.value()
+    if all(_accepts(scalar, item) for item in (value.list if isinstance(value, ChoiceSweep) else [value])):
+        return None
+    base, optional = scalar
+    takes = f"one of {', '.join(member.name for member in base)}" if issubclass(base, Enum) else SCALARS[base][1]
+    others = [line for line in overrides if line != override.input_line]
+    return (f"{key} takes {takes}{' (or null)' if optional else ''}, "
+            f"e.g. {key}={_example(key, base, others, root)}")
+
+
+def _scalar(annotation) -> Optional[Tuple[type, bool]]:
+    """(type, optional) of a key typed int, float, bool or a string Enum, optional or not; else None."""
+    args = typing.get_args(annotation)
+    optional = typing.get_origin(annotation) is Union and len(args) == 2 and type(None) in args
+    base = next(arg for arg in args if arg is not type(None)) if optional else annotation
+    if base in SCALARS or (isinstance(base, type) and issubclass(base, Enum)):
+        return base, optional
+    return None
+
+
+def _accepts(scalar: Tuple[type, bool], value) -> bool:
+    """Whether OmegaConf takes ``value`` for a key of this type (an interpolation it takes for any)."""
+    base, optional = scalar
+    try:
+        if issubclass(base, Enum):
+            EnumNode(enum_type=base, value=value, is_optional=optional)
+        else:
+            SCALARS[base][0](value=value, is_optional=optional)
+    except ValidationError:
+        return False
+    return True
+
+
+def _example(key: str, base: type, others: List[str], root: Path) -> str:
+    """The key's value in what the rest of the command line composes, as an override's value; a value of
+    its type where that has none."""
+    try:
+        current = OmegaConf.select(compose_config(others, config_root=root), key, throw_on_resolution_failure=False)
+    except (HydraException, OmegaConfBaseException):
+        current = None  # another override is wrong too (or a sweep): it gets its own message after this one
+    if current is None:
+        current = next(iter(base)) if issubclass(base, Enum) else SCALARS[base][2]
+    return current.name if isinstance(current, Enum) else override_value(current)

@@ -34,7 +34,8 @@ def test_unknown_names_get_the_nearest_valid_one(argv, expected):
     "argv",
     [["cuda_graph=te_attn", "model.num_layers=2"], ["+env_vars.NCCL_GRAPH_REGISTER=0"], ["hydra.run.dir=x"],
      ["--cfg", "job"], ["recipe=llama/tiny"], ["model.cuda_graph_modules=[attn]"], ["cuda_graph=glob(te_*)"],
-     ["-m", "hydra/launcher=basic"]],
+     ["-m", "hydra/launcher=basic"], ["model.num_layers='4'"], ["model.num_layers=${train.train_iters}"],
+     ["-m", "model.num_layers=range(1,3)"], ["perf.tensorboard=null"], ["model.layernorm_epsilon=1"]],
 )
 def test_valid_command_lines_pass(argv):
     assert check(argv) is None
@@ -240,6 +241,79 @@ def test_bad_command_lines_are_one_line(cli, tmp_path, override, expected):
     one_line(cli("mode=plan", override, cwd=tmp_path), expected)
 
 
+# --- a misspelled key, a value of the wrong type: what to type instead -----------------------
+
+
+def test_a_misspelled_section_suggests_a_key_that_exists_as_a_whole(cli, tmp_path):
+    # 'mode' is nearer to 'modle' than 'model', but a string: mode.num_layers would fail again.
+    result = cli("mode=plan", "modle.num_layers=2", cwd=tmp_path)
+    one_line(result, "modle.num_layers: no key 'modle' in the top level; did you mean model.num_layers?")
+    assert "mode.num_layers" not in result.stderr
+
+
+@pytest.mark.parametrize("override", ["modl.num_layers=2", "model.num_layer=2"])
+def test_other_misspellings_still_get_the_key(cli, tmp_path, override):
+    one_line(cli("mode=plan", override, cwd=tmp_path), "did you mean model.num_layers?")
+
+
+@pytest.mark.parametrize("override", ["zzzqq.num_layers=2", "modle.num_layer=2"])
+def test_no_key_near_enough_gets_no_suggestion(cli, tmp_path, override):
+    result = cli("mode=plan", override, cwd=tmp_path)
+    one_line(result, "(graphbridge --cfg job lists every key)")
+    assert "did you mean" not in result.stderr
+
+
+def example_in(result) -> str:
+    """The value of the example that ends a one-line type error."""
+    return result.stderr.strip().rsplit("=", 1)[1]
+
+
+@pytest.mark.parametrize("recipe", ["llama/tiny", "qwen/tiny"])
+def test_an_integer_key_given_a_word_says_to_type_an_integer(cli, tmp_path, recipe):
+    result = cli("mode=plan", f"recipe={recipe}", "model.num_layers=abc", cwd=tmp_path)
+    one_line(result, "graphbridge: model.num_layers takes an integer, e.g. model.num_layers=")
+    # The example is the value the command line composes to without the bad override, and it runs.
+    assert example_in(result) == str(compose_config([f"recipe={recipe}"]).model.num_layers)
+    fixed = cli("--cfg", "job", "mode=plan", f"recipe={recipe}", f"model.num_layers={example_in(result)}", cwd=tmp_path)
+    assert fixed.returncode == 0, fixed.stderr
+
+
+@pytest.mark.parametrize("args", [["model.num_layers=1.5"], ["model.num_layers=[1,2]"], ["model.num_layers=null"],
+                                  ["model.num_layers='two\nlines'"], ["model.num_layers=" + "x" * 10000],
+                                  ["-m", "model.num_layers=2,abc"]],
+                         ids=["float", "list", "null", "newline", "long", "sweep"])
+def test_an_integer_key_given_anything_else_gets_one_line(cli, tmp_path, args):
+    result = cli(*args, "mode=plan", cwd=tmp_path)  # -m first: Hydra's flags come before the overrides
+    one_line(result, "graphbridge: model.num_layers takes an integer, e.g. model.num_layers=")
+    int(example_in(result))
+
+
+def test_an_integer_too_long_to_read_is_named(cli, tmp_path):
+    one_line(cli("mode=plan", "model.layernorm_epsilon=" + "9" * 5000, cwd=tmp_path),
+             "model.layernorm_epsilon: a number of more than 4300 digits")
+
+
+def test_a_float_key_given_a_word_says_to_type_a_number(cli, tmp_path):
+    result = cli("mode=plan", "model.layernorm_epsilon=abc", cwd=tmp_path)
+    one_line(result, "graphbridge: model.layernorm_epsilon takes a number, e.g. model.layernorm_epsilon=")
+    assert float(example_in(result)) == compose_config([]).model.layernorm_epsilon
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("dataset.mock=maybe", "dataset.mock takes true or false, e.g. dataset.mock=true"),
+    ("perf.tensorboard=maybe", "perf.tensorboard takes true or false (or null), e.g. perf.tensorboard=true"),
+])
+def test_a_bool_key_given_a_word_says_true_or_false(cli, tmp_path, override, expected):
+    result = cli("mode=plan", override, cwd=tmp_path)
+    one_line(result, expected)
+    assert result.stderr == f"graphbridge: {expected}\n"
+
+
+def test_an_enum_key_given_another_word_lists_its_choices(cli, tmp_path):
+    one_line(cli("mode=plan", "plan.format=yaml", cwd=tmp_path),
+             "plan.format takes one of text, json, bridge, e.g. plan.format=text")
+
+
 def test_hydra_shell_completion_passes_preflight(cli, tmp_path):
     result = cli("-sc", "install=bash", cwd=tmp_path)
     assert result.returncode == 0 and "hydra_bash_completion" in result.stdout, result.stderr
@@ -249,7 +323,7 @@ def test_hydra_shell_completion_passes_preflight(cli, tmp_path):
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["train.train_iters=abc"], "train.train_iters: Value 'abc' of type 'str' could not be converted to Integer"),
+    (["train.train_iters=abc"], "train.train_iters takes an integer, e.g. train.train_iters="),
     (["train.train_iters=[1,"], "no viable alternative at input '[1,' (see https://hydra.cc/"),
     (["env_vars.X=1"], "To append to your config use +env_vars.X=1"),
     (["hydra.run.dir=${oops}"], "hydra.run.dir: Interpolation key 'oops' not found"),
