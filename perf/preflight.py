@@ -8,31 +8,25 @@ perf/command_line.py checks in the argument list itself (a Slurm submission with
 them). Each becomes one line naming the file and line, or the override.
 """
 
-import dataclasses
 import difflib
 import os
 import re
 import sys
-import typing
-from enum import Enum
 from pathlib import Path
-from typing import Any, Iterable, List, Optional, Tuple, Union
+from typing import Iterable, List, Optional
 
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, ValueType
 from hydra.errors import HydraException
-from omegaconf import BooleanNode, EnumNode, FloatNode, IntegerNode, OmegaConf
-from omegaconf.errors import OmegaConfBaseException, ValidationError
 
-from bridge.config.load import compose_config, override_value
 from bridge.config.paths import config_dir
-from bridge.config.schema import GraphBridgeConfig
 from bridge.recipes import presets
 from perf.command_line import (FLAGS_WITH_VALUE, encoding_error, flag_error, long_key_error, loop_error,
                                submission_error)
 from perf.help import PRINTS_HELP
 from perf.hydra_overrides import hydra_override_error, own_callbacks
+from perf.key_hints import key_error, value_error
 
 SHELL_COMPLETION = ("--shell-completion", "-sc")  # Hydra's own; its arguments are not overrides
 PRIMARY_FLAGS = ("--config-path", "-cp", "--config-name", "-cn")  # another primary config than conf/config.yaml
@@ -42,10 +36,7 @@ STR, NULL = "tag:yaml.org,2002:str", "tag:yaml.org,2002:null"
 HEADER = re.compile(r"^\s*#\s*@")
 PACKAGE = re.compile(r"^\w[\w-]*(\.\w[\w-]*)*$")
 SCHEMA = ("base_config", "/base_config")  # the ConfigStore entry of GraphBridgeConfig
-# The scalar types a value is checked against: OmegaConf's node for each (its own conversion rules), how
-# a message names what it takes, and the example where the composed config has no value to show.
-SCALARS = {int: (IntegerNode, "an integer", 1), float: (FloatNode, "a number", 0.5),
-           bool: (BooleanNode, "true or false", True)}
+
 
 
 class DuplicateKeyError(yaml.constructor.ConstructorError):
@@ -292,7 +283,7 @@ def _override_error(overrides: List[str], roots: List[Path]) -> Optional[str]:
         elif "/" in key:
             error = None
         else:  # a key, set or added (+/++): under the schema it must be one of its fields, its value of its type
-            error = _key_error(key, _group_names(roots)) or _value_error(override, overrides, roots[0])
+            error = key_error(key, _group_names(roots)) or value_error(override, overrides, roots[0])
         if error:
             return error
     return None
@@ -375,108 +366,3 @@ def _choice_error(group: str, override, choices: List[str]) -> Optional[str]:
 
 def _group_names(roots: List[Path]) -> List[str]:
     return sorted({path.name for root in roots if _is_dir(root) for path in root.iterdir() if _is_dir(path)})
-
-
-def _key_error(dotted: str, groups: List[str]) -> Optional[str]:
-    """An unknown key, with the closest key that exists as a whole: a field, or at the top level a group
-    (cuda_graphs=...)."""
-    node = GraphBridgeConfig
-    path: List[str] = []
-    parts = dotted.split(".")
-    for index, part in enumerate(parts):
-        fields = _fields(node)
-        if fields is None:
-            return None  # below a leaf or a free-form node: OmegaConf judges it
-        if part not in fields:
-            rest = parts[index + 1:]
-            close = _closest(part, fields, groups if len(parts) == 1 else [], rest)
-            where = ".".join(path) or "the top level"
-            hint = f"; did you mean {'.'.join(path + [close] + rest)}?" if close else ""
-            return f"{dotted}: no key '{part}' in {where}{hint} (graphbridge --cfg job lists every key)"
-        path.append(part)
-        node = fields[part].type
-    return None
-
-
-def _fields(node) -> Optional[dict]:
-    """A schema section's fields by name; None for a leaf or a free-form node."""
-    return {f.name: f for f in dataclasses.fields(node)} if dataclasses.is_dataclass(node) else None
-
-
-def _closest(part: str, fields: dict, groups: List[str], rest: List[str]) -> Optional[str]:
-    """The name nearest ``part`` below which ``rest`` is a key too: for modle.num_layers model, not mode
-    (nearer, but a string), so that following the suggestion does not fail again."""
-    names = [*fields, *groups]
-    for name in difflib.get_close_matches(part, names, n=len(names)):
-        if (name in fields and _lookup(fields[name].type, rest) is not None) or (name in groups and not rest):
-            return name
-    return None
-
-
-def _lookup(node, parts: List[str]):
-    """The schema's type of the key ``parts`` below ``node``, or None where there is no such key. Any
-    key below a free-form dict (env_vars) is one, of any type."""
-    for part in parts:
-        if typing.get_origin(node) is dict:
-            return Any
-        fields = _fields(node)
-        if fields is None or part not in fields:
-            return None
-        node = fields[part].type
-    return node
-
-
-def _value_error(override, overrides: List[str], root: Path) -> Optional[str]:
-    """A value its key's type refuses, as what the key takes and an example; OmegaConf's own message
-    ("could not be converted to Integer") names no fix."""
-    if override.is_delete() or override.is_add():
-        return None  # deleting takes any value; adding a key the schema has fails whatever the value
-    if override.value_type not in (ValueType.ELEMENT, ValueType.CHOICE_SWEEP, ValueType.SIMPLE_CHOICE_SWEEP):
-        return None  # a range or interval sweep: Hydra makes its values
-    key = override.key_or_group
-    scalar = _scalar(_lookup(GraphBridgeConfig, key.split(".")))
-    if scalar is None:
-        return None  # strings, lists, dicts and Any: OmegaConf judges them
-    value = override.value()
-    if all(_accepts(scalar, item) for item in (value.list if isinstance(value, ChoiceSweep) else [value])):
-        return None
-    base, optional = scalar
-    takes = f"one of {', '.join(member.name for member in base)}" if issubclass(base, Enum) else SCALARS[base][1]
-    others = [line for line in overrides if line != override.input_line]
-    return (f"{key} takes {takes}{' (or null)' if optional else ''}, "
-            f"e.g. {key}={_example(key, base, others, root)}")
-
-
-def _scalar(annotation) -> Optional[Tuple[type, bool]]:
-    """(type, optional) of a key typed int, float, bool or a string Enum, optional or not; else None."""
-    args = typing.get_args(annotation)
-    optional = typing.get_origin(annotation) is Union and len(args) == 2 and type(None) in args
-    base = next(arg for arg in args if arg is not type(None)) if optional else annotation
-    if base in SCALARS or (isinstance(base, type) and issubclass(base, Enum)):
-        return base, optional
-    return None
-
-
-def _accepts(scalar: Tuple[type, bool], value) -> bool:
-    """Whether OmegaConf takes ``value`` for a key of this type (an interpolation it takes for any)."""
-    base, optional = scalar
-    try:
-        if issubclass(base, Enum):
-            EnumNode(enum_type=base, value=value, is_optional=optional)
-        else:
-            SCALARS[base][0](value=value, is_optional=optional)
-    except ValidationError:
-        return False
-    return True
-
-
-def _example(key: str, base: type, others: List[str], root: Path) -> str:
-    """The key's value in what the rest of the command line composes, as an override's value; a value of
-    its type where that has none."""
-    try:
-        current = OmegaConf.select(compose_config(others, config_root=root), key, throw_on_resolution_failure=False)
-    except (HydraException, OmegaConfBaseException):
-        current = None  # another override is wrong too (or a sweep): it gets its own message after this one
-    if current is None:
-        current = next(iter(base)) if issubclass(base, Enum) else SCALARS[base][2]
-    return current.name if isinstance(current, Enum) else override_value(current)
