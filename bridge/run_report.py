@@ -1,13 +1,16 @@
 """What a run reports when its loop ends, on every exit path: result.json (bridge.result builds it)
-with the measurements of every rank taken together, and the one-screen table on the terminal."""
+with the measurements of every rank taken together, and on the terminal a one-screen table and a few
+closing lines: what was graphed, what it bought, the next command, the result's path."""
 
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from rich.console import Console
 from rich.table import Table
 
+from bridge.auto.decision import COMPLETED
+from bridge.config.graphs import EAGER_CHOICE, graph_impl, is_graphed
 from bridge.config.schema import GraphBridgeConfig
 from bridge.result import build_result, write_result
 from bridge.steps import Steps
@@ -77,15 +80,22 @@ def requested(result: dict) -> str:
 
 
 def print_summary(result: dict, result_path: Optional[Path]) -> None:
-    """One screen: what ran, how fast, how much memory, what was captured."""
+    """One screen: what ran, how fast, how much memory, what was captured; then, on lines of their own (a table
+    cell would wrap them), what was graphed, what that bought or why nothing was, the command to try next, and
+    the result's path whole, to copy."""
+    Console().print(summary_table(result))
+    print("\n".join(closing_lines(result, result_path)), flush=True)
 
+
+def summary_table(result: dict) -> Table:
+    """The run's numbers, one row each."""
     def number(value, unit="", digits=1):
         return "n/a" if value is None else f"{value:,.{digits}f}{unit}"
 
     times, memory, loss = result["step_time_ms"], result["memory"], result["loss"]
     table = Table(title=f"graphbridge run: {result['status']}", show_header=False)
     table.add_column(style="bold", no_wrap=True)  # the labels stay whole; the values take what is left
-    table.add_column(overflow="fold")  # paths wrap instead of being cut
+    table.add_column(overflow="fold")
     rows = [
         ("engine / device", f"{result['engine']} / {result['device']} {result['env']['gpu'] or ''}".strip()),
         ("impl (requested -> effective)",
@@ -101,8 +111,71 @@ def print_summary(result: dict, result_path: Optional[Path]) -> None:
         ("capture", f"step {result['capture_step']}, {number(result['capture_time_s'], ' s', 2)}, "
                     f"{result['graph_count']} graph(s)" if result["capture_step"] is not None else "none"),
         ("loss first -> last", f"{loss[0]:.4f} -> {loss[-1]:.4f}" if loss else "n/a"),
-        ("result", str(result_path)),
     ]
     for name, value in rows:
         table.add_row(name, value)
-    Console().print(table)
+    return table
+
+
+def closing_lines(result: dict, result_path: Optional[Path]) -> List[str]:
+    """What was graphed, auto's speedup where it measured one, why the run trained eagerly where it can say, the
+    command to try next, and the result's path alone on the last line."""
+    speedup, why = auto_speedup(result), why_eager(result)
+    labelled = [("graphed", graphed(result)), *([("speedup", speedup)] if speedup else []),
+                *([("why eager", why)] if why else []), ("next", next_command(result))]
+    width = len("why eager: ")  # the longest label: the texts start in one column
+    return [f"{label + ':':<{width}}{text}" for label, text in labelled] + (
+        [str(result_path)] if result_path is not None else [])
+
+
+def graphed(result: dict) -> str:
+    """The graphs the run replayed and their scope, with the choice auto made where it chose; or nothing."""
+    impl, auto = result["effective_impl"], result.get("auto")
+    if impl is None or not is_graphed(impl):
+        return "nothing, the run trained eagerly"
+    graph, modules = graph_impl(impl), result["modules"] or []
+    scope = f"{', '.join(modules)} of each layer" if graph.unit == "layer" and modules else graph.captures
+    how = f"cuda_graph=auto chose {auto['chosen']}" if auto else f"model.cuda_graph_impl={impl}"
+    return f"{scope} ({how}; {result['graph_count']} graph(s) captured at step {result['capture_step']})"
+
+
+def auto_speedup(result: dict) -> Optional[str]:
+    """The chosen graph choice's step time against eager's, as cuda_graph=auto's probe measured them (its own,
+    or the cached one's); None where it chose eager or measured nothing. Eager's is the one the decision weighed:
+    the faster of its two runs, or after a confirming round the mean of its runs, as the chosen's is then."""
+    auto = result.get("auto") or {}
+    chosen, eager_ms = auto.get("chosen"), auto.get("eager_ms")
+    medians = [candidate["median_ms"] for candidate in auto.get("candidates", [])
+               if candidate["choice"] == chosen and candidate["status"] == COMPLETED and candidate["median_ms"]]
+    if chosen == EAGER_CHOICE or not eager_ms or not medians:
+        return None
+    chosen_ms = sum(medians) / len(medians)
+    probe = "a cached probe" if auto.get("source") == "cache" else "the probe"
+    return (f"{eager_ms / chosen_ms:.2f}x eager's speed: {chosen} took {chosen_ms:.2f} ms a step in {probe}, "
+            f"eager {eager_ms:.2f} ms")
+
+
+def why_eager(result: dict) -> Optional[str]:
+    """Why nothing was graphed, where the run can tell: no CUDA device, or auto kept eager."""
+    auto = result.get("auto")
+    if result["device"] != "cuda":
+        return (f"graphs need a CUDA device; on one, `{auto_command(result)}` times each graph choice against "
+                "eager and trains with the fastest")
+    return f"cuda_graph=auto: {auto['reason']}" if auto and auto["chosen"] == EAGER_CHOICE else None
+
+
+REAL_MODEL_PLAN = "graphbridge mode=plan recipe=llama/llama3_8b gpu=h100 cuda_graph=auto"
+"""The step after a run that auto measured, or that could not be: a real model's plan, which any machine makes."""
+
+
+def next_command(result: dict) -> str:
+    """On a GPU, a run that auto did not measure: auto; otherwise a real model's plan."""
+    if result["device"] == "cuda" and not result.get("auto"):
+        return f"`{auto_command(result)}` times each graph choice against eager and trains with the fastest"
+    return f"`{REAL_MODEL_PLAN}` shows what auto would measure for Llama 3 8B on an H100 node"
+
+
+def auto_command(result: dict) -> str:
+    """The run's recipe under cuda_graph=auto."""
+    recipe = ((result.get("job") or {}).get("choices") or {}).get("recipe")
+    return f"graphbridge recipe={recipe} cuda_graph=auto" if recipe else "graphbridge cuda_graph=auto"

@@ -10,7 +10,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Tuple
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -19,12 +19,12 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from bridge.auto.candidates import plan_auto
+from bridge.auto.candidates import override_key, plan_auto
 from bridge.config.graphs import MEASURED_CHOICE, chosen_graph_choice
 from bridge.config.load import compose_config
 from bridge.config.migration import migrate
 from bridge.config.paths import config_dir
-from bridge.config.schema import Mode, PlanFormat
+from bridge.config.schema import GraphBridgeConfig, Mode, PlanFormat
 from bridge.config.store import register
 from bridge.planning import build_plan
 from bridge.prepare import prepare
@@ -61,10 +61,11 @@ def app(composed: DictConfig) -> None:
     if unresolvable:
         refuse_unresolvable(unresolvable[0], composed, job_dir, job, label)
         return
-    measured = chosen_graph_choice(job["choices"]) == MEASURED_CHOICE
     prepared = prepare(composed)
+    measured, set_aside = graphs_measured(job, prepared.config)
     # megatron-core's config classes judge a training job here, before its launch (seconds; a plan opts in).
     plan = build_plan(prepared, graphs_measured=measured, check_megatron=check_wanted(prepared.config))
+    plan.notes += [set_aside] if set_aside else []
     if measured:
         plan.auto = plan_auto(plan, job["overrides"])
     report_violations(plan, label)
@@ -86,6 +87,27 @@ def app(composed: DictConfig) -> None:
         sys.exit(code)
     if code == INVALID:
         callbacks.refused_job()
+
+
+GRAPH_FIELDS = ("model.cuda_graph_impl", "model.cuda_graph_modules", "model.cuda_graph_scope",
+                "model.enable_cuda_graph", "model.external_cuda_graph")
+"""The fields that choose a job's graphs without the cuda_graph group (the older spellings among them)."""
+
+
+def graphs_measured(job: dict, cfg: GraphBridgeConfig) -> Tuple[bool, Optional[str]]:
+    """Whether the run measures its graph choice (cuda_graph=auto), and a note where the recipe's default auto
+    steps aside. Typed on the command line, auto is what the user asked for, and its rules refuse what it cannot
+    measure. As a recipe's default (llama/tiny's) it is not: graph fields on the command line choose the graphs
+    instead, and a job of several nodes (the probe runs on one) trains eagerly."""
+    choices = job["choices"]
+    if choices.get("cuda_graph") is not None or chosen_graph_choice(choices) != MEASURED_CHOICE:
+        return choices.get("cuda_graph") == MEASURED_CHOICE, None
+    if any(override_key(text) in GRAPH_FIELDS for text in job["overrides"]):
+        return False, None
+    if cfg.train.num_nodes > 1:
+        return False, (f"the recipe's graph choice, {MEASURED_CHOICE}, probes on one node and this job spans "
+                       f"train.num_nodes={cfg.train.num_nodes}: it trains eagerly; cuda_graph=<choice> graphs it")
+    return True, None
 
 
 def refuse_unresolvable(refused: Violation, composed: DictConfig, job_dir: Path, job: dict, label: str) -> None:

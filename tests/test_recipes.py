@@ -28,6 +28,8 @@ RECIPES = {
 }
 WITHOUT_PRESETS = {"llama/llama32_1b", "llama/llama3_8b_lora", "gpt_oss/gpt_oss_20b"}
 TINY = {name for name in RECIPES if name.endswith("/tiny")}
+MAIN_JOB = "llama/tiny"
+"""What `graphbridge` trains without a recipe= (conf/config.yaml)."""
 
 # Reference §3.5, one entry per model; keys are model.* fields (seq_length: dataset).
 LLAMA = dict(normalization="RMSNorm", gated_linear_unit=True, activation_func="silu", add_bias_linear=False,
@@ -121,8 +123,9 @@ def test_a_recipe_pulls_in_its_presets_exactly_when_it_has_some(recipe):
     has_presets = bool(presets(recipe))
     assert has_presets == (recipe not in WITHOUT_PRESETS | TINY)
     assert (f"- /preset/{recipe}: ${{gpu}}_${{precision}}" in text) == has_presets
-    # every recipe composes its family's default graph in a slot the command line still overrides
-    assert "- /cuda_graph@_global_: none" in text
+    # every recipe composes its default graph in a slot the command line still overrides: eager, but for the
+    # main job (the default recipe), which measures the graph choices where it runs (cuda_graph=auto)
+    assert f"- /cuda_graph@_global_: {'auto' if recipe == MAIN_JOB else 'none'}" in text
     assert text.startswith("# @package _global_\n# " + recipe + ":")
 
 
