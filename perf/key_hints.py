@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import Any, List, Optional, Tuple, Union
 
 from hydra.core.override_parser.types import ChoiceSweep, ValueType
-from hydra.errors import HydraException
 from omegaconf import BooleanNode, EnumNode, FloatNode, IntegerNode, OmegaConf
-from omegaconf.errors import OmegaConfBaseException, ValidationError
+from omegaconf.errors import ValidationError
 
 from bridge.config.load import compose_config, override_value
 from bridge.config.schema import GraphBridgeConfig
@@ -121,8 +120,9 @@ def _example(key: str, base: type, others: List[str], root: Path) -> str:
     its type where that has none."""
     try:
         current = OmegaConf.select(compose_config(others, config_root=root), key, throw_on_resolution_failure=False)
-    except (HydraException, OmegaConfBaseException):
-        current = None  # another override is wrong too (or a sweep): it gets its own message after this one
+    except Exception:  # noqa: BLE001 - Hydra's errors, OmegaConf's, and a ValueError for an override "=1"
+        current = None  # the rest does not compose (another override is wrong too, or a sweep): the example is
+        # only decoration, and that override gets its own message once this one is fixed
     if current is None:
         current = next(iter(base)) if issubclass(base, Enum) else SCALARS[base][2]
     return current.name if isinstance(current, Enum) else override_value(current)

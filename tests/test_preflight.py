@@ -280,8 +280,8 @@ def test_an_integer_key_given_a_word_says_to_type_an_integer(cli, tmp_path, reci
 
 @pytest.mark.parametrize("args", [["model.num_layers=1.5"], ["model.num_layers=[1,2]"], ["model.num_layers=null"],
                                   ["model.num_layers='two\nlines'"], ["model.num_layers=" + "x" * 10000],
-                                  ["-m", "model.num_layers=2,abc"]],
-                         ids=["float", "list", "null", "newline", "long", "sweep"])
+                                  ["-m", "model.num_layers=2,abc"], ["model.num_layers=1.5", "=1"]],
+                         ids=["float", "list", "null", "newline", "long", "sweep", "beside_a_keyless_override"])
 def test_an_integer_key_given_anything_else_gets_one_line(cli, tmp_path, args):
     result = cli(*args, "mode=plan", cwd=tmp_path)  # -m first: Hydra's flags come before the overrides
     one_line(result, "graphbridge: model.num_layers takes an integer, e.g. model.num_layers=")
