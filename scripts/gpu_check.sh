@@ -24,6 +24,10 @@
 #                                        # (before tests: the loss tests read its rounding-only gap)
 #   bash scripts/gpu_check.sh overhead   # trainer vs minimal megatron-core loop; torch engine vs torch.compile
 #   bash scripts/gpu_check.sh nan        # the in-graph NaN check's overhead
+#   bash scripts/gpu_check.sh memory [CASES] # the plan's memory estimate against peak reserved memory
+#                                        # (benchmarks/memory_accuracy.py: memory_accuracy.json)
+#   bash scripts/gpu_check.sh holders NAME OVERRIDES... # what the allocator holds at a graph's capture
+#                                        # (benchmarks/capture_holders.py: holders_NAME.json)
 #   bash scripts/gpu_check.sh multigpu [ARGS] # two or four GPUs: the multigpu tests (four-rank cases skip on two)
 #   bash scripts/gpu_check.sh dp2        # two GPUs: the dense-scope sweep at data parallel 2
 # Logs, summaries and JSON land in $OUT/mcore-<release> (the device tool brings that folder back);
@@ -159,6 +163,16 @@ PY
     timeout 360 python3 benchmarks/minimal_megatron_loop.py --rounds 3 --profile-dir /tmp/profiles 2>&1 | tee "$out/minimal_loop.log" | tail -12
     tar czf "$out/profiles.tgz" -C /tmp profiles
     python3 benchmarks/compare.py --set torch_engine --rounds 2 --json "$out/torch_engine.json" 2>&1 | tee "$out/torch_engine.log" | tail -12
+    ;;
+  memory)
+    shift
+    python3 benchmarks/memory_accuracy.py --out "$out/memory_accuracy.json" "$@" 2>&1 | tee "$out/memory_accuracy.log" \
+      | tail -30
+    ;;
+  holders)
+    name=$2; shift 2
+    python3 benchmarks/capture_holders.py --out "$out/holders_$name.json" "$@" 2>&1 | grep -v "step/s\|it/s" \
+      | tee "$out/holders_$name.log" | tail -12
     ;;
   nan)
     python3 benchmarks/nan_check_overhead.py 2>&1 | tee "$out/nan_check.log" | tail -8
