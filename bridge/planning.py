@@ -16,14 +16,16 @@ asks them with plan.check_megatron=true.
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from bridge.allocator import graph_allocator_settings
 from bridge.config.graphs import graph_impl
 from bridge.config.migration import scope_names
 from bridge.config.releases import default_release, release
 from bridge.config.schema import Device, GraphBridgeConfig
-from bridge.machine import PRESET_GPUS, Machine, preset_machine, probe
+from bridge.machine import PRESET_GPUS, Machine, installed_version, preset_machine, probe
 from bridge.memory import MemoryEstimate, estimate_memory
 from bridge.prepare import Prepared
 from bridge.translate import cuda_graph_arguments, megatron_arguments
@@ -97,6 +99,17 @@ class Plan:
         warning = self.memory().warning()
         return f"VALID, BUT {warning}" if warning else "VALID"
 
+    def environment(self) -> Dict[str, str]:
+        """The job's environment variables: its env_vars, with the allocator options a graphed job gets where the
+        user set none (bridge.allocator; for the PyTorch of the target machine, else of this one)."""
+        torch_version = self.target.machine.version("torch")
+        if torch_version in (None, "unknown"):
+            torch_version = installed_version("torch") or "unknown"
+        settings = {key: str(value) for key, value in self.config.env_vars.items()}
+        if torch_version != "unknown":
+            settings.update(graph_allocator_settings(self.config, os.environ, torch_version))
+        return settings
+
     def megatron_core_source(self) -> str:
         """Where the target release comes from, in words."""
         installed = self.target.machine.version("megatron-core")
@@ -128,7 +141,7 @@ class Plan:
             "config": _jsonable(dataclasses.asdict(self.config)),
             # An invalid config is never handed to megatron-core, so there is nothing to show.
             "megatron": _jsonable(self.megatron()) if self.valid else None,
-            "env": dict(self.config.env_vars),
+            "env": self.environment(),
             "auto": self.auto.as_dict() if self.auto is not None else None,
             "megatron_core_check": self.megatron_check,
         }
@@ -167,7 +180,7 @@ class Plan:
             graph_fields = cuda_graph_arguments(cfg, self.target.megatron_core)
             lines.append(f"  megatron-core {self.target.megatron_core} TransformerConfig (CUDA-graph fields):")
             lines += [f"    {key} = {value!r}" for key, value in graph_fields.items()]
-        lines.append(f"  env:       {dict(cfg.env_vars) or '{}'}")
+        lines.append(f"  env:       {self.environment() or '{}'}")
         if self.here is not None:
             lines.append(f"  judged:    for the {self.target.engine} engine on a gpu={cfg.workload.gpu} node "
                          f"({self.target.machine.describe()})")

@@ -1,7 +1,8 @@
 """The training process: ``python -m bridge.run <job_dir>`` (or under torchrun).
 
 The Hydra process has already written ``<job_dir>/resolved.yaml`` (finished and validated)
-and ``job.json``. This process applies the config's ``env_vars`` (their one owner), asks the rule
+and ``job.json``. This process applies the config's ``env_vars`` (their one owner) and, for a graphed job, the allocator
+options its captures need that the user left unset (bridge.allocator), asks the rule
 catalogue again, for this machine and the processes started, and only then builds the engine:
 a job started by hand is refused exactly as ``graphbridge`` refuses it. It always leaves a
 result.json behind.
@@ -17,8 +18,10 @@ import threading
 import traceback
 from pathlib import Path
 
+import torch
 from omegaconf import OmegaConf
 
+from bridge.allocator import graph_allocator_settings
 from bridge.config.schema import GraphBridgeConfig
 from bridge.atomic import WriteError
 from bridge.diagnosis import GraphCaptureError, NonFiniteError, diagnose
@@ -52,6 +55,10 @@ def main(argv=None) -> int:
     try:
         cfg = load_resolved(job_dir)
         os.environ.update({key: str(value) for key, value in cfg.env_vars.items()})  # before any CUDA call
+        allocator = graph_allocator_settings(cfg, os.environ, torch.__version__)
+        if allocator:
+            log.info("graphed job: %s (bridge/allocator.py)", " ".join(f"{k}={v}" for k, v in allocator.items()))
+            os.environ.update(allocator)
         target = resolve_target(cfg, processes=int(os.environ.get("WORLD_SIZE", "1")))
         violations = refusals(cfg, target)
         if violations:
