@@ -1,5 +1,7 @@
-"""What the allocator holds when a graph is captured: a graphbridge job through the CLI, with PyTorch's memory history
-recorded in its training process, summarized at every capture's begin and end.
+"""What the allocator holds when a graph is captured, and what is live at the run's peak: a graphbridge job through
+the CLI, with PyTorch's memory history recorded in its training process, summarized at every capture's begin and
+end, and at the process's exit replayed to the moment the most memory was allocated, whose live allocations are
+totalled by the site that made them (the terms the memory estimate must count, as the GPU has them).
 
     python benchmarks/capture_holders.py --out holders.json recipe=llama/llama32_1b cuda_graph=full_iteration ...
 
@@ -14,6 +16,7 @@ temporary folder put first on its PYTHONPATH; no other process records.
 """
 
 import argparse
+import atexit
 import json
 import os
 import subprocess
@@ -70,6 +73,8 @@ def install() -> None:
         return result
 
     graph_class.capture_begin, graph_class.capture_end = capture_begin, capture_end
+    atexit.register(lambda: path.with_name(path.stem + "_peak.json").write_text(
+        json.dumps(live_at_peak(torch.cuda.memory._snapshot()["device_traces"][0]), indent=1)))
     if os.environ.get(EMPTY_FIRST_STEP_ENV):
         empty_cache_before_first_step()
 
@@ -102,6 +107,28 @@ def summarize(segments: List[dict]) -> Dict[str, object]:
     stranded_gib = sum(entry["stranded_mib"] for entry in pinning) / 1024
     return {"pools": dict(pools), "default_stranded_gib": stranded_gib, "pinned_segments": len(pinning),
             "largest_pinned": pinning[:25], "made_by_totals": made_by_totals(pinning)}
+
+
+def live_at_peak(trace: List[dict]) -> Dict[str, object]:
+    """Replays the allocations and frees of the trace to the moment the most was allocated: what was live then,
+    totalled by the site that made it (the first of its frames in graphbridge, megatron-core, TE or torch.optim)."""
+    live: Dict[int, dict] = {}
+    allocated = peak = 0
+    at_peak: Dict[int, dict] = {}
+    for event in trace:
+        if event["action"] == "alloc":
+            live[event["addr"]] = event
+            allocated += event["size"]
+            if allocated > peak:
+                peak, at_peak = allocated, dict(live)
+        elif event["action"] == "free_requested" and event["addr"] in live:
+            allocated -= live.pop(event["addr"])["size"]
+    sites: Dict[str, float] = defaultdict(float)
+    for event in at_peak.values():
+        sites[next(iter(made_by(event)), "unknown")] += event["size"] / GIB
+    return {"peak_allocated_gib": peak / GIB, "events": len(trace),
+            "by_site": [{"made_by": site, "gib": round(gib, 3)}
+                        for site, gib in sorted(sites.items(), key=lambda item: -item[1])[:30]]}
 
 
 def made_by(block: dict) -> List[str]:
@@ -137,8 +164,10 @@ def main(argv=None) -> int:
                                f"hydra.run.dir={Path(scratch) / 'job'}"], cwd=ROOT, env=env)
         result_path = Path(scratch) / "job" / "result.json"
         result = json.loads(result_path.read_text()) if result_path.is_file() else {}
+        peak = moments.with_name(moments.stem + "_peak.json")
         record = {"overrides": args.overrides, "status": result.get("status"), "memory": result.get("memory"),
-                  "moments": json.loads(moments.read_text()) if moments.is_file() else []}
+                  "moments": json.loads(moments.read_text()) if moments.is_file() else [],
+                  "live_at_peak": json.loads(peak.read_text()) if peak.is_file() else None}
     args.out.write_text(json.dumps(record, indent=1))
     for moment in record["moments"]:
         pools = ", ".join(f"{name} {pool['reserved_gib']:.2f} reserved / {pool['allocated_gib']:.2f} allocated"
@@ -146,6 +175,11 @@ def main(argv=None) -> int:
         print(f"{moment['moment']}: {pools}; default pool stranded {moment['default_stranded_gib']:.2f} GiB in "
               f"{moment['pinned_segments']} segments; by {moment['made_by_totals'][:3]}")
     print("peak:", record["memory"])
+    if record["live_at_peak"]:
+        print(f"live at the peak ({record['live_at_peak']['peak_allocated_gib']:.2f} GiB of the traced "
+              f"{record['live_at_peak']['events']} events):")
+        for site in record["live_at_peak"]["by_site"][:12]:
+            print(f"  {site['gib']:7.3f} GiB  {site['made_by']}")
     return done.returncode
 
 
