@@ -3,15 +3,21 @@ says with it."""
 
 import json
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
 
 import bridge
+from bridge.allocator import CAPTURE_REUSE, graph_allocator_settings
 from bridge.auto.candidates import option_named, without_graph_choice
+from bridge.config.graphs import graph_impl
 from bridge.memory import ENGINE, ESTIMATE_ERROR, GPU_MEMORY_GB, estimate_memory
 from bridge.prepare import prepare
 from tests.preset_reference import composed_presets
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import memory_accuracy  # noqa: E402  (the cases' overrides, by name)
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 H200_LOCAL = "benchmarks/megatron_graphs.py on one H200, 2026-11-21, peak MiB / 1024 (docs/benchmarks.md at c483bbc)"
@@ -28,72 +34,139 @@ MEGATRON_CORE_LOSS = {
 preset/bridge_perf chose Transformer Engine's, as Bridge does. Their rows are estimated as they ran."""
 
 
+RESERVED, ALLOCATED = "reserved", "allocated"
+UNFUSED_ACTIVATION = ["model.bias_activation_fusion=false"]
+"""Every committed row ran before the Llama and DeepSeek recipes fused SwiGLU as Bridge does: estimated as it ran."""
+DIAGNOSIS = RESULTS / "h100" / "mcore-0.19.2" / "memory_diagnosis_025da11.json"
+MEASURED_TORCH = "2.11.0"
+"""The PyTorch of the GPU rows: what bridge.allocator gives a job depends on it."""
+
+
+def full_iteration(overrides) -> bool:
+    return graph_impl(bridge.load(overrides).model.cuda_graph_impl).unit == "iteration"
+
+
+def measured_row(overrides, allocated, reserved, source):
+    """The row's reserved peak, which the estimate predicts (its allocated peak where it has no other). A
+    full-iteration row measured before bridge.allocator gave its capture memory reuse (every suite and side-by-side
+    record) has no peak a run would reach now: its pool grew to three times the activations
+    (memory_diagnosis_025da11.json), so it is left out (None)."""
+    if full_iteration(overrides):
+        return None
+    return (overrides, reserved, RESERVED, source) if reserved else (overrides, allocated, ALLOCATED, source)
+
+
 def suite_rows():
-    """(overrides, measured peak GiB, source) of every completed row the benchmark suite committed, composed as it
-    ran (a row measured again since, under superseded/, still measured what its recipe then was); an auto row's
-    with the overrides of what it chose and trained (its rounds agreeing on one choice)."""
+    """(overrides, measured peak GiB, which peak, source) of every completed row the benchmark suite committed,
+    composed as it ran (a row measured again since, under superseded/, still measured what its recipe then was); an
+    auto row's with the overrides of what it chose and trained (its rounds agreeing on one choice)."""
     for path in sorted([*RESULTS.glob("*.json"), *(RESULTS / "superseded").glob("*.json")]):
-        as_ran = ["model.cross_entropy_fusion_impl=native"] if path.name in MEGATRON_CORE_LOSS else []
+        as_ran = [*UNFUSED_ACTIVATION, *(["model.cross_entropy_fusion_impl=native"] if path.name in MEGATRON_CORE_LOSS
+                                         else [])]
         for name, row in json.loads(path.read_text())["variants"].items():
             if row["status"] == "completed" and row["peak_allocated_gb"]:
                 overrides = [*shlex.split(row["command"])[1:], *as_ran]
                 if row.get("auto_chosen"):
                     chosen = option_named(row["auto_chosen"], overrides)
                     overrides = [*without_graph_choice(overrides), *chosen.overrides]
-                yield overrides, row["peak_allocated_gb"], f"{path.name} {name}"
+                yield measured_row(overrides, row["peak_allocated_gb"], row.get("peak_reserved_gb"),
+                                   f"{path.name} {name}")
 
 
 def side_by_side_rows():
-    """(overrides, measured peak GiB, source) of graphbridge's side of every completed row
-    benchmarks/vs_bridge.py committed: its job's recipe and overrides as it ran them."""
+    """The same of graphbridge's side of every completed row benchmarks/vs_bridge.py committed: its job's recipe
+    and overrides as it ran them."""
     for path in sorted((RESULTS / "vs_bridge").glob("*.json")):
         for row in json.loads(path.read_text())["rows"]:
             ours = row["graphbridge"]
             if ours["status"] == "completed":
-                overrides = [f"recipe={ours['job']['choices']['recipe']}", *ours["job"]["overrides"]]
-                yield overrides, ours["memory"]["peak_allocated_gb"], f"vs_bridge/{path.name} {row['row']}"
+                overrides = [f"recipe={ours['job']['choices']['recipe']}", *ours["job"]["overrides"],
+                             *UNFUSED_ACTIVATION]
+                memory = ours["memory"]
+                yield measured_row(overrides, memory["peak_allocated_gb"], memory.get("peak_reserved_gb"),
+                                   f"vs_bridge/{path.name} {row['row']}")
 
 
-# Measured torch.cuda.max_memory_allocated in GiB (result.json's memory.peak_allocated_gb), one GPU:
-# (overrides, measured, source): the suite's rows as committed, and six llama/tiny rows measured before the suite
+def diagnosis_rows():
+    """The one-GPU rows of memory_diagnosis_025da11.json, each from the block that ran with the allocator options
+    bridge.allocator gives that job now (none eager, capture reuse for per-layer graphs, expandable segments beside
+    it for a full-iteration graph): {case name: (overrides, reserved GiB, RESERVED, source)}."""
+    blocks = json.loads(DIAGNOSIS.read_text())["memory_rows"]
+    found = {}
+    for block in blocks.values():  # as_is first: an eager row from the block without allocator options
+        given = block.get("environment", "").partition("=")[2]
+        for row in block["rows"]:
+            overrides = [*memory_accuracy.CASES[row["name"]].overrides, *UNFUSED_ACTIVATION]
+            settings = graph_allocator_settings(bridge.load(overrides), {}, MEASURED_TORCH)
+            wanted = settings.get("PYTORCH_CUDA_ALLOC_CONF", "")
+            # capture reuse acts on captures alone: an eager row of its block ran as an eager job runs
+            if row["status"] == "completed" and row["name"] not in found and (
+                    given == wanted or not wanted and given == f"{CAPTURE_REUSE}:True"):
+                found[row["name"]] = (overrides, row["peak_reserved_gib"], RESERVED, f"{DIAGNOSIS.name} {row['name']}")
+    return found
+
+
+UNCALIBRATED = {
+    "llama32_1b_local_eager": "megatron-core's local spec without the fused softmax (seq 2048): 13.32 GiB allocated "
+                              "against 11.91 estimated, 15.08 reserved; what its attention keeps is not measured yet",
+    "llama32_1b_local_layer": "the same with local per-layer graphs: 17.66 GiB reserved, 10.84 allocated",
+}
+"""Measured rows the estimate does not yet hold within its error, each with what is known."""
+
+
+# Measured in GiB (2**30 bytes), one GPU: (overrides, measured, which peak, source): the suite's rows as committed,
+# the side-by-side rows, the diagnosis block's, and four llama/tiny rows (peak allocated) measured before the suite
 # kept records, copied here from the docs of then (`git show c483bbc:docs/benchmarks.md`).
 ROWS = [
-    *suite_rows(),
-    *side_by_side_rows(),
-    (["recipe=llama/tiny", "cuda_graph=local_layer"], 0.69,
+    *filter(None, suite_rows()),
+    *filter(None, side_by_side_rows()),
+    *(row for name, row in diagnosis_rows().items() if name not in UNCALIBRATED),
+    (["recipe=llama/tiny", "cuda_graph=local_layer"], 0.69, ALLOCATED,
      "graphbridge -m sweep=dense_scopes on one H100, 2026-11-22, peak alloc GB (docs/benchmarks.md at c483bbc)"),
-    (["recipe=llama/tiny", "model.transformer_impl=local"], 648 / 1024, H200_LOCAL),
-    (["recipe=llama/tiny", "model.transformer_impl=local", "cuda_graph=local_layer"], 739 / 1024, H200_LOCAL),
-    (["recipe=llama/tiny", "model.transformer_impl=local", "cuda_graph=full_iteration"], 711 / 1024, H200_LOCAL),
-    (["recipe=llama/tiny", "model.transformer_impl=local", "cuda_graph=full_iteration",
-      "optimizer.optimizer_in_graph=true"], 815 / 1024, H200_LOCAL),
-    (["recipe=llama/tiny", "cuda_graph=full_iteration", "model.transformer_impl=transformer_engine"], 700 / 1024,
+    (["recipe=llama/tiny", "model.transformer_impl=local"], 648 / 1024, ALLOCATED, H200_LOCAL),
+    (["recipe=llama/tiny", "model.transformer_impl=local", "cuda_graph=local_layer"], 739 / 1024, ALLOCATED,
      H200_LOCAL),
 ]
 
 
-MEASURED = [pytest.param(*row, id=row[2]) for row in ROWS]
+MEASURED = [pytest.param(*row, id=row[3]) for row in ROWS]
 
 
 def test_the_suite_has_rows_to_check():
-    assert len(list(suite_rows())) >= 12 and len(list(side_by_side_rows())) >= 8
+    assert len(list(filter(None, suite_rows()))) >= 12 and len(list(filter(None, side_by_side_rows()))) >= 5
+    assert len(diagnosis_rows()) >= 10
 
 
-@pytest.mark.parametrize("overrides, measured, source", MEASURED)
-def test_the_estimate_is_within_its_error_of_the_measured_peak(overrides, measured, source):
-    """ESTIMATE_ERROR (15 %) is also the margin beyond which the memory_capacity rules refuse a job."""
-    estimate = estimate_memory(bridge.load(overrides)).total_gib
-    assert ESTIMATE_ERROR == 0.15 and abs(estimate - measured) <= ESTIMATE_ERROR * measured, (
-        f"{estimate:.3f} GiB estimated, {measured:.3f} measured ({source})")
+@pytest.mark.parametrize("overrides, measured, peak, source", MEASURED)
+def test_the_estimate_is_within_its_error_of_the_measured_peak(overrides, measured, peak, source):
+    """The estimate is of peak reserved memory (its allocated part where a row has only the allocated peak);
+    ESTIMATE_ERROR (15 %) is also the margin beyond which the memory_capacity rules refuse a job."""
+    estimate = estimate_memory(bridge.load(overrides))
+    estimated = estimate.total_gib if peak == RESERVED else estimate.allocated_gib
+    assert ESTIMATE_ERROR == 0.15 and abs(estimated - measured) <= ESTIMATE_ERROR * measured, (
+        f"{estimated:.3f} GiB estimated, {measured:.3f} {peak} ({source})")
 
 
-def test_a_full_iteration_graph_holds_the_activations_once():
-    """Its pool holds the step's activations; they are not allocated twice (Qwen3 proxy on an H100:
-    35.11 GiB full_iteration against 35.05 eager)."""
-    def total(*overrides):
-        return estimate_memory(bridge.load(["recipe=llama/llama3_8b", "gpu=h100", *overrides])).total_gib
+def test_what_is_left_uncalibrated_is_still_beyond_the_error():
+    """An entry of UNCALIBRATED that the estimate now holds belongs back among the rows."""
+    rows = diagnosis_rows()
+    for name in UNCALIBRATED:
+        overrides, measured, _, _ = rows[name]
+        assert abs(estimate_memory(bridge.load(overrides)).total_gib - measured) > ESTIMATE_ERROR * measured, name
 
-    assert total("cuda_graph=full_iteration") - total("cuda_graph=none") < 0.1
+
+def test_a_full_iteration_graph_adds_the_optimizer_steps_copies_to_the_activations():
+    """Its pool holds the step's activations; the optimizer step outside the graph makes its fp32 gradient copies in
+    the default pool, which no longer shares blocks with them (Llama 3.2 1B's widths at four layers: 16.69 GiB reserved
+    against 13.62 eager). An optimizer step inside the graph reuses the activations' blocks as eagerly."""
+    def estimate(*overrides):
+        return estimate_memory(bridge.load(["recipe=llama/llama3_8b", "gpu=h100", *overrides]))
+
+    eager, graphed = estimate("cuda_graph=none"), estimate("cuda_graph=full_iteration")
+    assert graphed.allocated_gib == pytest.approx(
+        eager.allocated_gib + min(eager.activations_gib, eager.optimizer_step_gib) + 2 * 32 / 1024, abs=0.01)
+    in_graph = estimate("cuda_graph=full_iteration", "optimizer.optimizer_in_graph=true")
+    assert in_graph.allocated_gib == pytest.approx(eager.allocated_gib + 2 * 32 / 1024, abs=0.01)
 
 
 def test_graphs_cost_memory_and_the_optimizer_in_the_graph_costs_more():
@@ -125,7 +198,7 @@ def test_the_plan_says_whether_it_fits(cli, tmp_path):
     result = cli("mode=plan", "gpu=h100", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     line = next(line for line in result.stdout.splitlines() if line.startswith("  memory:"))
-    assert "GiB per GPU" in line and "fits in 75 GiB (h100" in line and "does not fit" not in line
+    assert "GiB reserved per GPU" in line and "fits in 75 GiB (h100" in line and "does not fit" not in line
     likely = cli("mode=plan", "plan.format=json", "recipe=llama/llama3_8b", "gpu=h100", "train.micro_batch_size=2",
                  cwd=tmp_path)
     assert likely.returncode == 0, likely.stderr
@@ -145,7 +218,7 @@ def test_a_job_certainly_beyond_its_gpu_is_refused_with_the_changes_that_fit_it(
     assert "set train.micro_batch_size=1 (~" in message and "model.recompute_granularity=full" in message
     warned = cli("mode=plan", "recipe=llama/llama3_8b", "gpu=h100", "train.micro_batch_size=2", cwd=tmp_path)
     assert warned.returncode == 0, warned.stderr
-    assert warned.stdout.startswith("graphbridge plan: VALID, BUT MEMORY DOES NOT FIT: ~77")
+    assert warned.stdout.startswith("graphbridge plan: VALID, BUT MEMORY DOES NOT FIT: ~79.8 GiB")
     assert "likely out of memory, though within the estimate's 15% error" in warned.stdout
 
 
@@ -158,11 +231,10 @@ def test_h200_plans_a_recipe_with_its_h100_preset_against_141_gb(cli, tmp_path):
     assert plan["memory"]["gpu"] == "h200" and plan["memory"]["capacity_gib"] == pytest.approx(141e9 / 2**30)
 
 
-BEYOND_THEIR_GPU = {("llama/llama31_405b", "b300", precision) for precision in ("bf16", "fp8_cs", "fp8_mx")}
-"""Bridge v0.3.1's B300 presets of Llama 3.1 405B (TP 2, PP 8, VP 8, CP 1, 8 micro-batches a step): the
-interleaved schedule runs all 8 as warm-up, so a stage holds 16 layers x 8 micro-batches of activations,
-255 GiB in bf16 before any weight. Bridge replaced them after v0.3.1 (perf_recipes/llama/b300/llama31.py:
-Megatron-FSDP with offloading in bf16, TP 4 PP 8 VP 4 in FP8-CS, TP 2 PP 8 CP 2 VP 4 in MXFP8)."""
+LIKELY_BEYOND_THEIR_GPU = {("llama/llama3_70b", "gb200", "fp8_cs")}
+"""Bridge's Llama 3 70B FP8 preset with Megatron-FSDP and 40 of 80 layers' activations offloaded at micro-batch 2:
+~151 GiB of activations stay on the GPU beside ~21 GiB of sharded state, ~178 GiB reserved against its GPU's 168-173.
+Within the estimate's error: the plan warns and does not refuse. No offloading run has been measured (issue 83)."""
 
 
 @pytest.fixture(scope="module")
@@ -172,15 +244,24 @@ def preset_configs():
 
 
 def test_every_bridge_preset_is_estimated_to_fit_the_gpu_it_was_written_for(preset_configs):
-    """Bridge runs them there: with Megatron-FSDP, LoRA and low-precision weights and activations counted
-    as Bridge runs them. The exceptions cannot run anywhere and are refused."""
+    """Bridge runs them there: with Megatron-FSDP, LoRA and low-precision weights and activations counted as Bridge
+    runs them. Llama 3.1 405B's B300 presets fit with the recompute their files add (the estimate's terms there); the
+    exception is likely beyond its GPU, and the plan says so."""
     estimates = {key: estimate_memory(cfg) for key, cfg in preset_configs.items()}
     beyond = {key: estimate.to_text() for key, estimate in estimates.items()
-              if key not in BEYOND_THEIR_GPU and estimate.verdict not in ("fits", "tight")}
-    assert not beyond, beyond
-    for key in BEYOND_THEIR_GPU:
-        assert estimates[key].verdict == "cannot fit", key
-        assert "memory_capacity" in {v.rule for v in bridge.validate(preset_configs[key])}, key
+              if estimate.verdict not in ("fits", "tight")}
+    assert set(beyond) == LIKELY_BEYOND_THEIR_GPU, beyond
+    assert {estimates[key].verdict for key in LIKELY_BEYOND_THEIR_GPU} == {"does not fit"}
+
+
+def test_the_405b_b300_presets_fit_with_the_recompute_they_add_and_not_as_bridge_ships_them(preset_configs):
+    for precision in ("bf16", "fp8_cs", "fp8_mx"):
+        cfg = preset_configs[("llama/llama31_405b", "b300", precision)]
+        assert (cfg.model.recompute_granularity, cfg.model.recompute_modules) == ("selective", ["core_attn", "mlp"])
+        shipped = bridge.load(["recipe=llama/llama31_405b", "gpu=b300", f"precision={precision}",
+                               "model.recompute_granularity=null", "model.recompute_modules=null"])
+        assert estimate_memory(shipped).verdict == "cannot fit", precision
+        assert "memory_capacity" in {v.rule for v in bridge.validate(shipped)}, precision
 
 
 def test_megatron_fsdp_shards_weights_and_gradients_and_graphbridges_own_run_is_judged_too(cli, tmp_path):
@@ -193,7 +274,7 @@ def test_megatron_fsdp_shards_weights_and_gradients_and_graphbridges_own_run_is_
     result = cli("mode=plan", "recipe=llama/llama3_70b", "gpu=gb200", "precision=bf16", cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert "[engine_memory]" in result.stderr and "without Megatron-FSDP (as Megatron-Bridge runs it)" in result.stderr
-    assert "fits in 173 GiB (gb200" in bridge_run.to_text()
+    assert bridge_run.verdict in ("fits", "tight") and "in 173 GiB (gb200" in bridge_run.to_text()
     assert "as Bridge runs it (Megatron-FSDP): graphbridge's engine" in bridge_run.to_text()
 
 
@@ -225,9 +306,10 @@ def test_an_interleaved_pipeline_holds_at_most_the_micro_batches_of_a_step():
         return estimate_memory(bridge.load(["recipe=llama/llama31_405b", "gpu=b300", "precision=bf16",
                                             f"train.global_batch_size={global_batch}"])).activations_gib
 
-    # PP 8, VP 8: warm-up holds 8 x (1 + 7/64) stage passes once the step has that many micro-batches
-    assert activations(32) == pytest.approx(activations(64) / 2, rel=0.01)
-    assert activations(128) == pytest.approx(activations(64) * 8.875 / 8, rel=0.01)
+    # PP 8, VP 8: warm-up holds 8 x (1 + 7/64) stage passes once the step has that many micro-batches (4 at 32, 8 at
+    # 64); the logits and the output layer's gradient come once, whatever the count
+    stage_pass = (activations(64) - activations(32)) / 4
+    assert activations(128) - activations(64) == pytest.approx(0.875 * stage_pass, rel=0.01)
 
 
 def test_an_estimate_inside_the_headroom_is_tight(cli, tmp_path):
@@ -241,8 +323,9 @@ def test_only_graphbridges_own_in_graph_optimizer_keeps_gradient_copies_in_the_g
     """Its capturable AdamW keeps fp32 gradient copies in the iteration graph's pool; megatron-core's optimizer
     graph (with the distributed optimizer, 0.19) makes them in the step and shards them, as eagerly."""
     def graphs(*overrides):
-        return estimate_memory(bridge.load(["recipe=llama/tiny", "cuda_graph=full_iteration", *overrides])).graphs_gib
+        return estimate_memory(bridge.load(["recipe=llama/tiny", "cuda_graph=full_iteration",
+                                            "optimizer.optimizer_in_graph=true", *overrides])).graphs_gib
 
-    outside = graphs()
-    assert graphs("optimizer.optimizer_in_graph=true") > outside + 0.05  # 4 bytes a parameter
-    assert graphs("optimizer.optimizer_in_graph=true", "ddp.use_distributed_optimizer=true") == outside
+    megatron_cores = graphs("ddp.use_distributed_optimizer=true")
+    assert megatron_cores == pytest.approx(2 * 32 / 1024)  # the capture stream's cuBLAS workspaces alone
+    assert graphs() > megatron_cores + 0.05  # 4 bytes a parameter

@@ -29,7 +29,17 @@ the layers' terms account for the rest of both peaks within 2 %); 10 with megatr
 fused loss (cross_entropy_fusion_impl=native, the default): its backward, compiled by
 torch.compile (megatron.core.jit), updates the saved fp32 softmax out of place before casting the
 gradient to bf16, so 4 + 4 + 2 bytes are live at once (measured on the CPU with
-benchmarks/memory_terms.py: 10.0 bytes against the unfused loss's 6.0).
+benchmarks/memory_terms.py: 10.0 bytes against the unfused loss's 6.0). Without gradient
+accumulation fusion the output layer's weight gradient (vocabulary x hidden / TP, bf16) is made
+whole before it is added to the gradient buffer, beside the logits.
+
+A gated MLP without ``bias_activation_fusion`` runs megatron-core's glu in eager ops, which keep the
+activation's output and ``x_linear + glu_linear_offset`` (a copy, even at offset 0) beside FC1's
+output: 4 more bytes per token and FFN channel than the fused SwiGLU, which keeps FC1's output
+alone. Measured on an H100 (benchmarks/capture_holders.py, what is live at the peak of Llama 3.2
+1B's widths at four layers, megatron-core 0.19.2, memory_diagnosis_025da11.json): 1.0 GiB of glu
+copies and 0.49 GiB of the output layer's weight gradient; with them the estimate is 1 % under the
+measured peak instead of 12 %.
 """
 
 from typing import Dict
@@ -63,6 +73,8 @@ def layer_activation_terms(model, seq: int, frozen: bool = False) -> Dict[str, f
     # Fused and flash attention keep no s x s scores: only the unfused local path does (5as bytes per token).
     scores = 5 * heads * seq if model.transformer_impl == "local" else 0
     mlp = 2 * glu * ffn + kept * ffn
+    if model.gated_linear_unit and not model.bias_activation_fusion:
+        mlp += 4 * ffn  # the unfused glu's activation output and its x_linear + offset copy, bf16
     # Routed: each of the top-k copies of a token through an expert; the fp32 router logits; the shared expert.
     moe = (topk * (kept * h + 2 * glu * moe_ffn + kept * moe_ffn) + 4 * (model.num_moe_experts or 0)
            + (2 * glu + kept) * shared)
@@ -141,7 +153,16 @@ def activation_bytes(cfg, frozen: bool = False) -> float:
     fused = "te" if model.cross_entropy_fusion_impl == "te" else "native"
     loss = fused if model.cross_entropy_loss_fusion else "unfused"
     logits = LOGIT_BYTES[loss] * tokens * padded_vocab_size(cfg) / model.tensor_model_parallel_size
-    return stored * micro_batches_in_flight(cfg) + logits
+    return stored * micro_batches_in_flight(cfg) + logits + output_weight_gradient(cfg)
+
+
+def output_weight_gradient(cfg) -> float:
+    """The output layer's weight gradient, made whole beside the logits when gradient accumulation is not fused
+    into its GEMM."""
+    model = cfg.model
+    if model.gradient_accumulation_fusion:
+        return 0.0
+    return ACTIVATION_BYTES * padded_vocab_size(cfg) * model.hidden_size / model.tensor_model_parallel_size
 
 
 def on_gpu_layers(cfg) -> int:

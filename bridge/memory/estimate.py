@@ -1,18 +1,18 @@
-"""The memory estimate of a plan: peak memory one GPU allocates, from the config alone (no torch).
+"""The memory estimate of a plan: peak memory one GPU reserves, from the config alone (no torch).
 
 The estimate is of the job as Bridge runs the preset on megatron-core: weights, gradients and
 optimizer states (bridge.memory.params, with Megatron-FSDP, LoRA and fp8 primary weights where the
 preset uses them), activations (bridge.memory.activations), and on top:
 
 - CUDA-graph pools: a graph replays into the memory it was captured with, in a private pool that
-  stays reserved for it; what counts here is what stays allocated in it. megatron-core's
-  FullCudaGraphWrapper captures the whole forward-backward on a side stream into a fresh pool:
-  the step's activations are allocated there during capture as in an eager step and freed by its
-  backward, so they stay reserved for the replays (``peak_reserved_gb`` roughly doubles: the eager
-  steps' cached blocks, which the allocator releases when it runs short, and the pool) but are
-  not allocated twice. What it adds is the capture stream's two cuBLAS workspaces (forward thread
-  and autograd's; measured: full_iteration peaked 0.06 GiB above eager on llama/tiny, the Qwen3
-  proxy (35.11 against 35.05 GiB) and Llama 3.2 1B (32.69 against 32.62 GiB)). graphbridge's own
+  stays reserved for it. megatron-core's FullCudaGraphWrapper captures the whole forward-backward on
+  a side stream into a fresh pool, which holds the step's activations (as the eager step's peak
+  has them: the capture reuses the blocks freed inside it once bridge.allocator gives the job
+  graph_capture_record_stream_reuse; without it the pool grew to three times the activations).
+  The optimizer step outside the graph makes its fp32 gradient copies in the default pool, where
+  they no longer share blocks with the activations: the two add up (measured: Llama 3.2 1B's
+  widths at four layers reserved 16.69 GiB graphed against 13.62 eager; memory_diagnosis_025da11.json).
+  On top come the capture stream's two cuBLAS workspaces. graphbridge's own
   optimizer step inside that graph (optimizer.optimizer_in_graph without the distributed optimizer)
   keeps 4 bytes per parameter allocated on top:
   the fp32 copies of bf16/fp16 gradients its master weights step with, and as much with fp32
@@ -39,8 +39,10 @@ preset uses them), activations (bridge.memory.activations), and on top:
   default stream's, which megatron-core switches to after capture.
 - the optimizer step: megatron-core's mixed-precision optimizer gives its fp32 master weights
   fp32 copies of bf16/fp16 gradients for the step (4 bytes per trainable parameter, sharded like
-  the optimizer); the trainer frees them before the next forward, so the peak is the larger of the
-  backward's (activations) and the step's.
+  the optimizer), and clipping scales one gradient at a time out of place (bridge.memory.params'
+  clip_copy); the trainer frees them before the next forward, so the peak is the larger of the
+  backward's (activations) and the step's (measured: Llama 3 8B's widths peaked in the step, 29.75
+  GiB, with 5.54 of fp32 gradients and 1.96 of the clip's copy live; memory_diagnosis_025da11.json).
 - workspaces: cuBLAS's and Transformer Engine's GEMM workspaces, about 64 MiB (PyTorch gives
   each cuBLAS handle and stream its own, 32 MiB on Hopper: the forward's and the backward's).
 
@@ -48,13 +50,16 @@ Where graphbridge's engine runs the job otherwise (DDP for Megatron-FSDP, every 
 LoRA, bf16 weights for Bridge's fp8 primary weights), the estimate also gives what its run needs
 (``engine_gib``); result.json compares a run's peak with that one.
 
-The estimate is of the peak the PyTorch allocator sees (``result.json``'s
-memory.peak_allocated_gb); the CUDA context, NCCL buffers and fragmentation come on top, so a
-job "fits" when the estimate leaves 10 % of the GPU free and is "tight" within that 10 %. Beyond
+The estimate is of the peak the PyTorch allocator reserves (``result.json``'s
+memory.peak_reserved_gb, what an out-of-memory error follows): the allocated peak
+(``allocated_gib``) and what the caching allocator keeps beside it (``allocator_gib``). The CUDA
+context and NCCL buffers come on top, so a job "fits" when the estimate leaves 10 % of the GPU free
+and is "tight" within that 10 %. Beyond
 the GPU it "does not fit" while the estimate's own error could still bring it under (likely out
 of memory: the plan says so loudly), and it "cannot fit" when even an estimate ESTIMATE_ERROR too
 high would leave it beyond the GPU (the catalogue's memory_capacity rules refuse it).
-Calibration: tests/test_memory.py holds every row of benchmarks/results/ within ESTIMATE_ERROR.
+Calibration: tests/test_memory.py holds the committed GPU rows within ESTIMATE_ERROR of their
+reserved peaks (docs/memory.md says which rows and why some are left out).
 """
 
 from dataclasses import asdict, dataclass, field
@@ -85,7 +90,8 @@ GIB = 2 ** 30
 GPU_MEMORY_GB = {name: gpu.memory_gb for name, gpu in PRESET_GPUS.items()}
 """Memory of each preset GPU in GB (10^9 bytes), as NVIDIA specifies it."""
 USABLE_FRACTION = 0.9
-"""What a job may plan to allocate: the rest is the CUDA context, NCCL buffers, fragmentation."""
+"""What a job may plan to reserve: the rest is the CUDA context's and NCCL's, which PyTorch's allocator does not see,
+and the estimate's own error."""
 ESTIMATE_ERROR = 0.15
 """How far the estimate may be from a measured peak: tests/test_memory.py holds every committed GPU row
 within it (the worst measured is about 10 %). An estimate that stays beyond the GPU after taking this
@@ -94,6 +100,13 @@ CUBLAS_WORKSPACE_BYTES = 32 * 2 ** 20
 """PyTorch's cuBLAS workspace per handle (thread) and stream on Hopper (CUBLAS_WORKSPACE_CONFIG :4096:8)."""
 WORKSPACE_BYTES = 2 * CUBLAS_WORKSPACE_BYTES
 CAPTURE_STREAM_WORKSPACE_BYTES = 2 * CUBLAS_WORKSPACE_BYTES
+ALLOCATOR_CACHED_FRACTION = 0.02
+ALLOCATOR_SMALL_POOL_BYTES = 64 * 2 ** 20
+"""Reserved beyond the allocated peak, as measured: eager one-GPU runs reserved 1.00 to 1.10 times their allocated
+peak (llama/tiny's 0.62 GiB peaks 0.04 to 0.06 GiB more; Llama 3.2 1B's widths 1.02 to 1.03, Llama 3 8B's 1.04, the
+MoE proxies 1.00 to 1.09: benchmarks/results/*.json, memory_diagnosis_025da11.json); 2 % and 64 MiB hold every such
+row's estimate within 10 % of its reserved peak, and at 3 % presets Bridge runs near their GPU's capacity would
+estimate beyond it."""
 """A graph captured on its own stream gets that stream's cuBLAS workspaces, forward's and backward's."""
 
 
@@ -110,16 +123,25 @@ class MemoryEstimate:
     workspace_gib: float
     gpu: Optional[str]
     capacity_gib: Optional[float]
+    allocator_gib: float = 0.0
+    """What the caching allocator keeps reserved beyond the allocated peak (ALLOCATOR_CACHED_FRACTION of it, and
+    ALLOCATOR_SMALL_POOL_BYTES): with it, total_gib estimates peak reserved memory."""
     as_bridge_runs_it: List[str] = field(default_factory=list)
     """What the estimate counts that graphbridge's engine does not do (Megatron-FSDP, LoRA, fp8 weights)."""
     engine_gib: Optional[float] = None
     """Where as_bridge_runs_it is not empty: what graphbridge's engine needs for the same job."""
 
     @property
-    def total_gib(self) -> float:
+    def allocated_gib(self) -> float:
+        """The peak the allocator hands out (result.json's peak_allocated_gb)."""
         eager_activations = self.activations_gib - self.graphed_activations_gib
         return (self.weights_gib + self.gradients_gib + self.optimizer_gib
                 + max(eager_activations, self.optimizer_step_gib) + self.graphs_gib + self.workspace_gib)
+
+    @property
+    def total_gib(self) -> float:
+        """The peak reserved memory (result.json's peak_reserved_gb), what an out-of-memory error follows."""
+        return self.allocated_gib + self.allocator_gib
 
     @property
     def graphbridge_gib(self) -> float:
@@ -157,7 +179,8 @@ class MemoryEstimate:
         return "; ".join(found) or None
 
     def as_dict(self) -> Dict[str, object]:
-        return {**asdict(self), "total_gib": self.total_gib, "fits": self.fits, "verdict": self.verdict,
+        return {**asdict(self), "allocated_gib": self.allocated_gib, "total_gib": self.total_gib, "fits": self.fits,
+                "verdict": self.verdict,
                 "engine_verdict": self.engine_verdict}
 
     def to_text(self) -> str:
@@ -165,12 +188,13 @@ class MemoryEstimate:
                  if self.graphed_activations_gib else f"activations {self.activations_gib:.2f}")
         parts = (f"weights {self.weights_gib:.2f} + grads {self.gradients_gib:.2f} + optimizer "
                  f"{self.optimizer_gib:.2f} + max({eager}, optimizer step "
-                 f"{self.optimizer_step_gib:.2f}) + graphs {self.graphs_gib:.2f} + workspace {self.workspace_gib:.2f}")
+                 f"{self.optimizer_step_gib:.2f}) + graphs {self.graphs_gib:.2f} + workspace {self.workspace_gib:.2f} "
+                 f"+ allocator cache {self.allocator_gib:.2f}")
         bridge = ""
         if self.as_bridge_runs_it:
             bridge = (f"; as Bridge runs it ({', '.join(self.as_bridge_runs_it)}): graphbridge's engine, which "
                       f"does not, needs ~{self.engine_gib:.1f} GiB")
-        return f"~{self.total_gib:.2f} GiB per GPU = {parts}: {self.verdict_text()}{bridge}"
+        return f"~{self.total_gib:.2f} GiB reserved per GPU = {parts}: {self.verdict_text()}{bridge}"
 
     def verdict_text(self) -> str:
         if self.capacity_gib is None:
@@ -213,9 +237,16 @@ def estimate_memory(cfg, gpu_memory_gib: Optional[float] = None, gpu_name: Optio
         capacity_gib=GPU_MEMORY_GB[gpu] * 1e9 / GIB if gpu in GPU_MEMORY_GB else gpu_memory_gib,
         as_bridge_runs_it=regime.differences(),
     )
+    estimate.allocator_gib = allocator_cache_bytes(estimate.allocated_gib * GIB) / GIB
     if estimate.as_bridge_runs_it:
         estimate.engine_gib = estimate_memory(cfg, gpu_memory_gib, gpu_name, ENGINE).total_gib
     return estimate
+
+
+def allocator_cache_bytes(allocated: float) -> float:
+    """What the caching allocator keeps reserved beside an allocated peak: freed blocks it cannot hand to a request
+    of another size or stream, and its small-block segments."""
+    return ALLOCATOR_CACHED_FRACTION * allocated + ALLOCATOR_SMALL_POOL_BYTES
 
 
 def graph_pool_bytes(cfg, trainable: float, frozen: bool = False) -> float:
@@ -229,7 +260,7 @@ def graph_pool_bytes(cfg, trainable: float, frozen: bool = False) -> float:
         # optimizer-step term counts already.
         own_step = cfg.optimizer.optimizer_in_graph and not cfg.ddp.use_distributed_optimizer
         optimizer = FP32_BYTES * trainable if own_step else 0
-        return CAPTURE_STREAM_WORKSPACE_BYTES + optimizer
+        return CAPTURE_STREAM_WORKSPACE_BYTES + optimizer + graphed_activation_bytes(cfg, frozen)
     if impl.impl == CudaGraphImpl.local:
         return local_graph_bytes(cfg)
     return graphed_activation_bytes(cfg, frozen)
@@ -238,7 +269,14 @@ def graph_pool_bytes(cfg, trainable: float, frozen: bool = False) -> float:
 def graphed_activation_bytes(cfg, frozen: bool = False) -> float:
     """The activations Transformer Engine's per-layer graphs hold in their pool: their replays write
     them there instead of allocating them, so they are not on top of the eager activations."""
-    if graph_impl(cfg.model.cuda_graph_impl).impl != CudaGraphImpl.transformer_engine:
+    impl = graph_impl(cfg.model.cuda_graph_impl)
+    if impl.unit == "iteration":
+        # The whole step's activations live in the graph's pool, apart from the default pool, where the optimizer
+        # step outside the graph makes its fp32 gradient copies: they no longer share blocks, so the two add up.
+        # An optimizer step inside the graph (its own, or megatron-core's optimizer graph in the same pool) reuses
+        # the activations' blocks as an eager step does.
+        return 0.0 if cfg.optimizer.optimizer_in_graph else activation_bytes(cfg, frozen)
+    if impl.impl != CudaGraphImpl.transformer_engine:
         return 0.0
     return layers_per_stage(cfg) * layer_activations(cfg, frozen, graphed_only=True) * micro_batches_in_flight(cfg)
 

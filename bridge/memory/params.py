@@ -201,8 +201,25 @@ def state_bytes(cfg, regime: Regime) -> StateBytes:
         weights=weights * weight_bytes + linear * (linear_weight_bytes(cfg, regime) - weight_bytes),
         gradients=gradients * grad_bytes,
         optimizer=optimized * optimizer_bytes,
-        optimizer_step=optimized * (FP32_BYTES if half_gradients(cfg) else 0),
+        optimizer_step=(optimized + clip_copy(cfg, optimized)) * (FP32_BYTES if half_gradients(cfg) else 0),
         trainable=trainable)
+
+
+def clip_copy(cfg, optimized: float) -> float:
+    """Parameters of the fp32 gradient the clip's scale copies at once: megatron-core 0.19 with a Transformer Engine
+    that lacks multi_tensor_scale_tensor, and without apex, falls back to its local multi_tensor_scale, which scales
+    each gradient out of place (measured: 1.96 GiB live at the peak of Llama 3 8B's widths, the output layer's fp32
+    gradient, memory_diagnosis_025da11.json). Counted for every release: the largest single tensor."""
+    if not cfg.optimizer.clip_grad:
+        return 0.0
+    model = cfg.model
+    h, tp = model.hidden_size, model.tensor_model_parallel_size
+    glu = 2 if model.gated_linear_unit else 1
+    largest = max(padded_vocab_size(cfg) * h / tp, glu * dense_ffn_hidden_size(model) * h / tp)
+    if model.num_moe_experts:
+        largest = max(largest, glu * (model.moe_ffn_hidden_size or dense_ffn_hidden_size(model)) * h
+                      / expert_tensor_parallel_size(model))
+    return min(largest, optimized)
 
 
 def gather_unit(cfg, params: Dict[str, float]) -> float:
