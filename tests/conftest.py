@@ -17,12 +17,22 @@ from typing import Callable, Optional
 import pytest
 import torch
 
+from tests.sampling import DEFAULT_MARKS
+
 ROOT = Path(__file__).resolve().parent.parent
 # Importing megatron-core makes torch create its compile cache (torchinductor_<user>) in the system's temporary
 # directory: the suite and the commands it runs keep it in pytest's own (pytest-of-<user>), where it outlives a
 # session as that cache should. A cache the user chose is kept.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
                       str(Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}" / "torchinductor"))
+# Under pytest-xdist every worker, and every command a test starts, shares the cores with the other workers: torch's
+# default of one OpenMP thread a core then oversubscribes them, and OpenMP's spinning threads wait on each other (a
+# llama/tiny step on two busy cores took 10 s with two threads, 1.2 s with one). Each worker's share of the cores,
+# unless the user chose a number; a run in this process alone (-n 0) keeps torch's default.
+XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if XDIST_WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // XDIST_WORKERS)))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # torch is imported above: its threads are set now
 TINY_RECIPES = ("llama/tiny", "qwen/tiny", "deepseek/tiny", "gpt_oss/tiny")
 # Small enough for two CPU cores; deepseek's per-layer MoE pattern must match num_layers.
 SMALL = ("model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64", "train.train_iters=5")
@@ -36,18 +46,59 @@ ENTRY_POINTS = {
 }
 
 
+MANY = """
+import contextlib, io, json, sys
+from hydra.core.global_hydra import GlobalHydra
+import perf.main
+from perf import callbacks
+done = []
+for argv in json.loads(sys.stdin.read()):
+    sys.argv = [sys.argv[0], *argv]
+    perf.main.STARTED, callbacks.SWEEP_EXIT_CODE = False, 0
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            perf.main.main()
+            code = 0
+        except SystemExit as exit:
+            code = exit.code
+            if code is not None and not isinstance(code, int):
+                print(code, file=sys.stderr)  # a message, as Python prints it, and status 1
+                code = 1
+    GlobalHydra.instance().clear()
+    done.append([code or 0, out.getvalue(), err.getvalue()])
+print("\\n" + MARK + json.dumps(done))
+"""
+MANY_MARK = "graphbridge-tests: results of each command: "
+
+
 class Tool:
     """A console script as a user types it: ``tool(*args, cwd=...)`` runs it to the end and captures its
     output; ``tool.start(*args, cwd=..., **popen)`` starts it in the background (to signal it, or run a
-    second one beside it); ``tool.argv`` is the command itself, for a test that runs it inside another."""
+    second one beside it); ``tool.argv`` is the command itself, for a test that runs it inside another.
+    ``tool.many([args, ...], cwd=...)``: several `graphbridge` commands one after another in one process, each with
+    its own output and exit status, for a test that reads only what each prints (plans and refusals; not a run,
+    whose processes and files are its own, nor bridge_config=, which starts graphbridge afresh)."""
 
     def __init__(self, name: str):
-        self.argv = [sys.executable, "-c", ENTRY_POINTS[name]]
+        self.name, self.argv = name, [sys.executable, "-c", ENTRY_POINTS[name]]
 
     def __call__(self, *args: str, cwd: Path, env: Optional[dict] = None, timeout: float = 300,
                  input: Optional[str] = None) -> subprocess.CompletedProcess:
         return subprocess.run([*self.argv, *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=timeout,
                               input=input)
+
+    def many(self, commands, cwd: Path, env: Optional[dict] = None, timeout: float = 600):
+        """The CompletedProcess of each command (a sequence of arguments), as ``tool(*args)`` would give it."""
+        commands = [list(args) for args in commands]
+        assert self.name == "graphbridge" and not any(arg.startswith("bridge_config=") for args in commands
+                                                      for arg in args)
+        done = subprocess.run([sys.executable, "-c", f"MARK = {MANY_MARK!r}\n{MANY}"], cwd=cwd, capture_output=True,
+                              text=True, env=env, timeout=timeout, input=json.dumps(commands))
+        assert done.returncode == 0 and MANY_MARK in done.stdout, done.stdout[-2000:] + done.stderr[-3000:]
+        results = json.loads(done.stdout.rsplit(MANY_MARK, 1)[1])
+        return [subprocess.CompletedProcess([*self.argv, *args], code, stdout, stderr)
+                for args, (code, stdout, stderr) in zip(commands, results)]
 
     def start(self, *args: str, cwd: Path, **popen) -> subprocess.Popen:
         return subprocess.Popen([*self.argv, *args], cwd=cwd, **popen)
@@ -102,6 +153,81 @@ def read_result() -> Callable[[Path], dict]:
     return lambda job_dir: json.loads((Path(job_dir) / "result.json").read_text())
 
 
+@pytest.fixture(scope="session")
+def across_workers(tmp_path_factory, worker_id) -> Callable:
+    """``across_workers(name, make)``: ``make()``'s value, made once a session by the first pytest-xdist worker that
+    asks and read back (pickled) by the others, which wait for it; for a costly value that tests on every worker
+    read and none changes (composing every workload preset takes ~20 s). Without xdist, ``make()`` once."""
+    import pickle
+
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    made = {}
+
+    def value(name: str, make: Callable):
+        if name not in made:
+            path = shared / f"across_workers_{name}.pickle"
+            with FileLock(f"{path}.lock"):
+                if not path.is_file():
+                    path.write_bytes(pickle.dumps(make()))
+            made[name] = pickle.loads(path.read_bytes())
+        return made[name]
+
+    return value
+
+
+@pytest.fixture(scope="session")
+def cli_batch(cli, tmp_path_factory, across_workers) -> Callable:
+    """``cli_batch(name, commands, timeout=600, env=None)``: {command: its CompletedProcess} for each command (a tuple
+    of arguments) of `graphbridge`, all of them run one after another by one process a session (cli.many,
+    across_workers) in an empty directory, which they must leave empty: for tests of plans and refusals, each looking
+    up its own."""
+    def results(name: str, commands, timeout: float = 600, env: Optional[dict] = None) -> dict:
+        def make() -> dict:
+            work = tmp_path_factory.mktemp(name)
+            done = dict(zip(commands, cli.many(commands, cwd=work, timeout=timeout, env=env)))
+            assert list(work.iterdir()) == [], f"the commands of {name} left {list(work.iterdir())}"
+            return done
+
+        return across_workers(f"cli_batch_{name}", make)
+
+    return results
+
+
+COMPOSITIONS = {}
+"""(config name, overrides) -> Hydra's composition of graphbridge's own conf/, for composed_once."""
+
+
+@pytest.fixture
+def composed_once(monkeypatch):
+    """Hydra's compositions of graphbridge's own conf/ (bridge.config.load.compose_config, which bridge.compose, the
+    plan and cuda_graph=auto's candidates go through) made once a process for each list of overrides; every later
+    one is a copy of it. For tests that compose the same overrides again and again (each cuda_graph=auto plan composes
+    its dozen candidates: ~0.4 s each), not for a test of composition itself: another config tree (config_root)
+    composes as ever, and the files of conf/ must not change while the test runs."""
+    import copy
+
+    from bridge.config import load
+
+    compose, initialize_config_dir, tree = load.compose, load.initialize_config_dir, {}
+
+    def initialize(config_dir, **kwargs):
+        tree["dir"] = config_dir
+        return initialize_config_dir(config_dir=config_dir, **kwargs)
+
+    def composed(config_name=None, overrides=(), **kwargs):
+        if kwargs or tree.get("dir") != str(load.config_dir()):
+            return compose(config_name=config_name, overrides=overrides, **kwargs)
+        key = (config_name, tuple(overrides))
+        if key not in COMPOSITIONS:
+            COMPOSITIONS[key] = compose(config_name=config_name, overrides=list(overrides))
+        return copy.deepcopy(COMPOSITIONS[key])
+
+    monkeypatch.setattr(load, "initialize_config_dir", initialize)
+    monkeypatch.setattr(load, "compose", composed)
+
+
 @pytest.fixture
 def cache_home(tmp_path, monkeypatch):
     """The cuda_graph=auto decision cache of this test alone ($XDG_CACHE_HOME)."""
@@ -151,3 +277,38 @@ def scripted(monkeypatch):
         return Trainer(cfg, write_job_files(job_dir, cfg))
 
     return make
+
+
+# --- what a plain `pytest` runs (tests/test_default_coverage.py) ------------------------------------------------
+
+NARROWING = ("keyword", "deselect", "ignore", "ignore_glob", "lf", "stepwise")
+"""Options that run fewer tests than the whole selection (-k, --deselect, --ignore, --lf, --sw)."""
+
+
+def collected_the_default_run(config) -> bool:
+    """Whether this session collected what a plain `pytest` runs: all of tests/, deselected by DEFAULT_MARKS alone."""
+    if config.option.markexpr != DEFAULT_MARKS or any(getattr(config.option, name, None) for name in NARROWING):
+        return False
+    here = Path(config.invocation_params.dir)
+    return any("::" not in arg and (ROOT / "tests").is_relative_to((here / arg).resolve()) for arg in config.args)
+
+
+def default_node_ids() -> frozenset:
+    """The node ids a plain `pytest` runs, as a `pytest --collect-only` in a process of its own lists them (~40 s)."""
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith(("PYTEST_XDIST", "PYTEST_ADDOPTS", "PYTEST_CURRENT_TEST"))}
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                             "-n", "0", "-m", DEFAULT_MARKS, "tests"], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert listed.returncode == 0, listed.stdout[-3000:] + listed.stderr[-3000:]
+    return frozenset(line for line in listed.stdout.splitlines() if line.startswith("tests/") and "::" in line)
+
+
+@pytest.fixture(scope="session")
+def default_selection(request, across_workers) -> frozenset:
+    """The node ids (``tests/test_x.py::test_y[id]``) of every test a plain `pytest` runs. Where this session collected
+    just that, its own items (under pytest-xdist every worker collects and deselects the whole list); otherwise (one
+    module alone, -k, -m slow) a collection of its own, made once a session (default_node_ids)."""
+    if collected_the_default_run(request.config):
+        return frozenset(item.nodeid for item in request.session.items)
+    return across_workers("default_selection", default_node_ids)

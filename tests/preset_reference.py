@@ -181,6 +181,16 @@ def _split_other(other: str):
 ROWS: Dict[tuple, PresetRow] = {row.key: row for row in _rows()}
 
 
+def row_kind(key) -> tuple:
+    """The facts of a preset's row that test_preset_graph_choices.py's expected verdicts read: rows alike in all of
+    them take every cuda_graph choice along the same rules (its default sample is one row of each kind, and
+    tests/test_default_coverage.py holds it to that)."""
+    row = ROWS[key]
+    return (row.recipe.split("/")[0], row.recipe.endswith(("_sft", "_lora")), row.parked, row.recompute,
+            row.gpu == "h100", *(row.has(fact) for fact in ("offload", "a2a", "expandable", "nccl_graph_register",
+                                                            "alltoall")))
+
+
 @functools.lru_cache(maxsize=None)
 def composed_presets() -> Dict[tuple, DictConfig]:
     """Every recipe x preset composed through Hydra (the CLI path), once a process: pytest-xdist hands a worker

@@ -1,6 +1,6 @@
-"""Absurd values get one line (issue 79): every int and float field of the schema, at each of VALUES, on
-`recipe=qwen/tiny gpu=h100`, is planned within LIMIT seconds, and where the plan refuses it names each violation
-on one line (exit 2), never a traceback or a hang.
+"""Absurd values get one line (issue 79): every int and float field of the schema, at each of VALUES (at one of
+EXTREMES by default, the rest under -m slow), on `recipe=qwen/tiny gpu=h100`, is planned within LIMIT seconds, and
+where the plan refuses it names each violation on one line (exit 2), never a traceback or a hang.
 
 The matrix runs in this process through the steps `graphbridge mode=plan` takes (perf/main.py's app): the
 composed config judged, prepared, planned, its violations reported and its plan rendered; a handful of the cases
@@ -8,7 +8,6 @@ run through the real command as well. A timer interrupts a case that runs past L
 instead of stalling the suite."""
 
 import contextlib
-import dataclasses
 import functools
 import io
 import signal
@@ -21,33 +20,18 @@ from bridge.config.load import compose_config
 from bridge.config.model_facts import (has_dense_layers, has_moe_layers, last_layer_is_moe, moe_layer_count,
                                        moe_layer_pattern)
 from bridge.config.model_schema import ModelConfig
-from bridge.config.schema import GraphBridgeConfig
 from bridge.planning import build_plan
 from bridge.prepare import prepare
 from bridge.validation import judge_composed
 from perf.main import INVALID, rendered, report_violations
+from tests.number_fields import EVERY_INT, FIELDS, INT_KEYS
+from tests.sampling import split
 
 VALUES = (-1, 0, 2**31 - 1, 2**31, 2**63, 10**20, 2_000_000_000)
 BASE = ("recipe=qwen/tiny", "gpu=h100", "mode=plan")
 LIMIT = 2.0
 """Seconds a plan may take, whatever the value (the command's own start comes on top)."""
-NUMBER_TYPES = {int: int, float: float, typing.Optional[int]: int, typing.Optional[float]: float}
 INT32 = range(-2**31, 2**31)
-
-
-def number_fields(node=GraphBridgeConfig, prefix=""):
-    """(dotted key, int or float) of every number field of the schema, Optional ones included."""
-    hints = typing.get_type_hints(node)
-    for item in dataclasses.fields(node):
-        kind = hints[item.name]
-        if dataclasses.is_dataclass(kind):
-            yield from number_fields(kind, f"{prefix}{item.name}.")
-        elif kind in NUMBER_TYPES:
-            yield prefix + item.name, NUMBER_TYPES[kind]
-
-
-FIELDS = dict(number_fields())
-INT_KEYS = tuple(key for key, kind in FIELDS.items() if kind is int)
 SINGLE = [{key: value} for key, kind in FIELDS.items() for value in VALUES if kind is float or value in INT32]
 # Integers beyond int32 stop at the int32_values gate before any other rule reads them: one case per value sets
 # every int field at once, and the gate must name each on its own line.
@@ -101,7 +85,7 @@ def as_composed(composed):
 
 def case_id(changes: dict) -> str:
     if len(changes) > 1:
-        return f"every-int={next(iter(changes.values()))}"
+        return f"{EVERY_INT}={next(iter(changes.values()))}"
     [(key, value)] = changes.items()
     return f"{key}={value}"
 
@@ -112,7 +96,19 @@ def test_every_number_field_of_the_schema_is_tried():
     assert {key for case in SINGLE + BEYOND_INT32 for key in case} == set(FIELDS)
 
 
-@pytest.mark.parametrize("changes", SINGLE + BEYOND_INT32, ids=case_id)
+EXTREMES = {int: (-1, 0, 2**31 - 1), float: (-1, 0, 10**20)}
+"""Below, at and far above the smallest sensible value: each field takes one of them by default, in turn (every
+extreme with a third of the fields); the other values under -m slow. The cases that set every int field at once run
+by default."""
+DEFAULT_EXTREME = {key: EXTREMES[kind][index % 3] for index, (key, kind) in enumerate(FIELDS.items())}
+
+
+def by_default(_, changes: dict) -> bool:
+    [(key, value)] = changes.items() if len(changes) == 1 else [(None, None)]
+    return key is None or value == DEFAULT_EXTREME[key]
+
+
+@pytest.mark.parametrize("changes", split(SINGLE + BEYOND_INT32, by_default, ids=case_id))
 def test_a_plan_answers_at_once_and_refuses_in_one_line_per_violation(composed, as_composed, changes):
     try:
         for key, value in changes.items():
@@ -133,7 +129,7 @@ def test_a_plan_answers_at_once_and_refuses_in_one_line_per_violation(composed, 
         assert all(line.startswith("  [int32_values] ") for line in lines[1:]), stderr
 
 
-@pytest.mark.parametrize("overrides", [
+ABSURD_COMMANDS = [
     ("recipe=qwen/tiny", "gpu=h100", "model.num_layers=2000000000"),
     ("recipe=qwen/tiny", "gpu=h100", "model.num_layers=9223372036854775808"),
     ("recipe=qwen/tiny", "gpu=h100", "model.tensor_model_parallel_size=2147483647"),
@@ -141,9 +137,18 @@ def test_a_plan_answers_at_once_and_refuses_in_one_line_per_violation(composed, 
     ("recipe=qwen/tiny", "gpu=h100", "model.expert_model_parallel_size=2147483648"),
     ("model.num_layers=99999999999999999999",),
     ("recipe=deepseek/tiny", "model.num_layers=2000000000"),  # its moe_layer_freq is written out per layer
-])
-def test_the_command_refuses_absurd_values_in_one_line_each(cli, tmp_path, overrides):
-    result = cli("mode=plan", *overrides, cwd=tmp_path, timeout=60)
+]
+
+
+@pytest.fixture(scope="session")
+def refused(cli_batch) -> dict:
+    """Each command above planned by one `graphbridge` process a session (cli_batch), a minute for all of them."""
+    return cli_batch("absurd_values", [("mode=plan", *overrides) for overrides in ABSURD_COMMANDS], timeout=60)
+
+
+@pytest.mark.parametrize("overrides", ABSURD_COMMANDS)
+def test_the_command_refuses_absurd_values_in_one_line_each(refused, overrides):
+    result = refused[("mode=plan", *overrides)]
     shown = f"{overrides}: exit {result.returncode}\n{result.stderr}"
     assert result.returncode == INVALID and "Traceback" not in result.stdout + result.stderr, shown
     lines = result.stderr.splitlines()

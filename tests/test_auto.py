@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from bridge.auto.cache import cache_path
+from tests.sampling import every
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ("model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64", "train.train_iters=5")
@@ -137,8 +138,9 @@ def test_what_auto_cannot_decide_for_is_refused_in_one_line(cli, tmp_path, cache
     assert trained.returncode == 2 and f"[{rule}]" in trained.stderr and not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("damage", ["not json {", "[]", '{"format": 1, "decisions": []}',
-                                    '{"format": 1, "decisions": {"k": {"chosen": 3}}}'])
+# Text that is no JSON, and JSON of the wrong shape, by default; two more shapes under -m slow.
+@pytest.mark.parametrize("damage", every(["not json {", '{"format": 1, "decisions": []}', "[]",
+                                          '{"format": 1, "decisions": {"k": {"chosen": 3}}}'], 2))
 def test_a_bad_cache_file_is_one_line_and_never_a_traceback(cli, tmp_path, cache_home, damage):
     cache_path().parent.mkdir(parents=True)
     cache_path().write_text(damage)

@@ -22,6 +22,9 @@ from bridge.prepare import prepare
 from perf.auto_probe import choose_graphs
 from tests.auto_probe_kit import H100, OPTIMIZER_IN_GRAPH, SCOPES, SMALL, gpu_plan, synthesized_trainer
 
+# Every probe here composes llama/tiny's candidates again: each composition is made once a process (conftest.py).
+pytestmark = pytest.mark.usefixtures("composed_once")
+
 
 def test_probe_runs_start_together_as_far_as_the_gpus_memory_and_the_cores_go(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 64)

@@ -26,6 +26,7 @@ from perf.bridge_config_export import container, to_yaml
 from perf.bridge_config_fields import ALIKE_BUT_NOT_MAPPED, HANDLED, same_name_keys
 from perf.bridge_config_import import SCHEMA_TYPES, accepts_null, import_container, read_file
 from perf.bridge_config_read import BridgeConfigError
+from tests.sampling import every
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "bridge"
@@ -58,20 +59,24 @@ def plan_json(result) -> dict:
     return json.loads(result.stdout)
 
 
-@pytest.fixture(scope="module")
-def round_trips(cli, tmp_path_factory):
-    """Per family: the plan of the fixture, its export, and the plan of the export (one CLI call each)."""
-    trips = {}
-    for family, gpus in FAMILIES.items():
-        work = tmp_path_factory.mktemp(family)
-        given = (f"bridge_config={FIXTURES / family}.yaml", f"train.num_gpus={gpus}", "mode=plan")
-        imported = cli(*given, "plan.format=json", cwd=work)
-        exported = cli(*given, "plan.format=bridge", cwd=work)
-        (work / "export.yaml").write_text(exported.stdout)
-        again = cli(f"bridge_config={work / 'export.yaml'}", f"train.num_gpus={gpus}", "mode=plan",
-                           "plan.format=json", cwd=work)
-        trips[family] = {"imported": imported, "exported": exported, "again": again}
-    return trips
+@pytest.fixture(scope="session")
+def round_trips(cli, tmp_path_factory, across_workers):
+    """Per family: the plan of the fixture, its export, and the plan of the export (one CLI call each): made by one
+    worker a session, read back by the others (conftest.py's across_workers)."""
+    def make():
+        trips = {}
+        for family, gpus in FAMILIES.items():
+            work = tmp_path_factory.mktemp(family)
+            given = (f"bridge_config={FIXTURES / family}.yaml", f"train.num_gpus={gpus}", "mode=plan")
+            imported = cli(*given, "plan.format=json", cwd=work)
+            exported = cli(*given, "plan.format=bridge", cwd=work)
+            (work / "export.yaml").write_text(exported.stdout)
+            again = cli(f"bridge_config={work / 'export.yaml'}", f"train.num_gpus={gpus}", "mode=plan",
+                        "plan.format=json", cwd=work)
+            trips[family] = {"imported": imported, "exported": exported, "again": again}
+        return trips
+
+    return across_workers("bridge_round_trips", make)
 
 
 # --- the field table against Bridge 0.3.1 ------------------------------------------------------------------
@@ -288,8 +293,12 @@ def test_a_file_that_cannot_be_read_is_refused_with_its_reason(tmp_path, case):
     assert str(refused.value).startswith(f"{tmp_path / 'bad.yaml'}: ") and reason in str(refused.value)
 
 
-@pytest.mark.parametrize("path", [path for path in HANDLED if not path.startswith(("tokenizer.", "optimizer.use_"))]
-                         + ["mixed_precision", "comm_overlap", "model", "scheduler"])
+READ_BY_CODE = [path for path in HANDLED if not path.startswith(("tokenizer.", "optimizer.use_"))] + [
+    "mixed_precision", "comm_overlap", "model", "scheduler"]
+
+
+# Every other field by default (each the same import of values of every kind); the rest under -m slow.
+@pytest.mark.parametrize("path", every(READ_BY_CODE, 2))
 def test_a_field_the_import_reads_with_any_value_is_read_or_refused_in_one_line(path):
     """Every field read by code (not copied) set to values of other kinds: overrides, or a BridgeConfigError."""
     section, _, name = path.partition(".")

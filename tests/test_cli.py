@@ -1,4 +1,5 @@
-"""What users type: the real `graphbridge` command in a subprocess, from a foreign directory."""
+"""What users type: the real `graphbridge` command in a subprocess, from a foreign directory (the plans and
+refusals that only print, one after another in one process a session: conftest.py's cli_batch)."""
 
 import json
 import os
@@ -23,9 +24,11 @@ def test_plan_prints_what_is_graphed_and_leaves_no_output_dir(cli, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_plan_of_local_graphs_with_modules_names_the_modules_and_what_graphs_them(cli, tmp_path):
-    result = cli("mode=plan", "engine=torch", "cuda_graph=local_layer", "model.cuda_graph_modules=[attn,mlp]",
-                 cwd=tmp_path)
+LOCAL_WITH_MODULES = ("mode=plan", "engine=torch", "cuda_graph=local_layer", "model.cuda_graph_modules=[attn,mlp]")
+
+
+def test_the_plan_of_local_graphs_with_modules_names_the_modules_and_what_graphs_them(printed):
+    result = printed[LOCAL_WITH_MODULES]
     assert result.returncode == 0, result.stderr
     graphed = next(line for line in result.stdout.splitlines() if line.startswith("  graphed:"))
     assert graphed.startswith("  graphed:   attn, mlp of each layer; captured at step 3, after 3 eager steps by "
@@ -41,8 +44,11 @@ def test_a_plan_read_by_a_reader_that_stops_early_ends_quietly(tmp_path):
     assert process.wait(timeout=120) == 0 and stderr == ""
 
 
-def test_every_key_of_the_plan_json_is_documented(cli, tmp_path):
-    result = cli("mode=plan", "plan.format=json", "recipe=llama/tiny", "gpu=h100", "cuda_graph=auto", cwd=tmp_path)
+AUTO_JSON = ("mode=plan", "plan.format=json", "recipe=llama/tiny", "gpu=h100", "cuda_graph=auto")
+
+
+def test_every_key_of_the_plan_json_is_documented(printed):
+    result = printed[AUTO_JSON]
     plan = json.loads(result.stdout)
     auto = plan["auto"]
     keys = {*plan, *plan["target"], *plan["graphs"], *plan["memory"], *auto, *auto["probe"], *auto["cache"],
@@ -51,8 +57,11 @@ def test_every_key_of_the_plan_json_is_documented(cli, tmp_path):
     assert not [key for key in sorted(keys) if f"`{key}`" not in documented]
 
 
-def test_plan_json_carries_verdict_config_and_megatron_arguments(cli, tmp_path):
-    result = cli("mode=plan", "plan.format=json", "cuda_graph=full_iteration", cwd=tmp_path)
+FULL_ITERATION_JSON = ("mode=plan", "plan.format=json", "cuda_graph=full_iteration")
+
+
+def test_plan_json_carries_verdict_config_and_megatron_arguments(printed):
+    result = printed[FULL_ITERATION_JSON]
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["valid"] is True and plan["violations"] == []
@@ -61,10 +70,17 @@ def test_plan_json_carries_verdict_config_and_megatron_arguments(cli, tmp_path):
     assert plan["megatron"]["transformer_config"]["cuda_graph_scope"] == ["full_iteration"]
 
 
-@pytest.mark.parametrize("override, rounded", [((), False), (("model.yarn_correction_range_round_to_int=true",), True)])
-def test_gpt_oss_gives_megatron_its_unrounded_yarn_ramp_unless_the_user_rounds_it(cli, tmp_path, override, rounded):
+YARN = [((), False), (("model.yarn_correction_range_round_to_int=true",), True)]
+
+
+def yarn_plan(override) -> tuple:
+    return ("recipe=gpt_oss/gpt_oss_20b", "mode=plan", "plan.format=json", *override)
+
+
+@pytest.mark.parametrize("override, rounded", YARN)
+def test_gpt_oss_gives_megatron_its_unrounded_yarn_ramp_unless_the_user_rounds_it(printed, override, rounded):
     # GPT-OSS's rope_scaling says truncate: false, as Megatron-Bridge builds it; megatron-core rounds by default.
-    result = cli("recipe=gpt_oss/gpt_oss_20b", "mode=plan", "plan.format=json", *override, cwd=tmp_path)
+    result = printed[yarn_plan(override)]
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["megatron"]["config_attributes"]["yarn_correction_range_round_to_int"] is rounded
 
@@ -85,41 +101,61 @@ def test_invalid_config_exits_2_with_every_violation_and_no_traceback(cli, tmp_p
         assert all(set(v) == {"rule", "keys", "message", "where"} for v in plan["violations"])
 
 
-def test_a_short_run_gets_a_warmup_that_fits_and_an_explicit_one_that_cannot_is_rejected(cli, tmp_path):
-    short = cli("mode=plan", "plan.format=json", "train.train_iters=5", cwd=tmp_path)
+SHORT_RUN = ("mode=plan", "plan.format=json", "train.train_iters=5")
+TOO_LONG_WARMUP = ("mode=plan", "train.train_iters=8", "optimizer.lr_warmup_iters=10")
+
+
+def test_a_short_run_gets_a_warmup_that_fits_and_an_explicit_one_that_cannot_is_rejected(printed):
+    short = printed[SHORT_RUN]
     assert short.returncode == 0, short.stderr
     assert json.loads(short.stdout)["config"]["optimizer"]["lr_warmup_iters"] == 0
     # megatron-core's scheduler would assert warmup < train_iters, without a message, at engine build.
-    too_long = cli("mode=plan", "train.train_iters=8", "optimizer.lr_warmup_iters=10", cwd=tmp_path)
+    too_long = printed[TOO_LONG_WARMUP]
     assert too_long.returncode == 2
     assert "[lr_schedule]" in too_long.stderr and "set optimizer.lr_warmup_iters=0" in too_long.stderr
     assert "Traceback" not in too_long.stderr
 
 
-@pytest.mark.parametrize(
-    "override,expected",
-    [("model.bogus=1", "model.bogus: no key 'bogus' in model"),
-     ("model.num_layers=abc", "model.num_layers takes an integer, e.g. model.num_layers=8"),
-     ("model.cuda_graph_impl=graph", "model.cuda_graph_impl takes one of none, local, transformer_engine, full_iteration")],
-)
-def test_bad_keys_and_types_fail_at_composition_with_the_full_path(cli, tmp_path, override, expected):
-    result = cli("mode=plan", override, cwd=tmp_path)
+BAD_KEYS_AND_TYPES = [
+    ("model.bogus=1", "model.bogus: no key 'bogus' in model"),
+    ("model.num_layers=abc", "model.num_layers takes an integer, e.g. model.num_layers=8"),
+    ("model.cuda_graph_impl=graph", "model.cuda_graph_impl takes one of none, local, transformer_engine, full_iteration"),
+]
+
+
+@pytest.mark.parametrize("override,expected", BAD_KEYS_AND_TYPES)
+def test_bad_keys_and_types_fail_at_composition_with_the_full_path(printed, override, expected):
+    result = printed[("mode=plan", override)]
     assert result.returncode == 2  # bad input, refused before the job
     assert expected in result.stderr and "Traceback" not in result.stderr and result.stderr.count("\n") == 1
 
 
-@pytest.mark.parametrize(
-    "args,expected",
-    [(["--help"], "cuda_graph: auto, full_iteration, local_layer, none"), (["--cfg", "job"], "cuda_graph_impl: none"),
-     (["--info", "defaults"], "recipe/llama/tiny"), (["--info", "searchpath"], "conf"),
-     # The hydra node resolved without the job's keys: the mode comes from the command line.
-     (["--cfg", "hydra", "--resolve"], "output_subdir: .hydra"),
-     (["--cfg", "hydra", "--resolve", "mode=plan"], "output_subdir: null")],
-)
-def test_hydra_introspection_works_from_any_directory(cli, tmp_path, args, expected):
-    result = cli(*args, cwd=tmp_path)
+INTROSPECTION = [
+    (["--help"], "cuda_graph: auto, full_iteration, local_layer, none"), (["--cfg", "job"], "cuda_graph_impl: none"),
+    (["--info", "defaults"], "recipe/llama/tiny"), (["--info", "searchpath"], "conf"),
+    # The hydra node resolved without the job's keys: the mode comes from the command line.
+    (["--cfg", "hydra", "--resolve"], "output_subdir: .hydra"),
+    (["--cfg", "hydra", "--resolve", "mode=plan"], "output_subdir: null"),
+]
+
+
+@pytest.mark.parametrize("args,expected", INTROSPECTION)
+def test_hydra_introspection_works_from_any_directory(printed, args, expected):
+    result = printed[tuple(args)]
     assert result.returncode == 0, result.stderr
     assert expected in result.stdout
+
+
+PRINTED = [LOCAL_WITH_MODULES, AUTO_JSON, FULL_ITERATION_JSON, *(yarn_plan(override) for override, _ in YARN),
+           SHORT_RUN, TOO_LONG_WARMUP, *(("mode=plan", override) for override, _ in BAD_KEYS_AND_TYPES),
+           *(tuple(args) for args, _ in INTROSPECTION)]
+
+
+@pytest.fixture(scope="session")
+def printed(cli_batch) -> dict:
+    """Each command line of PRINTED -> its `graphbridge` result, all run by one process a session (cli_batch) in a
+    directory of their own that they leave empty."""
+    return cli_batch("cli_printed", PRINTED)
 
 
 def test_installed_wheel_ships_the_config_tree(cli, tmp_path):

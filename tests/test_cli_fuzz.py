@@ -3,10 +3,10 @@ types, impossible and overflowing values, nested lists, unknown options, broken 
 syntax, conflicting graph settings, damage to Hydra's own tree, bytes that are not UTF-8, keys too
 long for a file name, misplaced flags), each mixed with valid ones, as a plan or a run, must end in
 exit status 2 with one line (or one block of violations) that names the problem, never in a Python
-traceback or a hang, and leave nothing behind. 60 cases by default; 1000 under `-m slow`.
+traceback or a hang, and leave nothing behind. 20 cases by default; 1040 more under `-m slow`.
 
 Each case is a function of its seed alone; GRAPHBRIDGE_FUZZ_SEED=N moves the seeds to N, N+1, ...
-(e.g. GRAPHBRIDGE_FUZZ_SEED=5000 pytest -m slow tests/test_cli_fuzz.py tries 1060 other cases).
+(e.g. GRAPHBRIDGE_FUZZ_SEED=5000 pytest -m slow tests/test_cli_fuzz.py tries 1040 other cases).
 """
 
 import dataclasses
@@ -119,12 +119,12 @@ def check_one_case(cli, tmp_path, seed):
     assert list(tmp_path.iterdir()) == [], shown  # and nothing left behind
 
 
-@pytest.mark.parametrize("seed", range(SEED, SEED + 60))
+@pytest.mark.parametrize("seed", range(SEED, SEED + 20))
 def test_bad_overrides_exit_2_with_a_message(cli, tmp_path, seed):
     check_one_case(cli, tmp_path, seed)
 
 
 @pytest.mark.slow  # 15 minutes on two cores: pyproject's addopts leave it out of a plain pytest
-@pytest.mark.parametrize("seed", range(SEED + 60, SEED + 1060))
+@pytest.mark.parametrize("seed", range(SEED + 20, SEED + 1060))
 def test_bad_overrides_exit_2_with_a_message_many(cli, tmp_path, seed):
     check_one_case(cli, tmp_path, seed)

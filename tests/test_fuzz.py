@@ -5,11 +5,11 @@ violations, a preflight message, or a composition error from Hydra or OmegaConf 
 Any other exception fails the test with hypothesis's smallest example; the damage that once got
 past preflight (FORMER_GAPS) has a test of its one-line message.
 
-1600 cases in all (300 override sets, 1000 syntax-breaking damages, 300 damages of any kind); a
-preflight verdict costs about 20 ms, a composition about 0.2 s, so the syntax damages, which
-preflight finds, keep the file near a minute and a half on two cores (tests/test_cli_fuzz.py fuzzes
-the command line further under -m slow). Run with
---hypothesis-show-statistics to see how the outcomes split.
+By default 310 cases (60 override sets, 200 syntax-breaking damages, 50 damages of any kind); under
+-m slow another 1600 (300, 1000 and 300), drawn by tests of their own. A preflight verdict costs about
+20 ms, a composition about 0.2 s, so the default keeps the file near half a minute on two cores
+(tests/test_cli_fuzz.py fuzzes the command line further). Run with --hypothesis-show-statistics to see
+how the outcomes split.
 
 The examples are a function of the seed alone: by default hypothesis derives it from each test's
 source; GRAPHBRIDGE_FUZZ_SEED=N draws another reproducible set (a failure names its seed).
@@ -146,9 +146,17 @@ def bad_override(draw) -> str:
 
 
 @seeded
-@settings(FUZZ, max_examples=300)
+@settings(FUZZ, max_examples=60)
 @given(st.lists(bad_override(), max_size=4))
 def test_random_overrides_end_in_an_allowed_outcome(overrides):
+    event(plan_outcome(overrides))
+
+
+@pytest.mark.slow
+@seeded
+@settings(FUZZ, max_examples=300)
+@given(st.lists(bad_override(), max_size=4))
+def test_random_overrides_end_in_an_allowed_outcome_many(overrides):
     event(plan_outcome(overrides))
 
 
@@ -181,15 +189,19 @@ class ConfigTree:
     """For each scenario, the YAML files its composition reads."""
 
 
-@pytest.fixture(scope="module")
-def config_tree(cli, tmp_path_factory) -> ConfigTree:
+# A copy a worker (its tests damage it, one file at a time, and put the file back); which files each scenario
+# reads, as paths within the tree, asked of the command line once a session (conftest.py's across_workers).
+@pytest.fixture(scope="session")
+def config_tree(cli, tmp_path_factory, across_workers) -> ConfigTree:
     base = tmp_path_factory.mktemp("tree")
     conf = config_dir()
     shutil.copytree(conf, base / "conf", symlinks=True)
     shutil.copytree((conf / "recipe").resolve(), base / "recipes")
     root = base / "conf"
     assert (root / "recipe").is_symlink() and (root / "recipe" / "llama" / "tiny.yaml").is_file()
-    return ConfigTree(root, {scenario: files_loaded(cli, root, scenario) for scenario in SCENARIOS})
+    loaded = across_workers("fuzz_files_loaded", lambda: {
+        scenario: [path.relative_to(root) for path in files_loaded(cli, root, scenario)] for scenario in SCENARIOS})
+    return ConfigTree(root, {scenario: [root / path for path in paths] for scenario, paths in loaded.items()})
 
 
 def files_loaded(cli, root: Path, overrides: Sequence[str]) -> List[Path]:
@@ -256,17 +268,40 @@ def damaged_case(config_tree: ConfigTree, kinds: Sequence[str], data) -> str:
         return plan_outcome(scenario, config_root=config_tree.root)
 
 
-@seeded
-@settings(FUZZ, max_examples=1000)
-@given(data=st.data())
-def test_syntax_damage_is_named_by_preflight(config_tree, data):
+def syntax_damage_is_named_by_preflight(config_tree, data):
     outcome = damaged_case(config_tree, SYNTAX_BREAKING, data)
     event(outcome)
     assert outcome == "preflight message"
 
 
+ANY_DAMAGE = ("truncate", "indent", "value", "tab", "bracket")
+
+
+@seeded
+@settings(FUZZ, max_examples=200)
+@given(data=st.data())
+def test_syntax_damage_is_named_by_preflight(config_tree, data):
+    syntax_damage_is_named_by_preflight(config_tree, data)
+
+
+@pytest.mark.slow
+@seeded
+@settings(FUZZ, max_examples=1000)
+@given(data=st.data())
+def test_syntax_damage_is_named_by_preflight_many(config_tree, data):
+    syntax_damage_is_named_by_preflight(config_tree, data)
+
+
+@seeded
+@settings(FUZZ, max_examples=50)
+@given(data=st.data())
+def test_any_damage_to_a_yaml_file_ends_in_an_allowed_outcome(config_tree, data):
+    event(damaged_case(config_tree, ANY_DAMAGE, data))
+
+
+@pytest.mark.slow
 @seeded
 @settings(FUZZ, max_examples=300)
 @given(data=st.data())
-def test_any_damage_to_a_yaml_file_ends_in_an_allowed_outcome(config_tree, data):
-    event(damaged_case(config_tree, ("truncate", "indent", "value", "tab", "bracket"), data))
+def test_any_damage_to_a_yaml_file_ends_in_an_allowed_outcome_many(config_tree, data):
+    event(damaged_case(config_tree, ANY_DAMAGE, data))

@@ -2,6 +2,7 @@
 a mode that starts other modes reaches the harness with the arguments meant for it, once per release. (A
 mistake in that mapping once started gpu_check.sh from itself without end and spent a session's device time.)"""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -84,32 +85,25 @@ def test_the_auto_mode_runs_auto_from_an_empty_cache_and_says_what_the_probe_cos
     assert "auto chose none (no_cuda_device)" in log.read_text()
 
 
-def test_the_host_noise_mode_trains_a_variant_unbound_and_bound_turn_by_turn(tmp_path):
-    """One run of each mode, the bound one on CPU 0 (a GPU would name its own CPUs): both median step times and the
-    CPUs bound are in the record. Nine steps are the fewest the suite's profile window leaves a timed step in."""
+def test_the_host_noise_mode_runs_the_harness_and_binding_to_every_cpu_runs_unbound_only_and_says_why(tmp_path):
+    """gpu_check.sh host_noise reaches benchmarks/host_noise.py with its arguments and leaves the record in $out. A GPU
+    whose NUMA-local CPUs are all the process's (one node) leaves binding nothing to change: half the runs would
+    measure the same thing twice, so there is one mode, and the record and the first line say why. The record keeps,
+    per run, what a virtual machine's neighbours took, and which CPUs share a core. Nine steps are the fewest the
+    suite's profile window leaves a timed step in."""
     env = stand_in_environment(tmp_path, MCORE="0.16.1")
+    every_cpu = ",".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0)))
     # The runs' job directories under tmp_path, not in host_noise.py's default scratch (/tmp/graphbridge-host-noise).
     command = ["bash", "scripts/gpu_check.sh", "host_noise", "llama_tiny_local", "--runs", "1", "--steps", "9",
-               "--cpus", "0", "--scratch", str(tmp_path / "scratch")]
+               "--cpus", every_cpu, "--scratch", str(tmp_path / "scratch")]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    record = json.loads((tmp_path / "out" / "mcore-0.16.1" / "host_noise_llama_tiny_local.json").read_text())
-    assert record["cpus_bound"] == [0] and record["variant"] == "eager"
-    assert all(len(mode["medians_ms"]) == 1 and mode["median_ms"] > 0 for mode in record["modes"].values())
-
-
-def test_host_noise_binding_to_every_cpu_of_the_process_runs_unbound_only_and_says_why(tmp_path):
-    """A GPU whose NUMA-local CPUs are all the process's (one node) leaves binding nothing to change: half the runs
-    would measure the same thing twice, so there is one mode, and the record and the first line say why. The
-    record keeps, per run, what a virtual machine's neighbours took, and which CPUs share a core."""
-    every_cpu = ",".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0)))
-    command = [sys.executable, "benchmarks/host_noise.py", "llama_tiny_local", "--runs", "1", "--steps", "9",
-               "--cpus", every_cpu, "--out", str(tmp_path / "noise.json"), "--scratch", str(tmp_path)]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    record = json.loads((tmp_path / "noise.json").read_text())
+    out = tmp_path / "out" / "mcore-0.16.1"
+    record = json.loads((out / "host_noise_llama_tiny_local.json").read_text())
     why = f"the CPUs to bind to hold all {len(os.sched_getaffinity(0))} of this process's"
-    assert record["binding_changes_nothing"].startswith(why) and done.stdout.startswith(why)
+    assert record["binding_changes_nothing"].startswith(why)
+    assert (out / "host_noise_llama_tiny_local.log").read_text().startswith(why)
+    assert record["cpus_bound"] == sorted(os.sched_getaffinity(0)) and record["variant"] == "eager"
     assert list(record["modes"]) == ["unbound"] and len(record["modes"]["unbound"]["medians_ms"]) == 1
     # What else could set the run's speed: the CPU time the hypervisor gave others meanwhile (0 on bare metal),
     # and which CPUs share a core.
@@ -119,6 +113,22 @@ def test_host_noise_binding_to_every_cpu_of_the_process_runs_unbound_only_and_sa
     (steps_ms,) = record["modes"]["unbound"]["timed_step_ms"]
     assert steps_ms and all(ms > 0 for ms in steps_ms)
     assert record["modes"]["unbound"]["window_medians_ms"] == [host_noise.window_medians(steps_ms)]
+
+
+def test_host_noise_trains_a_variant_unbound_and_bound_turn_by_turn(tmp_path, monkeypatch, capsys):
+    """One run of each mode, the bound one on CPU 0 (a GPU would name its own CPUs): both median step times and the
+    CPUs bound are in the record. host_noise.py's main in this process (the command line above runs the script), on
+    llama_tiny_local cut to one narrow layer: each run is still a `graphbridge` process of its own."""
+    workload = host_noise.WORKLOADS["llama_tiny_local"]
+    monkeypatch.setitem(host_noise.WORKLOADS, "llama_tiny_local", dataclasses.replace(workload, base=(
+        *workload.base, "model.num_layers=1", "model.hidden_size=64", "dataset.seq_length=32")))
+    assert host_noise.main(["llama_tiny_local", "--runs", "1", "--steps", "9", "--cpus", "0",
+                            "--out", str(tmp_path / "noise.json"), "--scratch", str(tmp_path / "scratch")]) == 0
+    record = json.loads((tmp_path / "noise.json").read_text())
+    assert record["cpus_bound"] == [0] and record["variant"] == "eager" and record["binding_changes_nothing"] is None
+    assert list(record["modes"]) == ["unbound", "bound"]
+    assert all(len(mode["medians_ms"]) == 1 and mode["median_ms"] > 0 for mode in record["modes"].values())
+    assert "run 0 unbound: completed" in capsys.readouterr().out
 
 
 def test_host_noise_takes_a_median_per_window_of_steps_and_a_last_one_holding_half():

@@ -2,6 +2,8 @@
 its eager-twin comparison (benchmarks/gpu_differential.py; the GPU runs it through scripts/gpu_check.sh)."""
 
 import argparse
+import contextlib
+import io
 import json
 import math
 import os
@@ -31,11 +33,21 @@ def test_every_draw_is_a_set_of_overrides_the_cli_takes():
     assert any(v["valid"] for v in verdicts) and any(not v["valid"] for v in verdicts)
 
 
-def test_every_witness_case_is_a_set_of_overrides_the_cli_takes():
+def witness_cases_the_cli_refuses(keep) -> dict:
     from differential_witnesses import WITNESS_CASES
 
-    assert not {label: verdict["error"] for label, overrides in WITNESS_CASES.items()
-                if "error" in (verdict := plan_verdict([*overrides, "gpu=h100"]))}
+    return {label: verdict["error"] for index, (label, overrides) in enumerate(sorted(WITNESS_CASES.items()))
+            if keep(index) and "error" in (verdict := plan_verdict([*overrides, "gpu=h100"]))}
+
+
+def test_every_witness_case_is_a_set_of_overrides_the_cli_takes():
+    """A third of the cases, every third in label order; the rest under -m slow (a plan each: ~0.3 s)."""
+    assert not witness_cases_the_cli_refuses(lambda index: index % 3 == 0)
+
+
+@pytest.mark.slow
+def test_every_other_witness_case_is_a_set_of_overrides_the_cli_takes():
+    assert not witness_cases_the_cli_refuses(lambda index: index % 3 != 0)
 
 
 def test_failures_group_by_cause_without_their_numbers_and_paths():
@@ -241,18 +253,45 @@ def test_the_harness_refuses_what_it_cannot_run_in_one_line_and_exit_2(tmp_path,
 
 
 def differential(*arguments: str) -> subprocess.CompletedProcess:
-    """benchmarks/gpu_differential.py on two draws and the fp8_mx witness case, nothing else sampled."""
-    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_differential.py"), "--count", "2",
-                           "--eager-twins", "0", "--bypass-per-rule", "0", "--workers", "1", "--witnesses", "fp8_mx",
-                           *arguments], capture_output=True, text=True, timeout=300)
+    """benchmarks/gpu_differential.py on two draws and the fp8_mx witness case, nothing else sampled: its main in this
+    process, with its command line, output and exit status as a process of its own would have them (the script as a
+    command: test_the_harness_refuses_what_it_cannot_run_in_one_line_and_exit_2 above, and scripts/gpu_check.sh's
+    modes in tests/test_gpu_check.py). It sets the environment of its runs: put back after it."""
+    argv = [str(ROOT / "benchmarks" / "gpu_differential.py"), "--count", "2", "--eager-twins", "0",
+            "--bypass-per-rule", "0", "--workers", "1", "--witnesses", "fp8_mx", *arguments]
+    out, err, environment, command = io.StringIO(), io.StringIO(), dict(os.environ), sys.argv
+    try:
+        sys.argv = argv
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = gpu_differential.main()
+            except SystemExit as exit:  # argparse's refusals
+                code = exit.code
+    finally:
+        sys.argv = command
+        os.environ.clear()
+        os.environ.update(environment)
+    return subprocess.CompletedProcess([sys.executable, *argv], code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture(scope="session")
+def stopped_record_text(tmp_path_factory, across_workers) -> str:
+    """A record that stopped before training anything (--deadline-s 0), as a block that ran out of device time:
+    made once a session for the tests below (conftest.py's across_workers), each of which changes a copy."""
+    def make() -> str:
+        first = tmp_path_factory.mktemp("stopped") / "first.json"
+        done = differential("--deadline-s", "0", "--out", str(first))
+        assert done.returncode == 0, done.stderr[-2000:]
+        return first.read_text()
+
+    return across_workers("stopped_differential_record", make)
 
 
 @pytest.fixture
-def stopped_record(tmp_path) -> Path:
-    """A record that stopped before training anything (--deadline-s 0), as a block that ran out of device time."""
+def stopped_record(tmp_path, stopped_record_text) -> Path:
+    """That record, this test's own copy to change."""
     first = tmp_path / "first.json"
-    done = differential("--deadline-s", "0", "--out", str(first))
-    assert done.returncode == 0, done.stderr[-2000:]
+    first.write_text(stopped_record_text)
     return first
 
 

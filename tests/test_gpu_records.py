@@ -16,6 +16,10 @@ import bridge
 from perf.preloaded import SHARED_GPU_FAILURES
 from tests.gpu_witnesses import RESULTS, read_record, record_machine
 
+# The records repeat their runs' overrides (a run and its eager twin, one block and the next): each composition is
+# made once a process (conftest.py).
+pytestmark = pytest.mark.usefixtures("composed_once")
+
 RECORDS = sorted(path.relative_to(RESULTS).as_posix() for path in RESULTS.glob("*/mcore-*/gpu_differential*.json*"))
 WITNESS_RECORDS = sorted(path.relative_to(RESULTS).as_posix() for path in RESULTS.glob("*/mcore-*/gpu_witnesses*.json"))
 """Records of witness cases alone (--count 0 --witnesses)."""

@@ -37,17 +37,27 @@ def test_the_first_run_on_a_cpu_says_why_it_trained_eagerly_what_next_and_where_
     assert planned.returncode == 0 and "graphbridge plan: VALID" in planned.stdout, planned.stderr[-3000:]
 
 
-@pytest.mark.parametrize("overrides, measured, impl", [
+CHOSEN_ON_THE_COMMAND_LINE = [
     ((), True, "none"),  # the recipe's auto: eager until a probe on a GPU picks
     (("cuda_graph=none",), False, "none"),
     (("cuda_graph=full_iteration",), False, "full_iteration"),
     (("model.cuda_graph_impl=none",), False, "none"),  # graph fields win over the recipe's auto, none among them
     (("model.cuda_graph_impl=local",), False, "local"),
     (("model.enable_cuda_graph=true",), False, "local"),  # an older spelling too
-])
-def test_a_graph_choice_or_graph_fields_on_the_command_line_win_over_the_recipes_auto(cli, tmp_path, overrides,
-                                                                                       measured, impl):
-    result = cli("mode=plan", "plan.format=json", *overrides, cwd=tmp_path)
+]
+
+
+@pytest.fixture(scope="session")
+def planned(cli_batch) -> dict:
+    """The plan of each command line above, all of them by one `graphbridge` process a session (cli_batch)."""
+    return cli_batch("main_job_choices", [("mode=plan", "plan.format=json", *overrides)
+                                          for overrides, _, _ in CHOSEN_ON_THE_COMMAND_LINE])
+
+
+@pytest.mark.parametrize("overrides, measured, impl", CHOSEN_ON_THE_COMMAND_LINE)
+def test_a_graph_choice_or_graph_fields_on_the_command_line_win_over_the_recipes_auto(planned, overrides, measured,
+                                                                                       impl):
+    result = planned[("mode=plan", "plan.format=json", *overrides)]
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["valid"] and (plan["auto"] is not None) == measured and plan["graphs"]["impl"] == impl

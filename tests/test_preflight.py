@@ -227,7 +227,10 @@ def test_broken_files_the_command_does_not_use_stop_nothing(cli, tmp_path):
              "broken.yaml: line 2")
 
 
-@pytest.mark.parametrize("override, expected", [
+# The command lines below that only print a refusal run one after another in one `graphbridge` process a session
+# (conftest.py's cli_batch): REFUSED, at the end of this section, lists them.
+
+BAD_COMMAND_LINES = [
     ("+model.cuda_graph_scop=[attn]", "no key 'cuda_graph_scop' in model; did you mean model.cuda_graph_scope?"),
     ("++train.iters=3", "no key 'iters' in train"),
     ("cuda_graphs=te_attn", "no key 'cuda_graphs' in the top level; did you mean cuda_graph?"),  # a group
@@ -236,29 +239,36 @@ def test_broken_files_the_command_does_not_use_stop_nothing(cli, tmp_path):
     ("recipe=llama/llama3_8b", "recipe=llama/llama3_8b runs Bridge's per-GPU presets: add gpu= and precision="),
     ("train.train_iters=${oops}", "train.train_iters: Interpolation key 'oops' not found"),
     ("model." + "x" * 10000 + "=1", "no key 'x"),
-])
-def test_bad_command_lines_are_one_line(cli, tmp_path, override, expected):
-    one_line(cli("mode=plan", override, cwd=tmp_path), expected)
+]
+
+
+@pytest.mark.parametrize("override, expected", BAD_COMMAND_LINES)
+def test_bad_command_lines_are_one_line(refused, override, expected):
+    one_line(refused[("mode=plan", override)], expected)
 
 
 # --- a misspelled key, a value of the wrong type: what to type instead -----------------------
 
 
-def test_a_misspelled_section_suggests_a_key_that_exists_as_a_whole(cli, tmp_path):
+def test_a_misspelled_section_suggests_a_key_that_exists_as_a_whole(refused):
     # 'mode' is nearer to 'modle' than 'model', but a string: mode.num_layers would fail again.
-    result = cli("mode=plan", "modle.num_layers=2", cwd=tmp_path)
+    result = refused[("mode=plan", "modle.num_layers=2")]
     one_line(result, "modle.num_layers: no key 'modle' in the top level; did you mean model.num_layers?")
     assert "mode.num_layers" not in result.stderr
 
 
-@pytest.mark.parametrize("override", ["modl.num_layers=2", "model.num_layer=2"])
-def test_other_misspellings_still_get_the_key(cli, tmp_path, override):
-    one_line(cli("mode=plan", override, cwd=tmp_path), "did you mean model.num_layers?")
+OTHER_MISSPELLINGS = ["modl.num_layers=2", "model.num_layer=2"]
+FAR_MISSPELLINGS = ["zzzqq.num_layers=2", "modle.num_layer=2"]
 
 
-@pytest.mark.parametrize("override", ["zzzqq.num_layers=2", "modle.num_layer=2"])
-def test_no_key_near_enough_gets_no_suggestion(cli, tmp_path, override):
-    result = cli("mode=plan", override, cwd=tmp_path)
+@pytest.mark.parametrize("override", OTHER_MISSPELLINGS)
+def test_other_misspellings_still_get_the_key(refused, override):
+    one_line(refused[("mode=plan", override)], "did you mean model.num_layers?")
+
+
+@pytest.mark.parametrize("override", FAR_MISSPELLINGS)
+def test_no_key_near_enough_gets_no_suggestion(refused, override):
+    result = refused[("mode=plan", override)]
     one_line(result, "(graphbridge --cfg job lists every key)")
     assert "did you mean" not in result.stderr
 
@@ -278,39 +288,47 @@ def test_an_integer_key_given_a_word_says_to_type_an_integer(cli, tmp_path, reci
     assert fixed.returncode == 0, fixed.stderr
 
 
-@pytest.mark.parametrize("args", [["model.num_layers=1.5"], ["model.num_layers=[1,2]"], ["model.num_layers=null"],
-                                  ["model.num_layers='two\nlines'"], ["model.num_layers=" + "x" * 10000],
-                                  ["-m", "model.num_layers=2,abc"], ["model.num_layers=1.5", "=1"]],
+NOT_INTEGERS = [["model.num_layers=1.5"], ["model.num_layers=[1,2]"], ["model.num_layers=null"],
+                ["model.num_layers='two\nlines'"], ["model.num_layers=" + "x" * 10000],
+                ["-m", "model.num_layers=2,abc"], ["model.num_layers=1.5", "=1"]]
+
+
+@pytest.mark.parametrize("args", NOT_INTEGERS,
                          ids=["float", "list", "null", "newline", "long", "sweep", "beside_a_keyless_override"])
-def test_an_integer_key_given_anything_else_gets_one_line(cli, tmp_path, args):
-    result = cli(*args, "mode=plan", cwd=tmp_path)  # -m first: Hydra's flags come before the overrides
+def test_an_integer_key_given_anything_else_gets_one_line(refused, args):
+    result = refused[(*args, "mode=plan")]  # -m first: Hydra's flags come before the overrides
     one_line(result, "graphbridge: model.num_layers takes an integer, e.g. model.num_layers=")
     int(example_in(result))
 
 
-def test_an_integer_too_long_to_read_is_named(cli, tmp_path):
-    one_line(cli("mode=plan", "model.layernorm_epsilon=" + "9" * 5000, cwd=tmp_path),
-             "model.layernorm_epsilon: a number of more than 4300 digits")
+TOO_LONG = "model.layernorm_epsilon=" + "9" * 5000
 
 
-def test_a_float_key_given_a_word_says_to_type_a_number(cli, tmp_path):
-    result = cli("mode=plan", "model.layernorm_epsilon=abc", cwd=tmp_path)
+def test_an_integer_too_long_to_read_is_named(refused):
+    one_line(refused[("mode=plan", TOO_LONG)], "model.layernorm_epsilon: a number of more than 4300 digits")
+
+
+def test_a_float_key_given_a_word_says_to_type_a_number(refused):
+    result = refused[("mode=plan", "model.layernorm_epsilon=abc")]
     one_line(result, "graphbridge: model.layernorm_epsilon takes a number, e.g. model.layernorm_epsilon=")
     assert float(example_in(result)) == compose_config([]).model.layernorm_epsilon
 
 
-@pytest.mark.parametrize("override, expected", [
+NOT_BOOLS = [
     ("dataset.mock=maybe", "dataset.mock takes true or false, e.g. dataset.mock=true"),
     ("perf.tensorboard=maybe", "perf.tensorboard takes true or false (or null), e.g. perf.tensorboard=true"),
-])
-def test_a_bool_key_given_a_word_says_true_or_false(cli, tmp_path, override, expected):
-    result = cli("mode=plan", override, cwd=tmp_path)
+]
+
+
+@pytest.mark.parametrize("override, expected", NOT_BOOLS)
+def test_a_bool_key_given_a_word_says_true_or_false(refused, override, expected):
+    result = refused[("mode=plan", override)]
     one_line(result, expected)
     assert result.stderr == f"graphbridge: {expected}\n"
 
 
-def test_an_enum_key_given_another_word_lists_its_choices(cli, tmp_path):
-    one_line(cli("mode=plan", "plan.format=yaml", cwd=tmp_path),
+def test_an_enum_key_given_another_word_lists_its_choices(refused):
+    one_line(refused[("mode=plan", "plan.format=yaml")],
              "plan.format takes one of text, json, bridge, e.g. plan.format=text")
 
 
@@ -322,7 +340,7 @@ def test_hydra_shell_completion_passes_preflight(cli, tmp_path):
 # --- what Hydra or OmegaConf refuse, and Hydra's own tree: one line, exit 2 ---------------------
 
 
-@pytest.mark.parametrize("args, expected", [
+HYDRA_REFUSES = [
     (["train.train_iters=abc"], "train.train_iters takes an integer, e.g. train.train_iters="),
     (["train.train_iters=[1,"], "no viable alternative at input '[1,' (see https://hydra.cc/"),
     (["env_vars.X=1"], "To append to your config use +env_vars.X=1"),
@@ -336,13 +354,29 @@ def test_hydra_shell_completion_passes_preflight(cli, tmp_path):
     (["hydra.run.dir=" + "d" * 300 + "/run"], "File name too long; choose another hydra.run.dir"),
     (["-m", "cuda_graph=none"], "-m: Hydra takes its flags before the overrides; write graphbridge -m <overrides>"),
     (["--bogus"], "--bogus: no such flag"),
-], ids=["type", "syntax", "not-in-struct", "run-dir-interpolation", "job-name-interpolation", "verbose-interpolation",
-        "sweep-subdir-interpolation", "wait-not-a-bool", "missing-config-dir", "long-key", "long-run-dir",
-        "flag-between-overrides", "unknown-flag"])
-def test_what_hydra_refuses_is_one_line(cli, tmp_path, args, expected):
-    result = cli("mode=plan", *args, cwd=tmp_path)
-    one_line(result, expected)
-    assert list(tmp_path.iterdir()) == []  # nothing made, nothing left
+]
+
+
+@pytest.mark.parametrize("args, expected", HYDRA_REFUSES, ids=[
+    "type", "syntax", "not-in-struct", "run-dir-interpolation", "job-name-interpolation", "verbose-interpolation",
+    "sweep-subdir-interpolation", "wait-not-a-bool", "missing-config-dir", "long-key", "long-run-dir",
+    "flag-between-overrides", "unknown-flag"])
+def test_what_hydra_refuses_is_one_line(refused, args, expected):
+    # cli_batch asserts that the directory the commands ran in is left empty: nothing made, nothing left.
+    one_line(refused[("mode=plan", *args)], expected)
+
+
+REFUSED = [*(("mode=plan", override) for override, _ in BAD_COMMAND_LINES), ("mode=plan", "modle.num_layers=2"),
+           *(("mode=plan", override) for override in OTHER_MISSPELLINGS + FAR_MISSPELLINGS),
+           *((*args, "mode=plan") for args in NOT_INTEGERS), ("mode=plan", TOO_LONG),
+           ("mode=plan", "model.layernorm_epsilon=abc"), *(("mode=plan", override) for override, _ in NOT_BOOLS),
+           ("mode=plan", "plan.format=yaml"), *(("mode=plan", *args) for args, _ in HYDRA_REFUSES)]
+
+
+@pytest.fixture(scope="session")
+def refused(cli_batch) -> dict:
+    """Each command line of REFUSED -> its `graphbridge` result, all run by one process a session (cli_batch)."""
+    return cli_batch("preflight_refusals", REFUSED)
 
 
 def test_bytes_that_are_not_utf8_are_named(cli, tmp_path):

@@ -15,14 +15,15 @@ import bridge
 from bridge.config.paths import config_dir
 from bridge.validation.memory_rules import MEMORY_RULES
 from bridge.translate import build_megatron_configs
-from tests.preset_reference import ROWS, PresetRow, composed_presets
+from tests.preset_reference import ROWS, PresetRow, composed_presets, row_kind
+from tests.sampling import one_per
 
 
-# Session-scoped and composed once a process (shared with test_presets.py): see that module's fixture.
+# Session-scoped and composed once a session (shared with test_presets.py): see that module's fixture.
 @pytest.fixture(scope="session")
-def composed():
+def composed(across_workers):
     """Every recipe x preset composed once through Hydra (the CLI path)."""
-    return composed_presets()
+    return across_workers("composed_presets", composed_presets)
 
 
 CHOICES = {path.stem: OmegaConf.to_container(OmegaConf.load(path)["model"])
@@ -103,7 +104,9 @@ def _megatron_buildable(cfg):
     return cfg
 
 
-@pytest.mark.parametrize("key", sorted(ROWS), ids="-".join)
+# One preset of each kind of row (row_kind) by default: every family, recompute, offload, overlap and allocator
+# setting the verdicts depend on; every preset under -m slow.
+@pytest.mark.parametrize("key", one_per(sorted(ROWS), row_kind, ids="-".join))
 def test_every_cuda_graph_choice_gets_the_expected_verdict(composed, key):
     row = ROWS[key]
     for choice, values in CHOICES.items():

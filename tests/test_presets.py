@@ -18,18 +18,18 @@ from tests.preset_reference import ROWS, composed_presets
 MOE_FAMILIES = ("deepseek", "qwen", "gpt_oss")
 
 
-# Session-scoped (composed once a process, shared with test_preset_graph_choices.py): pytest-xdist hands a
-# worker this module's tests in several batches between other modules', and a module-scoped fixture is built
-# again for each batch (~15 s).
+# Session-scoped (shared with test_preset_graph_choices.py): pytest-xdist hands a worker this module's tests in
+# several batches between other modules', and a module-scoped fixture is built again for each batch (~15 s); composed
+# by one worker, read back by the others (conftest.py's across_workers).
 @pytest.fixture(scope="session")
-def composed():
-    """Every recipe x preset composed once through Hydra (the CLI path) and prepared."""
-    return composed_presets()
+def composed(across_workers):
+    """Every recipe x preset composed once through Hydra (the CLI path)."""
+    return across_workers("composed_presets", composed_presets)
 
 
 @pytest.fixture(scope="session")
-def prepared(composed):
-    return {key: prepare(composed[key]).config for key in ROWS}
+def prepared(composed, across_workers):
+    return across_workers("prepared_presets", lambda: {key: prepare(composed[key]).config for key in ROWS})
 
 
 def test_preset_files_are_exactly_the_reference_rows():

@@ -105,12 +105,17 @@ def first_preset(recipe):
     return [f"recipe={recipe}"] + ([f"gpu={found[0][0]}", f"precision={found[0][1]}"] if found else [])
 
 
-@pytest.fixture(scope="module")
-def composed():
-    """Each recipe composed once through Hydra (with its first preset when it has presets)."""
+def compose_recipes() -> dict:
     register()
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         return {recipe: compose(config_name="config", overrides=first_preset(recipe)) for recipe in sorted(RECIPES)}
+
+
+@pytest.fixture(scope="session")
+def composed(across_workers):
+    """Each recipe composed once through Hydra (with its first preset when it has presets): by one worker a session,
+    read back by the others (conftest.py's across_workers)."""
+    return across_workers("composed_recipes", compose_recipes)
 
 
 def test_walking_recipes_finds_every_recipe():

@@ -13,6 +13,7 @@ from bridge.validation import RULES, judge_composed, resolve_target, validate
 from tests.gpu_witnesses import GPU_WITNESSES, read_record, record_machine
 from tests.extra_rejects import EXTRA_REJECTS
 from tests.rule_cases import LAPTOP, ONE_H100, RULE_CASES, build, fired
+from tests.sampling import every
 
 
 JUDGED_COMPOSED = {name for name, entry in RULES.items() if entry.before_resolution}
@@ -37,10 +38,22 @@ def test_the_catalogue_of_finished_configs_leaves_the_composed_rules_out():
     assert not any(violation.rule in JUDGED_COMPOSED for violation in bridge.validate(bridge.load(["recipe=llama/tiny"])))
 
 
+FIXES = ("set ", "use ", "add ", "drop ", "raise ", "remove ", "change", "keep ", "pip install", "lower ", "run it ",
+         "start ")
+
+
 @pytest.mark.parametrize("rule", sorted(RULE_CASES))
 def test_rule_rejects(rule):
+    """The rule refuses its reject case, and its message names the keys and the fix (judged once for both)."""
     reject, _ = RULE_CASES[rule]
-    assert rule in fired(reject)
+    cfg = build(reject)
+    violations = validate(cfg, resolve_target(cfg, reject.machine, reject.processes, reject.graphs_measured))
+    assert rule in {violation.rule for violation in violations}
+    for violation in violations:
+        if violation.rule == rule:
+            assert violation.keys and all("." in key or key in ("engine", "device", "torch_compile", "cuda_graph")
+                                          for key in violation.keys)
+            assert any(word in violation.message for word in FIXES)
 
 
 @pytest.mark.parametrize("rule", sorted(RULE_CASES))
@@ -54,19 +67,6 @@ def test_rule_accepts(rule):
 )
 def test_rule_rejects_other_forms(rule, case):
     assert rule in fired(case)
-
-
-@pytest.mark.parametrize("rule", sorted(RULE_CASES))
-def test_messages_name_keys_and_fix(rule):
-    reject, _ = RULE_CASES[rule]
-    cfg = build(reject)
-    for violation in validate(cfg, resolve_target(cfg, reject.machine, reject.processes, reject.graphs_measured)):
-        if violation.rule == rule:
-            assert violation.keys and all("." in key or key in ("engine", "device", "torch_compile", "cuda_graph")
-                                          for key in violation.keys)
-            fixes = ("set ", "use ", "add ", "drop ", "raise ", "remove ", "change", "keep ", "pip install", "lower ",
-                     "run it ", "start ")
-            assert any(word in violation.message for word in fixes)
 
 
 def test_the_megatron_engine_is_offered_only_where_it_can_train():
@@ -98,15 +98,25 @@ def test_the_rule_table_lists_every_rule_and_is_up_to_date():
     assert all(f"| `{name}` |" in page for name in RULES)
 
 
-@pytest.mark.parametrize("override", ["model.cuda_graph_modules=[[attn]]", "model.recompute_modules=[[core_attn]]"])
-def test_a_value_of_the_wrong_type_holds_back_the_rules_that_would_read_it(cli, tmp_path, override):
-    result = cli("mode=plan", "cuda_graph=te_attn", override, cwd=tmp_path)
+# --- verdicts through the command line: every command line below planned by one `graphbridge` process a session --
+
+WRONG_TYPES = ["model.cuda_graph_modules=[[attn]]", "model.recompute_modules=[[core_attn]]"]
+
+
+def wrong_type_plan(override: str) -> tuple:
+    return "mode=plan", "cuda_graph=te_attn", override
+
+
+@pytest.mark.parametrize("override", WRONG_TYPES)
+def test_a_value_of_the_wrong_type_holds_back_the_rules_that_would_read_it(planned, override):
+    result = planned[wrong_type_plan(override)]
     assert result.returncode == 2 and "Traceback" not in result.stderr
     violations = [line for line in result.stderr.splitlines() if line.startswith("  [")]
     assert len(violations) == 1 and violations[0].startswith("  [config_types]"), result.stderr
 
 
-@pytest.mark.parametrize("rule", sorted(GPU_WITNESSES))
+# Every other witness by default (a plan each, the same path); the rest under -m slow.
+@pytest.mark.parametrize("rule", every(sorted(GPU_WITNESSES), 2))
 def test_a_gpu_witness_is_refused_by_its_rule(rule):
     """The recorded run failed with the recorded error, and its overrides are what the rule refuses now on the
     machine it ran on (one H100 with the record's megatron-core and Transformer Engine)."""
@@ -147,7 +157,7 @@ QWEN_FP8_FP64 = ["recipe=qwen/tiny", "precision=fp8_cs", "model.moe_token_dispat
                  "model.moe_grouped_gemm=true", "model.moe_router_dtype=fp64", "gpu=h100"]
 
 
-@pytest.mark.parametrize("overrides,refused_by", [
+SEEN_AT_4EBF167 = [
     (["recipe=deepseek/tiny", "cuda_graph=te_mlp", "train.num_gpus=2", "model.pipeline_model_parallel_size=2",
       "gpu=h100"], None),
     (["recipe=llama/tiny", "cuda_graph=te_layer", "train.num_gpus=3", "model.pipeline_model_parallel_size=3",
@@ -156,14 +166,17 @@ QWEN_FP8_FP64 = ["recipe=qwen/tiny", "precision=fp8_cs", "model.moe_token_dispat
     (QWEN_FP8_FP64, "quantized_experts_fp64_probs"),
     *(([*QWEN_FP8_FP64, f"plan.megatron_core={release}", "model.moe_router_padding_for_fp8=true"], None)
       for release in ("0.16.1", "0.19.2")),
-])
-def test_what_the_two_gpu_differential_saw_fail_at_4ebf167_is_refused_with_its_fix_or_trains(cli, tmp_path, overrides,
+]
+
+
+@pytest.mark.parametrize("overrides,refused_by", SEEN_AT_4EBF167)
+def test_what_the_two_gpu_differential_saw_fail_at_4ebf167_is_refused_with_its_fix_or_trains(planned, overrides,
                                                                                            refused_by):
     """deepseek/tiny's MoE stage under te_mlp hung while the engine refused a pipeline rank with no layer to graph; such
     a rank (or a stage without layers) now meets the others' capture, so both plan valid. fp64 probs into fp8 grouped
     experts failed; a router that pads for fp8 leaves the experts nothing to pad (0.19 skips their padding, and
     0.16.1's finds every expert aligned: it trained on an H200 at ec177b3), so that configuration plans valid."""
-    result = cli("mode=plan", *overrides, cwd=tmp_path)
+    result = planned[("mode=plan", *overrides)]
     if refused_by is None:
         assert result.returncode == 0, result.stderr[-2000:]
         return
@@ -177,15 +190,23 @@ GPT_OSS_FP8_FP64_DROP_AND_PAD = ["recipe=gpt_oss/tiny", "precision=fp8_sc", "mod
                                  "gpu=h100"]
 
 
-@pytest.mark.parametrize("release", ["0.16.1", "0.19.2"])
-@pytest.mark.parametrize("factor,refused", [("1.0", False), ("1.1", True)])
-def test_fp64_probs_into_fp8_experts_plan_valid_where_drop_and_pad_leaves_no_rows_to_pad(cli, tmp_path, release,
-                                                                                         factor, refused):
+FP64_RELEASES = ["0.16.1", "0.19.2"]
+FP64_FACTORS = [("1.0", False), ("1.1", True)]
+
+
+def fp64_plan(release: str, factor: str) -> tuple:
+    return ("mode=plan", *GPT_OSS_FP8_FP64_DROP_AND_PAD, f"model.moe_expert_capacity_factor={factor}",
+            f"plan.megatron_core={release}")
+
+
+@pytest.mark.parametrize("release", FP64_RELEASES)
+@pytest.mark.parametrize("factor,refused", FP64_FACTORS)
+def test_fp64_probs_into_fp8_experts_plan_valid_where_drop_and_pad_leaves_no_rows_to_pad(planned, release, factor,
+                                                                                         refused):
     """gpt_oss/tiny's router sees 512 tokens and sends each of 8 experts its top-2 share: capacity 128 at factor 1.0,
     a multiple of fp8's 16 rows, which trained on the GPU with the rule bypassed; 141 at factor 1.1 is not, and the
     refusal names the alignment."""
-    result = cli("mode=plan", *GPT_OSS_FP8_FP64_DROP_AND_PAD, f"model.moe_expert_capacity_factor={factor}",
-                 f"plan.megatron_core={release}", cwd=tmp_path)
+    result = planned[fp64_plan(release, factor)]
     if not refused:
         assert result.returncode == 0, result.stderr[-2000:]
         return
@@ -194,19 +215,25 @@ def test_fp64_probs_into_fp8_experts_plan_valid_where_drop_and_pad_leaves_no_row
     assert "expert capacity is a multiple of 16 (it is 141 here)" in line
 
 
-@pytest.mark.parametrize("overrides,fix", [
+TP_HEADS = [
     (["model.num_attention_heads=8", "model.num_query_groups=4", "model.tensor_model_parallel_size=16",
       "train.num_gpus=16"], "model.tensor_model_parallel_size=8"),
     (["model.hidden_size=384", "model.num_attention_heads=12", "model.num_query_groups=6",
       "model.tensor_model_parallel_size=4", "train.num_gpus=4"], "model.tensor_model_parallel_size=2"),
     (["model.num_attention_heads=8", "model.num_query_groups=2", "model.tensor_model_parallel_size=4",
       "train.num_gpus=4"], None),  # two groups divide TP4: each group's keys and values serve two ranks
-])
-def test_tensor_parallelism_that_cannot_split_the_heads_is_refused_with_the_size_that_can(cli, tmp_path, overrides,
-                                                                                        fix):
+]
+
+
+def tp_heads_plan(overrides) -> tuple:
+    return ("mode=plan", "recipe=llama/tiny", "gpu=h100", *overrides)
+
+
+@pytest.mark.parametrize("overrides,fix", TP_HEADS)
+def test_tensor_parallelism_that_cannot_split_the_heads_is_refused_with_the_size_that_can(planned, overrides, fix):
     """megatron-core's TransformerConfig refuses heads that TP does not divide, and query groups that are neither a
     multiple nor a divisor of TP; the layouts of 16 ranks planned the first valid before this rule."""
-    result = cli("mode=plan", "recipe=llama/tiny", "gpu=h100", *overrides, cwd=tmp_path)
+    result = planned[tp_heads_plan(overrides)]
     refusal = [line for line in result.stderr.splitlines() if line.startswith("  [tensor_parallel_heads]")]
     if fix is None:
         assert not refusal, result.stderr[-2000:]
@@ -219,19 +246,25 @@ NEXT_TP32 = ["model.tensor_model_parallel_size=32", "train.num_gpus=256", "model
              "model.sequence_parallel=true"]
 
 
-@pytest.mark.parametrize("release,overrides,refused_by", [
+NEXT_LAYOUTS = [
     ("0.16.1", ["model.context_parallel_size=2"], "gated_delta_net_context_parallel"),
     ("0.19.2", ["model.context_parallel_size=2"], None),  # 0.19 splits the linear heads over CP too
     ("0.16.1", NEXT_TP32, "tensor_parallel_heads"),
     ("0.19.2", ["model.tensor_model_parallel_size=8", "model.context_parallel_size=4", "train.num_gpus=256",
                 "model.sequence_parallel=true"], "tensor_parallel_heads"),
-])
-def test_qwen3_next_gated_delta_net_layouts_megatron_core_refuses_are_refused(cli, tmp_path, release, overrides,
+]
+
+
+def next_plan(release: str, overrides) -> tuple:
+    return ("mode=plan", "recipe=qwen/qwen3_next_80b_a3b", "gpu=h100", f"plan.megatron_core={release}", *overrides)
+
+
+@pytest.mark.parametrize("release,overrides,refused_by", NEXT_LAYOUTS)
+def test_qwen3_next_gated_delta_net_layouts_megatron_core_refuses_are_refused(planned, release, overrides,
                                                                             refused_by):
     """Qwen3-Next's 16 linear key heads: 0.16.1 splits them over TP and takes no CP, 0.19 splits them over TP x CP;
     TransformerConfig refuses an uneven split (the plans were valid before these rules)."""
-    result = cli("mode=plan", "recipe=qwen/qwen3_next_80b_a3b", "gpu=h100", f"plan.megatron_core={release}",
-                 *overrides, cwd=tmp_path)
+    result = planned[next_plan(release, overrides)]
     if refused_by is None:
         assert result.returncode == 0, result.stderr[-2000:]
         return
@@ -239,18 +272,40 @@ def test_qwen3_next_gated_delta_net_layouts_megatron_core_refuses_are_refused(cl
     assert any(line.startswith(f"  [{refused_by}]") for line in result.stderr.splitlines()), result.stderr[-2000:]
 
 
-@pytest.mark.parametrize("layout, refused", [
+DEEPSEEK_LAYOUTS = [
     (None, None),  # the H100 preset's own: 61 layers and the MTP layer over PP8 x VP4
     ("Et|(tt|)*29mL", "31 stages do not divide over PP=8"),
     ("Et|(tt|)*30L", "it places 0 MTP layers, and model.mtp_num_layers=1"),
     ("Et|(tt|)*30Lm", "the loss L once, last"),
-])
-def test_deepseek_v3s_pipeline_layout_is_checked_as_megatron_core_checks_it(cli, tmp_path, layout, refused):
-    """TransformerConfig parses the layout at model build; a miscounted one planned VALID before pipeline_layout."""
+]
+
+
+def deepseek_plan(layout) -> tuple:
     override = [f'model.pipeline_model_parallel_layout="{layout}"'] if layout else []
-    result = cli("mode=plan", "recipe=deepseek/deepseek_v3", "gpu=h100", *override, cwd=tmp_path)
+    return ("mode=plan", "recipe=deepseek/deepseek_v3", "gpu=h100", *override)
+
+
+@pytest.mark.parametrize("layout, refused", DEEPSEEK_LAYOUTS)
+def test_deepseek_v3s_pipeline_layout_is_checked_as_megatron_core_checks_it(planned, layout, refused):
+    """TransformerConfig parses the layout at model build; a miscounted one planned VALID before pipeline_layout."""
+    result = planned[deepseek_plan(layout)]
     refusal = [line for line in result.stderr.splitlines() if line.startswith("  [pipeline_layout]")]
     if refused is None:
         assert result.returncode == 0 and not refusal, result.stderr[-2000:]
         return
     assert result.returncode == 2 and "Traceback" not in result.stderr and refused in refusal[0], result.stderr
+
+
+CLI_PLANS = [*(wrong_type_plan(override) for override in WRONG_TYPES),
+             *(("mode=plan", *overrides) for overrides, _ in SEEN_AT_4EBF167),
+             *(fp64_plan(release, factor) for release in FP64_RELEASES for factor, _ in FP64_FACTORS),
+             *(tp_heads_plan(overrides) for overrides, _ in TP_HEADS),
+             *(next_plan(release, overrides) for release, overrides, _ in NEXT_LAYOUTS),
+             *(deepseek_plan(layout) for layout, _ in DEEPSEEK_LAYOUTS)]
+
+
+@pytest.fixture(scope="session")
+def planned(cli_batch) -> dict:
+    """Each command line of CLI_PLANS -> its `graphbridge` result: all of them planned by one process a session
+    (conftest.py's cli_batch), each with its own output and exit status."""
+    return cli_batch("rule_plans", CLI_PLANS)

@@ -69,15 +69,21 @@ def one_block(result):
     return result.stderr
 
 
-def test_zero_and_negative_values_are_named_all_at_once(cli, tmp_path):
-    bad = {"model.kv_channels": "0", "model.ffn_hidden_size": "0", "model.num_moe_experts": "0",
-           "model.moe_router_topk": "0", "perf.warmup_steps": "-1", "perf.nan_check_interval": "-1",
-           "model.seq_length": "0", "model.window_attn_skip_freq": "0", "model.original_max_position_embeddings": "0",
-           "perf.profile_start_step": "-1", "model.moe_expert_capacity_factor": "-1.0",
-           "model.rope_scaling_factor": "0", "model.num_layers_in_last_pipeline_stage": "0",
-           "model.mscale": "nan", "optimizer.lr": "inf"}
-    stderr = one_block(cli("mode=plan", *(f"{key}={value}" for key, value in bad.items()), cwd=tmp_path))
-    assert [key for key in bad if f"] {key}: {key}=" not in stderr] == []
+# The plans below (mode=plan) run one after another in one `graphbridge` process a session (conftest.py's
+# cli_batch): PLANNED, after them, lists their command lines.
+
+ZERO_AND_NEGATIVE = {
+    "model.kv_channels": "0", "model.ffn_hidden_size": "0", "model.num_moe_experts": "0", "model.moe_router_topk": "0",
+    "perf.warmup_steps": "-1", "perf.nan_check_interval": "-1", "model.seq_length": "0",
+    "model.window_attn_skip_freq": "0", "model.original_max_position_embeddings": "0", "perf.profile_start_step": "-1",
+    "model.moe_expert_capacity_factor": "-1.0", "model.rope_scaling_factor": "0",
+    "model.num_layers_in_last_pipeline_stage": "0", "model.mscale": "nan", "optimizer.lr": "inf"}
+ALL_AT_ONCE = ("mode=plan", *(f"{key}={value}" for key, value in ZERO_AND_NEGATIVE.items()))
+
+
+def test_zero_and_negative_values_are_named_all_at_once(planned):
+    stderr = one_block(planned[ALL_AT_ONCE])
+    assert [key for key in ZERO_AND_NEGATIVE if f"] {key}: {key}=" not in stderr] == []
 
 
 @pytest.mark.parametrize("override, key", [
@@ -92,18 +98,24 @@ def test_integers_that_overflow_in_training_are_refused_before_a_job(cli, tmp_pa
     assert not (tmp_path / "run").exists()  # no job was written, nothing trained
 
 
-def test_an_integer_beyond_int32_is_named_alone_while_the_other_rules_wait(cli, tmp_path):
+BEYOND_INT32_WITH_OTHERS = ("mode=plan", "model.num_layers=9223372036854775808", "cuda_graph=te_attn",
+                            "model.cpu_offloading=true")
+
+
+def test_an_integer_beyond_int32_is_named_alone_while_the_other_rules_wait(planned):
     """int32_values is a gate: before it, the CPU-offloading rule read 2**63 layers here and ended in an
     OverflowError traceback."""
-    stderr = one_block(cli("mode=plan", "model.num_layers=9223372036854775808", "cuda_graph=te_attn",
-                           "model.cpu_offloading=true", cwd=tmp_path))
+    stderr = one_block(planned[BEYOND_INT32_WITH_OTHERS])
     assert stderr.splitlines()[1:] == [
         "  [int32_values] model.num_layers: model.num_layers=9223372036854775808 overflows the int32 indices of the "
         "kernels that read it; set model.num_layers to a value between -2147483648 and 2147483647"]
 
 
-def test_a_nested_list_is_a_wrong_type_not_a_traceback_in_a_rule(cli, tmp_path):
-    stderr = one_block(cli("mode=plan", "model.cuda_graph_modules=[[attn]]", cwd=tmp_path))
+NESTED_LIST = ("mode=plan", "model.cuda_graph_modules=[[attn]]")
+
+
+def test_a_nested_list_is_a_wrong_type_not_a_traceback_in_a_rule(planned):
+    stderr = one_block(planned[NESTED_LIST])
     assert ("[config_types] model.cuda_graph_modules[0]: model.cuda_graph_modules[0] has a value of the wrong type"
             in stderr)
 
@@ -121,22 +133,33 @@ def test_every_name_field_of_the_schema_has_its_choices_or_a_rule_that_owns_it()
     assert set(CHOICES) | set(NAMED_ELSEWHERE) <= set(string_leaves())  # no stale entry
 
 
-def test_a_name_its_field_does_not_know_is_refused_with_the_names_it_does(cli, tmp_path):
+UNKNOWN_NAMES = {"model.moe_token_dispatcher_type": "all2all", "model.cross_entropy_fusion_impl": "fused",
+                 "model.activation_func": "swiglu", "model.moe_router_load_balancing_type": "aux-loss",
+                 "model.transformer_impl": "te", "workload.gpu": "a100"}
+WITH_UNKNOWN_NAMES = ("mode=plan", "recipe=qwen/tiny", "model.cross_entropy_loss_fusion=true",
+                      *(f"{key}={value}" for key, value in UNKNOWN_NAMES.items()))
+
+
+def test_a_name_its_field_does_not_know_is_refused_with_the_names_it_does(planned):
     """megatron-core's dataclasses take any string: each of these planned VALID before config_choices and then
     failed on the GPU (a dispatcher at model build, a loss kernel at the first step) or trained something else."""
-    bad = {"model.moe_token_dispatcher_type": "all2all", "model.cross_entropy_fusion_impl": "fused",
-           "model.activation_func": "swiglu", "model.moe_router_load_balancing_type": "aux-loss",
-           "model.transformer_impl": "te", "workload.gpu": "a100"}
-    stderr = one_block(cli("mode=plan", "recipe=qwen/tiny", "model.cross_entropy_loss_fusion=true",
-                           *(f"{key}={value}" for key, value in bad.items()), cwd=tmp_path))
+    bad = UNKNOWN_NAMES
+    stderr = one_block(planned[WITH_UNKNOWN_NAMES])
     assert [key for key in bad if f"[config_choices] {key}: {key}='{bad[key]}' is not a choice" not in stderr] == []
     assert "use one of allgather, alltoall, flex" in stderr and "use one of h100, h200" in stderr
 
 
-@pytest.mark.parametrize("release, refused", [("0.16.1", True), ("0.19.2", False)])
-def test_a_name_one_release_has_is_refused_for_the_other(cli, tmp_path, release, refused):
-    result = cli("mode=plan", "recipe=qwen/tiny", "model.moe_router_score_function=sqrtsoftplus",
-                 f"plan.megatron_core={release}", cwd=tmp_path)
+RELEASE_NAMES = [("0.16.1", True), ("0.19.2", False)]
+
+
+def release_name_plan(release: str) -> tuple:
+    return ("mode=plan", "recipe=qwen/tiny", "model.moe_router_score_function=sqrtsoftplus",
+            f"plan.megatron_core={release}")
+
+
+@pytest.mark.parametrize("release, refused", RELEASE_NAMES)
+def test_a_name_one_release_has_is_refused_for_the_other(planned, release, refused):
+    result = planned[release_name_plan(release)]
     if refused:
         assert "model.moe_router_score_function='sqrtsoftplus' is not a choice of its field on megatron-core " \
                "0.16.1; use one of softmax, sigmoid" in one_block(result)
@@ -157,6 +180,19 @@ def test_the_workload_names_are_the_config_groups_choices(key, group):
     assert sorted(CHOICES[key]) == choices
 
 
-def test_a_layout_that_repeats_absurdly_is_refused_in_one_line_without_writing_it_out(cli, tmp_path):
-    result = cli("mode=plan", "recipe=llama/tiny", "model.pipeline_model_parallel_layout='Et*2000000000|L'", cwd=tmp_path)
+ABSURD_LAYOUT = ("mode=plan", "recipe=llama/tiny", "model.pipeline_model_parallel_layout='Et*2000000000|L'")
+
+
+def test_a_layout_that_repeats_absurdly_is_refused_in_one_line_without_writing_it_out(planned):
+    result = planned[ABSURD_LAYOUT]
     assert result.returncode == 2 and "a repeat count above 4096" in one_block(result), result.stderr
+
+
+PLANNED = [ALL_AT_ONCE, BEYOND_INT32_WITH_OTHERS, NESTED_LIST, WITH_UNKNOWN_NAMES,
+           *(release_name_plan(release) for release, _ in RELEASE_NAMES), ABSURD_LAYOUT]
+
+
+@pytest.fixture(scope="session")
+def planned(cli_batch) -> dict:
+    """Each command line of PLANNED -> its `graphbridge` result, all of them by one process a session (cli_batch)."""
+    return cli_batch("value_ranges", PLANNED)
