@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional
 from bridge.allocator import graph_allocator_settings
 from bridge.config.graphs import graph_impl
 from bridge.config.migration import scope_names
+from bridge.config.peft import lora_targets
 from bridge.config.releases import default_release, release
 from bridge.config.schema import Device, GraphBridgeConfig
 from bridge.machine import PRESET_GPUS, Machine, installed_version, preset_machine, probe
@@ -161,6 +162,8 @@ class Plan:
         lines += [
             f"  workload:  task={cfg.workload.task} gpu={cfg.workload.gpu} precision={cfg.workload.precision} "
             f"num_gpus={cfg.train.num_gpus} num_nodes={cfg.train.num_nodes}",
+            *([f"  peft:      lora rank {cfg.peft.dim} (alpha {cfg.peft.alpha}) on "
+               f"{', '.join(lora_targets(cfg))}; every other weight frozen"] if lora_targets(cfg) else []),
             f"  model:     layers={model.num_layers} hidden={model.hidden_size} heads={model.num_attention_heads} "
             f"experts={model.num_moe_experts} seq={cfg.dataset.seq_length}",
             f"  parallel:  TP={model.tensor_model_parallel_size} PP={model.pipeline_model_parallel_size} "

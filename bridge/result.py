@@ -19,6 +19,8 @@ Keys of a full record (perf/report.py reads exactly these):
     memory {peak_allocated_gb, peak_reserved_gb} in GiB (2**30 bytes; null on the CPU; the
         largest over ranks) and estimate_gb, the plan's estimate of peak_allocated_gb for graphbridge's
         engine's run (bridge.memory),
+    parameters {total, trainable}: rank 0's model (under tensor or pipeline parallelism its share), trainable
+        being what the optimizer steps (LoRA's adapters under peft=lora); null before an engine was built,
     loss (one float per completed step), env {gpu, torch, megatron_core, transformer_engine,
     python}, created (ISO 8601);
     with perf.profile=true also profile {trace, steps, gpu_ms_per_step, gpu_busy} (see
@@ -41,7 +43,7 @@ from bridge.atomic import write_json_atomic
 from bridge.config.schema import GraphBridgeConfig
 from bridge.diagnosis import failure_reason
 from bridge.machine import probe
-from bridge.memory import ENGINE, estimate_memory
+from bridge.memory import engine_regime, estimate_memory
 
 RESULT_FILE = "result.json"
 AUTO_RECORD = "auto.json"
@@ -65,6 +67,8 @@ class RunRecord:
     graph_count: int = 0
     peak_allocated_gb: Optional[float] = None
     peak_reserved_gb: Optional[float] = None
+    parameters: Optional[Tuple[int, int]] = None
+    """(every parameter, the trainable ones) of rank 0's model (a share of it under model parallelism)."""
 
 
 def failure(error: BaseException, step: Optional[int] = None) -> Tuple[str, str]:
@@ -110,7 +114,9 @@ def build_result(cfg: Optional[GraphBridgeConfig], job_dir: Path, status: str, r
         "tokens_per_s": cfg.train.global_batch_size * cfg.dataset.seq_length / median_s if cfg and median_s else None,
         "tflops_per_gpu": _tflops_per_gpu(cfg, median_s) if cfg and median_s else None,
         "memory": {"peak_allocated_gb": record.peak_allocated_gb, "peak_reserved_gb": record.peak_reserved_gb,
-                   "estimate_gb": estimate_memory(cfg, regime=ENGINE).total_gib if cfg else None},
+                   "estimate_gb": estimate_memory(cfg, regime=engine_regime(cfg)).total_gib if cfg else None},
+        "parameters": ({"total": record.parameters[0], "trainable": record.parameters[1]}
+                       if record.parameters else None),
         "loss": list(record.losses),
         "env": environment(record.device == "cuda"),
         "auto": _read_json(job_dir / AUTO_RECORD) or None,

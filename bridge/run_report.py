@@ -110,11 +110,23 @@ def summary_table(result: dict) -> Table:
          f"{number(memory['peak_allocated_gb'], ' GiB', 2)} / {number(memory['peak_reserved_gb'], ' GiB', 2)}"),
         ("capture", f"step {result['capture_step']}, {number(result['capture_time_s'], ' s', 2)}, "
                     f"{result['graph_count']} graph(s)" if result["capture_step"] is not None else "none"),
+        *([("parameters trained", trained_share(result["parameters"]))] if frozen_weights(result) else []),
         ("loss first -> last", f"{loss[0]:.4f} -> {loss[-1]:.4f}" if loss else "n/a"),
     ]
     for name, value in rows:
         table.add_row(name, value)
     return table
+
+
+def frozen_weights(result: dict) -> bool:
+    parameters = result.get("parameters")
+    return bool(parameters) and parameters["trainable"] < parameters["total"]
+
+
+def trained_share(parameters: dict) -> str:
+    """E.g. "2.0 M of 29.8 M (6.7 %)": under LoRA the adapters against the whole (frozen) model."""
+    trainable, total = parameters["trainable"], parameters["total"]
+    return f"{trainable / 1e6:.1f} M of {total / 1e6:.1f} M ({100 * trainable / total:.1f} %)"
 
 
 def closing_lines(result: dict, result_path: Optional[Path]) -> List[str]:

@@ -71,7 +71,7 @@ class Trainer:
         if self.engine.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.engine.device)
         record = RunRecord(engine=self.engine.name, device=self.engine.device.type,
-                           effective_impl=self.engine.effective_impl)
+                           effective_impl=self.engine.effective_impl, parameters=self.engine.parameter_counts())
         self.steps = Steps(cfg, self.engine, self.job_dir, record, self.is_reporting_rank)
         self._closed = False
 

@@ -16,14 +16,15 @@ the export cannot carry it.
 
 import dataclasses
 from enum import Enum
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import yaml
 
 from bridge.config.releases import RELEASES
-from bridge.config.schema import CudaGraphImpl, GraphBridgeConfig
+from bridge.config.schema import CudaGraphImpl, GraphBridgeConfig, PeftScheme
 from bridge.translate.arguments import MLA_FIELDS
-from perf.bridge_config_fields import ACTIVATION_TARGETS, CONTAINER, PLANNED_FOR, PROVIDERS, SAME_NAME, YARN
+from perf.bridge_config_fields import (ACTIVATION_TARGETS, CONTAINER, LORA, LORA_FIELDS, PLANNED_FOR, PROVIDERS,
+                                       SAME_NAME, YARN)
 
 BRIDGE_MEGATRON_CORE = "0.16.1"
 """The megatron-core release Bridge 0.3.1 runs on: its CUDA-graph spelling is the export's."""
@@ -74,6 +75,9 @@ def not_carried(cfg: GraphBridgeConfig) -> List[str]:
     if cfg.optimizer.optimizer_in_graph and CudaGraphImpl(cfg.model.cuda_graph_impl) == CudaGraphImpl.full_iteration:
         notes.append("Not carried: optimizer.optimizer_in_graph=true (Bridge 0.3.1 steps the optimizer outside "
                      "the full-iteration graph).")
+    if PeftScheme(cfg.peft.scheme) == PeftScheme.lora:
+        notes.append("Set checkpoint.pretrained_checkpoint: Bridge's LoRA loads its frozen base weights from a "
+                     "checkpoint, where graphbridge draws them from the seed.")
     if cfg.dataset.packed_sequence:
         notes.append("Not carried: dataset.packed_sequence=true (Bridge packs only its fine-tuning datasets; this "
                      "container trains on unpacked mock data, as graphbridge does).")
@@ -113,6 +117,7 @@ def container(cfg: GraphBridgeConfig) -> Dict[str, Any]:
         "logger": _section("logger", log_interval=1),
         "checkpoint": _section("checkpoint"),
         "comm_overlap": None,
+        "peft": _peft(cfg),
     }
 
 
@@ -154,6 +159,12 @@ def _graphs(cfg: GraphBridgeConfig) -> Dict[str, Any]:
             "cuda_graph_retain_backward_graph": model.cuda_graph_retain_backward_graph,
             "use_te_rng_tracker": bool(cfg.rng.te_rng_tracker or model.use_te_rng_tracker),
             "enable_cuda_graph": False, "external_cuda_graph": False}
+
+
+def _peft(cfg: GraphBridgeConfig) -> Optional[Dict[str, Any]]:
+    if PeftScheme(cfg.peft.scheme) != PeftScheme.lora:
+        return None
+    return {"_target_": LORA, **{name: _plain(getattr(cfg.peft, name)) for name in LORA_FIELDS}}
 
 
 def _section(name: str, **fields) -> Dict[str, Any]:

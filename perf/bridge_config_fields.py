@@ -125,6 +125,7 @@ HANDLED = (CUDA_GRAPH + tuple(DERIVED) + tuple(PRECISION) + tuple(COMM_OVERLAP) 
     "ddp.use_distributed_optimizer",
     "optimizer.use_distributed_optimizer", "tokenizer.tokenizer_type", "tokenizer.vocab_size",
     "comm_overlap.data_parallel_size", "dataset.seq_length", "dataset.packed_sequence_specs", "dataset.dataset_kwargs",
+    "peft",
 ))
 """Fields read by code in perf.bridge_config_import, not copied. A field holding a mapping counts as read
 when graphbridge reads an entry of it (dataset.packed_sequence_specs: its packed_sequence_size)."""
@@ -175,6 +176,12 @@ yarn_* fields in 0.3.1), everything else."""
 
 def same_name_keys() -> Tuple[str, ...]:
     return tuple(f"{section}.{name}" for section, names in SAME_NAME.items() for name in names)
+
+LORA = "megatron.bridge.peft.lora.LoRA"
+"""The one PEFT class graphbridge's engines run (peft=lora); Bridge's DoRA and canonical LoRA they do not."""
+LORA_FIELDS = ("target_modules", "dim", "alpha", "dropout", "dropout_position")
+"""LoRA's fields that graphbridge's peft section has, by the same name (Bridge's ``peft`` is a LoRA object, or null:
+the fixtures of ConfigContainer, which have no LoRA, cannot list them)."""
 
 PLANNED_FOR = "# graphbridge: "
 """The comment line of an exported file that holds what graphbridge planned the run for and a

@@ -30,7 +30,8 @@ from bridge.config import resolvers
 from bridge.config.migration import legacy_conflict, migrate, scope_names
 from bridge.config.schema import CudaGraphImpl, GraphBridgeConfig
 from perf.bridge_config_fields import (ACTIVATIONS, COMM_OVERLAP, CUDA_GRAPH, DERIVED, DTYPES, ENUMS, LAYOUT_SYMBOLS,
-                                       MIXED_PRECISION_RECIPES, PRECISION, RENAMED, YARN, same_name_keys)
+                                       LORA, LORA_FIELDS, MIXED_PRECISION_RECIPES, PRECISION, RENAMED, YARN,
+                                       same_name_keys)
 from perf.bridge_config_read import BridgeConfigError, Fields, as_container, plain, planned_for, read_yaml
 from perf.workload_map import quoted, value_text
 
@@ -86,7 +87,8 @@ def import_container(data: Any) -> Imported:
         _copy(fields, mapped, key, key)
     for path, key in RENAMED.items():
         _copy(fields, mapped, path, key)
-    for part in (_dataset, _model, _schedule, _precision, _comm_overlap, _distributed_optimizer, _graphs):
+    for part in (_dataset, _model, _schedule, _precision, _comm_overlap, _distributed_optimizer, _graphs,
+                 _peft):
         part(fields, mapped)
     _check_types(mapped)
     return Imported(_render(mapped), fields.ignored())
@@ -208,6 +210,22 @@ def _dataset(fields: Fields, mapped: dict) -> None:
     if isinstance(arguments, dict) and "pad_to_max_length" in arguments:
         mapped["dataset.pad_to_max_length"] = plain(fields.take("dataset.dataset_kwargs")["pad_to_max_length"],
                                                     "dataset.dataset_kwargs.pad_to_max_length")
+
+
+def _peft(fields: Fields, mapped: dict) -> None:
+    """A LoRA object (``peft._target_``) is peft=lora with its fields, by the same names; a null peft is none."""
+    if not fields.has("peft"):
+        return
+    target = fields.peek("peft")
+    if target is None:
+        mapped["peft.scheme"] = "none"
+        return
+    kind = target.get("_target_") if isinstance(target, dict) else target
+    if kind != LORA:
+        raise BridgeConfigError(f"peft: {kind!r} is not a PEFT graphbridge's engines run; they run LoRA ({LORA})")
+    mapped["peft.scheme"] = "lora"
+    for name in LORA_FIELDS:
+        _copy(fields, mapped, f"peft.{name}", f"peft.{name}")
 
 
 def _schedule(fields: Fields, mapped: dict) -> None:

@@ -51,13 +51,17 @@ def sections() -> List[Tuple[str, type]]:
 def default_of(item: dataclasses.Field) -> str:
     if item.default_factory is not dataclasses.MISSING:
         value = item.default_factory()
+        if isinstance(value, list):  # as typed on the command line: a list of enum choices by their names
+            return f"[{', '.join(str(getattr(element, 'value', element)) for element in value)}]"
         return "" if dataclasses.is_dataclass(value) else repr(value)
     value = item.default
     return value.value if hasattr(value, "value") else repr(value)
 
 
 def type_of(item: dataclasses.Field) -> str:
-    return item.type.__name__ if isinstance(item.type, type) else str(item.type).replace("typing.", "")
+    if isinstance(item.type, type):
+        return item.type.__name__
+    return str(item.type).replace("typing.", "").replace(f"{schema.__name__}.", "")
 
 
 def markdown() -> str:

@@ -15,7 +15,7 @@ configuration a process (megatron-core keeps global state); ``build_rank`` tears
 import contextlib
 import warnings
 from dataclasses import dataclass
-from typing import Iterator, List, Optional
+from typing import Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -37,12 +37,15 @@ only where it is installed (a NameError), which the CPU cannot give: not megatro
 class RankBuild:
     """What building one rank reached: ``stage`` is the last step taken (parallel state, model, optimizer, step),
     ``error`` megatron-core's refusal, ``not_here`` what stopped it that only a GPU machine has (CUDA, Transformer
-    Engine), ``stepped`` whether a training step ran."""
+    Engine), ``stepped`` whether a training step ran; ``parameters`` (every one, the trainable ones) and
+    ``gradient_buffer`` (the elements DDP's gradient buffers hold) once the model is built."""
     rank: int
     stage: str
     error: Optional[str] = None
     not_here: Optional[str] = None
     stepped: bool = False
+    parameters: Optional[Tuple[int, int]] = None
+    gradient_buffer: Optional[int] = None
 
     @property
     def built(self) -> bool:
@@ -251,6 +254,7 @@ def _build_and_step(cfg, result: RankBuild, step: bool) -> None:
 
     from bridge.config.graphs import graph_impl
     from bridge.config.schema import CudaGraphImpl
+    from bridge.engines.base import count_parameters
     from bridge.engines.megatron import engine
     from bridge.engines.megatron.model_build import build_model_chunks
     from bridge.translate import build_megatron_configs
@@ -267,7 +271,10 @@ def _build_and_step(cfg, result: RankBuild, step: bool) -> None:
     chunks = build_model_chunks(transformer_config, configs["gpt_model"], configs["ddp_config"],
                                 use_transformer_engine=engine.choose_layer_spec(cfg) == "transformer_engine",
                                 overlap_param_gather_with_optimizer_step=cfg.optimizer.
-                                overlap_param_gather_with_optimizer_step)
+                                overlap_param_gather_with_optimizer_step, peft=cfg.peft)
+    result.parameters = count_parameters(chunks)
+    result.gradient_buffer = sum(buffer.numel_unpadded for chunk in chunks
+                                 for buffer in chunk.buffers + chunk.expert_parallel_buffers)
     result.stage = "optimizer"
     optimizer = get_megatron_optimizer(configs["optimizer_config"], chunks)
     engine.set_model_config_hooks(transformer_config, chunks, cfg.ddp.overlap_grad_reduce)

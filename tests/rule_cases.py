@@ -20,6 +20,9 @@ from tests.rule_case_kit import (
 # Re-exported: tests and scripts/megatron_fixture.py import these from here.
 from tests.rule_case_kit import H100, ONE_H100, PACKAGES, PACKAGES_019, build, fired  # noqa: F401
 
+FSDP8 = {"workload.megatron_fsdp": True, "train.num_gpus": 8, "train.global_batch_size": 8}
+LORA = {"peft.scheme": "lora"}
+
 # rule name -> (reject, accept)
 RULE_CASES = {
     "auto_graph_fields": (Case(te("attn"), graphs_measured=True), Case(te("attn"))),  # fields alone are no auto
@@ -218,9 +221,13 @@ RULE_CASES = {
                        Case({"perf.nsys": True, "train.train_iters": 20}, machine=WITH_NSYS)),
     # An 8B model on one GPU: its weights, gradients and Adam state alone are beyond 80 GB.
     "memory_capacity": (Case({**LLAMA_8B, "workload.gpu": "h100"}), Case({**LLAMA_8B, "workload.gpu": "b300"})),
-    # The same 8B model as LoRA: Bridge's frozen base fits an H100, graphbridge's engine trains every weight.
-    "engine_memory": (Case({**LLAMA_8B, "workload.gpu": "h100", "workload.task": "lora"}),
-                      Case({**LLAMA_8B, "workload.gpu": "b300", "workload.task": "lora"})),
+    # The same 8B model on 8 GPUs with Megatron-FSDP: Bridge's shards fit an H100, graphbridge's DDP keeps it whole.
+    "engine_memory": (Case({**LLAMA_8B, **FSDP8, "workload.gpu": "h100"}),
+                      Case({**LLAMA_8B, **FSDP8, "workload.gpu": "b300"})),
+    # LoRA: multi-latent attention has no linear_qkv; an adapter's rank splits over TP at column-parallel layers.
+    "lora_targets": (Case({**MLA, **LORA, "peft.target_modules": ["linear_qkv", "linear_proj"]}),
+                     Case({**MLA, **LORA, "peft.target_modules": ["linear_proj"]})),
+    "lora_rank_tensor_parallel": (Case({**TP2_SP, **LORA, "peft.dim": 5}), Case({**TP2_SP, **LORA, "peft.dim": 6})),
     "memory_capacity_here": (Case(LLAMA_8B, machine=H100_80GB), Case({**LLAMA_8B, "model.num_layers": 16},
                                                                       machine=H100_80GB)),
 }

@@ -41,6 +41,7 @@ GRAPHED = {  # graphbridge configs whose graphs an export must carry (in megatro
     "parked": ("recipe=llama/tiny", "model.cuda_graph_impl=none", "model.cuda_graph_scope=[full_iteration]"),
     "deepseek_tiny": ("recipe=deepseek/tiny", "cuda_graph=te_attn"),
     "gpt_oss_tiny": ("recipe=gpt_oss/tiny", "precision=fp8_cs"),
+    "lora": ("recipe=llama/tiny_lora", "cuda_graph=full_iteration", "peft.dim=8", "peft.target_modules=[linear_qkv]"),
 }
 
 
@@ -192,6 +193,9 @@ def test_the_export_says_what_a_container_cannot(tmp_path):
     assert any("NCCL_GRAPH_REGISTER=0" in line for line in header)
     assert any("Not carried: optimizer.optimizer_in_graph=true" in line for line in header)
     assert yaml.safe_load(carried)["train"]["global_batch_size"] == 4
+    lora = to_yaml(bridge.load(["recipe=llama/tiny_lora"]))
+    assert "# Set checkpoint.pretrained_checkpoint: Bridge's LoRA loads its frozen base weights" in lora
+    assert yaml.safe_load(lora)["peft"]["_target_"] == "megatron.bridge.peft.lora.LoRA"
 
 
 def test_an_invalid_config_writes_no_bridge_yaml(cli, tmp_path):

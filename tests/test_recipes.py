@@ -5,6 +5,7 @@ issue names."""
 
 import dataclasses
 import json
+import re
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -20,14 +21,15 @@ from bridge.config.model_facts import moe_layer_pattern
 
 
 RECIPES = {
-    "llama/tiny", "llama/llama32_1b", "llama/llama3_8b", "llama/llama3_8b_sft", "llama/llama3_8b_lora",
+    "llama/tiny", "llama/tiny_lora", "llama/llama32_1b", "llama/llama3_8b", "llama/llama3_8b_sft", "llama/llama3_8b_lora",
     "llama/llama3_70b", "llama/llama3_70b_sft", "llama/llama3_70b_lora", "llama/llama31_405b",
     "deepseek/tiny", "deepseek/deepseek_v3",
     "qwen/tiny", "qwen/qwen3_30b_a3b", "qwen/qwen3_235b_a22b", "qwen/qwen3_next_80b_a3b",
     "gpt_oss/tiny", "gpt_oss/gpt_oss_20b", "gpt_oss/gpt_oss_120b",
 }
 WITHOUT_PRESETS = {"llama/llama32_1b", "llama/llama3_8b_lora", "gpt_oss/gpt_oss_20b"}
-TINY = {name for name in RECIPES if name.endswith("/tiny")}
+TINY = {name for name in RECIPES if name.split("/")[1].startswith("tiny")}
+"""The CPU-sized recipes (no presets): llama/tiny_lora is llama/tiny with LoRA."""
 MAIN_JOB = "llama/tiny"
 """What `graphbridge` trains without a recipe= (conf/config.yaml)."""
 
@@ -129,8 +131,12 @@ def test_a_recipe_pulls_in_its_presets_exactly_when_it_has_some(recipe):
     assert has_presets == (recipe not in WITHOUT_PRESETS | TINY)
     assert (f"- /preset/{recipe}: ${{gpu}}_${{precision}}" in text) == has_presets
     # every recipe composes its default graph in a slot the command line still overrides: eager, but for the
-    # main job (the default recipe), which measures the graph choices where it runs (cuda_graph=auto)
-    assert f"- /cuda_graph@_global_: {'auto' if recipe == MAIN_JOB else 'none'}" in text
+    # main job (the default recipe), which measures the graph choices where it runs (cuda_graph=auto); a recipe
+    # built on another (- /recipe/<name>@_global_) takes that one's
+    base = re.search(r"^  - /recipe/(\S+)@_global_$", text, re.MULTILINE)
+    source = base.group(1) if base else recipe
+    slot = f"- /cuda_graph@_global_: {'auto' if source == MAIN_JOB else 'none'}"
+    assert slot in (recipes_dir() / f"{source}.yaml").read_text()
     assert text.startswith("# @package _global_\n# " + recipe + ":")
 
 
@@ -216,6 +222,7 @@ ALL_MOE_REJECTS = {**DROPLESS_REJECTS, "te_mlp": {"mlp_needs_dense_layers"},
                    "te_attn_mlp": {"mlp_needs_dense_layers"}}
 REJECTS = {
     "llama/tiny": DENSE_REJECTS,
+    "llama/tiny_lora": DENSE_REJECTS,  # LoRA's adapters change no graph verdict
     "deepseek/tiny": DROPLESS_REJECTS,  # first layer dense: mlp ok
     "qwen/tiny": ALL_MOE_REJECTS,
     "gpt_oss/tiny": ALL_MOE_REJECTS,

@@ -17,9 +17,9 @@ from bridge.config.model_schema import CUDA_GRAPH_MODULES, CudaGraphImpl, Infere
 
 # The whole schema is imported from here; the model section has a module of its own for its size.
 __all__ = ["CUDA_GRAPH_MODULES", "CudaGraphImpl", "DDPConfig", "DatasetConfig", "Device", "EngineChoice",
-           "GraphBridgeConfig", "InferenceCudaGraphScope", "Mode", "ModelConfig", "OptimizerConfig", "PerfConfig",
-           "PlanConfig", "PlanFormat", "RNGConfig", "RerunStateMachineConfig", "TrainConfig", "WorkloadConfig",
-           "profiling_window"]
+           "GraphBridgeConfig", "InferenceCudaGraphScope", "LoraTarget", "Mode", "ModelConfig", "OptimizerConfig",
+           "PeftConfig", "PeftScheme", "PerfConfig", "PlanConfig", "PlanFormat", "RNGConfig", "RerunStateMachineConfig",
+           "TrainConfig", "WorkloadConfig", "profiling_window"]
 
 
 class EngineChoice(str, Enum):
@@ -142,13 +142,47 @@ class DatasetConfig:
     """Pad packed sequences to seq_length: static shapes for graphs."""
 
 
+class PeftScheme(str, Enum):
+    none = "none"
+    lora = "lora"
+
+
+class LoraTarget(str, Enum):
+    """The linear layers LoRA adapts, by megatron-core's module names (the torch engine maps them onto its own):
+    the column-parallel ones take the whole hidden state in and shard their output, the row-parallel ones take a
+    sharded input and reduce their output."""
+
+    linear_qkv = "linear_qkv"
+    linear_proj = "linear_proj"
+    linear_fc1 = "linear_fc1"
+    linear_fc2 = "linear_fc2"
+
+
+@dataclass
+class PeftConfig:
+    """Bridge's ``peft`` section (megatron.bridge.peft.lora.LoRA, with its defaults): ``peft=lora`` trains
+    low-rank adapters beside frozen base weights; the DDP buffers and the optimizer hold the adapters only."""
+
+    scheme: PeftScheme = PeftScheme.none
+    """none: every weight trains; lora: adapters on target_modules, every other weight frozen."""
+    target_modules: List[LoraTarget] = field(default_factory=lambda: list(LoraTarget))
+    """The linear layers that get an adapter, in every transformer layer (dense MLPs and shared experts)."""
+    dim: int = 32
+    """The adapters' rank: A maps a layer's input to dim, B maps dim to its output."""
+    alpha: int = 32
+    """The adapter's output is scaled by alpha / dim."""
+    dropout: float = 0.0
+    """Dropout of the adapter's input (dropout_position=pre) or of its output (post)."""
+    dropout_position: str = "pre"
+    """pre or post."""
+
+
 @dataclass
 class WorkloadConfig:
     """Which per-(gpu, precision) preset a recipe was tuned with; filled by recipe presets."""
 
     task: str = "pretrain"
-    """pretrain, sft or lora: the Bridge task of the recipe (the memory estimate counts lora as Bridge runs it:
-    base weights frozen, adapters on linear_qkv; graphbridge's engine trains every weight)."""
+    """pretrain, sft or lora: the Bridge task of the recipe (recorded; LoRA's adapters themselves are peft=lora)."""
     megatron_fsdp: bool = False
     """Bridge runs the preset with Megatron-FSDP (use_megatron_fsdp, optim_grads_params): the memory estimate
     shards weights, gradients and Adam state over the data-parallel ranks; graphbridge's engine trains it with DDP."""
@@ -235,6 +269,7 @@ class GraphBridgeConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    peft: PeftConfig = field(default_factory=PeftConfig)
     env_vars: Dict[str, str] = field(default_factory=dict)
     """Environment variables the training process sets before its first CUDA call (presets set NCCL and
     allocator knobs; add yours with +env_vars.NAME=value)."""

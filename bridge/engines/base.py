@@ -1,6 +1,6 @@
 """What the shared trainer needs from an engine (megatron or torch)."""
 
-from typing import Optional, Protocol, Set
+from typing import Iterable, Optional, Protocol, Set, Tuple
 
 import torch
 
@@ -24,6 +24,9 @@ class TrainingEngine(Protocol):
     def graph_count(self) -> int:
         """Graphs currently captured."""
 
+    def parameter_counts(self) -> Tuple[int, int]:
+        """(parameters, trainable parameters) this rank holds (count_parameters)."""
+
     def close(self) -> None:
         """Delete every graph and release engine state; idempotent, safe on every exit path."""
 
@@ -37,3 +40,11 @@ class ChecksFinite(Protocol):
         full-iteration graphs (see bridge.engines.finite_check.FiniteCheck): the number of steps
         before the first one with a non-finite loss or gradient norm, counted from the engine's
         first step. None when perf.nan_check_interval is 0."""
+
+
+def count_parameters(modules: Iterable[torch.nn.Module]) -> Tuple[int, int]:
+    """(every parameter, those that train) of ``modules``, each parameter once: under LoRA the trainable ones are
+    the adapters."""
+    seen = {id(parameter): parameter for module in modules for parameter in module.parameters()}
+    return (sum(parameter.numel() for parameter in seen.values()),
+            sum(parameter.numel() for parameter in seen.values() if parameter.requires_grad))

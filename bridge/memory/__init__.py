@@ -5,6 +5,6 @@ verdict; params.py holds weights, gradients and optimizer states; activations.py
 """
 
 from bridge.memory.estimate import ESTIMATE_ERROR, GIB, GPU_MEMORY_GB, MemoryEstimate, estimate_memory
-from bridge.memory.params import ENGINE
+from bridge.memory.params import engine_regime
 
-__all__ = ["ENGINE", "ESTIMATE_ERROR", "GIB", "GPU_MEMORY_GB", "MemoryEstimate", "estimate_memory"]
+__all__ = ["ESTIMATE_ERROR", "GIB", "GPU_MEMORY_GB", "MemoryEstimate", "engine_regime", "estimate_memory"]

@@ -11,9 +11,10 @@ A linear layer keeps its input for its weight gradient (Transformer Engine: only
 requires a gradient). Under fp8 or fp4 that saved input is its quantized column-wise copy, not the
 bf16 tensor: the norms' outputs feeding QKV and FC1, FC2's input and the experts' inputs shrink to
 the low-precision element; the attention output stays bf16 (flash attention keeps it for its own
-backward) and the output projection's fp8 copy comes on top. Under LoRA (base weights frozen,
-adapters on linear_qkv) the frozen layers keep no input: the MLP's and experts' inputs are gone,
-and QKV's norm output stays bf16 (the adapter's down-projection keeps it).
+backward) and the output projection's fp8 copy comes on top. Under LoRA (base weights frozen) a
+frozen layer keeps no input; an adapted one's input stays, in bf16, for its adapter's down-projection
+(linear_proj's is the attention output flash attention keeps anyway). The adapters' own rank-sized
+activations are left out: rank / hidden of a layer input each.
 
 ``recompute_granularity=full`` keeps each layer's input only (plus one layer's activations while it
 is recomputed); ``selective`` drops the modules it recomputes. With pipelining, the first stage
@@ -42,7 +43,7 @@ copies and 0.49 GiB of the output layer's weight gradient; with them the estimat
 measured peak instead of 12 %.
 """
 
-from typing import Dict
+from typing import Dict, Optional, Tuple
 
 from bridge.config.model_facts import moe_layer_count, padded_vocab_size, recompute_modules
 from bridge.memory.params import data_parallel_sizes, layers_per_stage, low_precision_bytes
@@ -53,10 +54,10 @@ ACTIVATION_BYTES = 2
 """bf16: the activations' element (the calibration rows are all bf16)."""
 
 
-def layer_activation_terms(model, seq: int, frozen: bool = False) -> Dict[str, float]:
+def layer_activation_terms(model, seq: int, adapted: Optional[Tuple[str, ...]] = None) -> Dict[str, float]:
     """Bytes one layer keeps per token of a micro-batch, by module, before tensor parallelism:
-    ``replicated`` (sbh-sized inputs, norms and masks) is what TP alone does not divide. ``frozen``:
-    LoRA's frozen base layers, which keep no input for a weight gradient."""
+    ``replicated`` (sbh-sized inputs, norms and masks) is what TP alone does not divide. ``adapted``:
+    under LoRA, the layers with adapters (the others are frozen and keep no input for a weight gradient)."""
     h, heads = model.hidden_size, model.num_attention_heads
     channels = model.kv_channels or h // heads
     q, kv = channels * heads, channels * (model.num_query_groups or heads)
@@ -67,19 +68,23 @@ def layer_activation_terms(model, seq: int, frozen: bool = False) -> Dict[str, f
     topk, moe_ffn = model.moe_router_topk, model.moe_ffn_hidden_size or ffn
     shared = model.moe_shared_expert_intermediate_size or 0
     low = low_precision_bytes(model)
-    kept = 0 if frozen else low or ACTIVATION_BYTES  # a saved linear input, per element
-    qkv_input = ACTIVATION_BYTES if frozen else kept  # LoRA's adapter keeps QKV's input in bf16
-    proj_copy = 0 if frozen or low is None else low  # beside flash attention's own bf16 output
+    kept = low or ACTIVATION_BYTES  # a saved linear input, per element
+    qkv_input = fc1_input = fc2_input = kept
+    if adapted is not None:  # frozen layers keep nothing; an adapter keeps its layer's input in bf16
+        qkv_input, fc1_input, fc2_input = (ACTIVATION_BYTES if name in adapted else 0
+                                           for name in ("linear_qkv", "linear_fc1", "linear_fc2"))
+        kept = 0  # the routed experts: never adapted
+    proj_copy = 0 if adapted is not None or low is None else low  # beside flash attention's own bf16 output
     # Fused and flash attention keep no s x s scores: only the unfused local path does (5as bytes per token).
     scores = 5 * heads * seq if model.transformer_impl == "local" else 0
-    mlp = 2 * glu * ffn + kept * ffn
+    mlp = 2 * glu * ffn + fc2_input * ffn
     if model.gated_linear_unit and not model.bias_activation_fusion:
         mlp += 4 * ffn  # the unfused glu's activation output and its x_linear + offset copy, bf16
     # Routed: each of the top-k copies of a token through an expert; the fp32 router logits; the shared expert.
     moe = (topk * (kept * h + 2 * glu * moe_ffn + kept * moe_ffn) + 4 * (model.num_moe_experts or 0)
-           + (2 * glu + kept) * shared)
+           + (2 * glu + fc2_input) * shared)
     return {
-        "replicated": 4 * h + 2 * masks + (qkv_input + kept) * h,  # norm inputs, QKV and MLP inputs, masks
+        "replicated": 4 * h + 2 * masks + (qkv_input + fc1_input) * h,  # norm inputs, QKV and MLP inputs, masks
         "core_attn": scores + 2 * q + proj_copy * q,  # the attention output; scores when not fused
         "qkv": 2 * (q + 2 * kv),
         "mlp": (1 - moe_share) * mlp,
@@ -87,13 +92,13 @@ def layer_activation_terms(model, seq: int, frozen: bool = False) -> Dict[str, f
     }
 
 
-def layer_activations(cfg, frozen: bool = False, graphed_only: bool = False) -> float:
+def layer_activations(cfg, adapted: Optional[Tuple[str, ...]] = None, graphed_only: bool = False) -> float:
     """Bytes one layer keeps for its backward for one micro-batch on one GPU."""
     model = cfg.model
     seq = cfg.dataset.seq_length // model.context_parallel_size
     tokens = seq * cfg.train.micro_batch_size
     tp = model.tensor_model_parallel_size
-    terms = layer_activation_terms(model, seq, frozen)
+    terms = layer_activation_terms(model, seq, adapted)
     if model.recompute_granularity == "selective":  # what megatron-core recomputes is not kept
         for module in recompute_modules(model):
             terms.pop(module, None)
@@ -138,11 +143,11 @@ def tokens_per_micro_batch(cfg) -> int:
     return cfg.dataset.seq_length // cfg.model.context_parallel_size * cfg.train.micro_batch_size
 
 
-def activation_bytes(cfg, frozen: bool = False) -> float:
+def activation_bytes(cfg, adapted: Optional[Tuple[str, ...]] = None) -> float:
     """Activations of the largest stage at its peak, with the logits."""
     model = cfg.model
     stage = layers_per_stage(cfg)
-    per_layer = layer_activations(cfg, frozen)
+    per_layer = layer_activations(cfg, adapted)
     tokens = tokens_per_micro_batch(cfg)
     if model.recompute_granularity == "full":
         kept = ACTIVATION_BYTES * model.hidden_size * tokens / model.tensor_model_parallel_size

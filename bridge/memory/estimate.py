@@ -63,7 +63,7 @@ reserved peaks (docs/memory.md says which rows and why some are left out).
 """
 
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from bridge.config.graphs import graph_impl
 from bridge.config.schema import CudaGraphImpl
@@ -76,10 +76,10 @@ from bridge.memory.activations import (
     tokens_per_micro_batch,
 )
 from bridge.memory.params import (
-    ENGINE,
     FP32_BYTES,
     Regime,
     bridge_regime,
+    engine_regime,
     layers_per_stage,
     model_dtype_bytes,
     parameters_per_gpu,
@@ -220,7 +220,8 @@ def memory_verdict(total_gib: float, capacity_gib: float) -> str:
 def estimate_memory(cfg, gpu_memory_gib: Optional[float] = None, gpu_name: Optional[str] = None,
                     regime: Optional[Regime] = None) -> MemoryEstimate:
     """The estimate for ``cfg`` on the GPU ``workload.gpu`` names, else on the one given (this machine's),
-    as Bridge runs it (bridge_regime), or as ``regime`` says (bridge.memory.params.ENGINE: graphbridge's run)."""
+    as Bridge runs it (bridge_regime), or as ``regime`` says (bridge.memory.params.engine_regime: graphbridge's
+    run)."""
     regime = bridge_regime(cfg) if regime is None else regime
     state = state_bytes(cfg, regime)
     gpu = cfg.workload.gpu
@@ -228,10 +229,10 @@ def estimate_memory(cfg, gpu_memory_gib: Optional[float] = None, gpu_name: Optio
         weights_gib=state.weights / GIB,
         gradients_gib=state.gradients / GIB,
         optimizer_gib=state.optimizer / GIB,
-        activations_gib=activation_bytes(cfg, regime.lora) / GIB,
+        activations_gib=activation_bytes(cfg, regime.adapted) / GIB,
         optimizer_step_gib=state.optimizer_step / GIB,
-        graphs_gib=graph_pool_bytes(cfg, state.trainable, regime.lora) / GIB,
-        graphed_activations_gib=graphed_activation_bytes(cfg, regime.lora) / GIB,
+        graphs_gib=graph_pool_bytes(cfg, state.trainable, regime.adapted) / GIB,
+        graphed_activations_gib=graphed_activation_bytes(cfg, regime.adapted) / GIB,
         workspace_gib=WORKSPACE_BYTES / GIB,
         gpu=gpu if gpu in GPU_MEMORY_GB else gpu_name,
         capacity_gib=GPU_MEMORY_GB[gpu] * 1e9 / GIB if gpu in GPU_MEMORY_GB else gpu_memory_gib,
@@ -239,7 +240,7 @@ def estimate_memory(cfg, gpu_memory_gib: Optional[float] = None, gpu_name: Optio
     )
     estimate.allocator_gib = allocator_cache_bytes(estimate.allocated_gib * GIB) / GIB
     if estimate.as_bridge_runs_it:
-        estimate.engine_gib = estimate_memory(cfg, gpu_memory_gib, gpu_name, ENGINE).total_gib
+        estimate.engine_gib = estimate_memory(cfg, gpu_memory_gib, gpu_name, engine_regime(cfg)).total_gib
     return estimate
 
 
@@ -249,7 +250,7 @@ def allocator_cache_bytes(allocated: float) -> float:
     return ALLOCATOR_CACHED_FRACTION * allocated + ALLOCATOR_SMALL_POOL_BYTES
 
 
-def graph_pool_bytes(cfg, trainable: float, frozen: bool = False) -> float:
+def graph_pool_bytes(cfg, trainable: float, adapted: Optional[Tuple[str, ...]] = None) -> float:
     """What the captured graphs keep on top (see the module's docstring)."""
     impl = graph_impl(cfg.model.cuda_graph_impl)
     if not impl.graphed:
@@ -260,13 +261,13 @@ def graph_pool_bytes(cfg, trainable: float, frozen: bool = False) -> float:
         # optimizer-step term counts already.
         own_step = cfg.optimizer.optimizer_in_graph and not cfg.ddp.use_distributed_optimizer
         optimizer = FP32_BYTES * trainable if own_step else 0
-        return CAPTURE_STREAM_WORKSPACE_BYTES + optimizer + graphed_activation_bytes(cfg, frozen)
+        return CAPTURE_STREAM_WORKSPACE_BYTES + optimizer + graphed_activation_bytes(cfg, adapted)
     if impl.impl == CudaGraphImpl.local:
         return local_graph_bytes(cfg)
-    return graphed_activation_bytes(cfg, frozen)
+    return graphed_activation_bytes(cfg, adapted)
 
 
-def graphed_activation_bytes(cfg, frozen: bool = False) -> float:
+def graphed_activation_bytes(cfg, adapted: Optional[Tuple[str, ...]] = None) -> float:
     """The activations Transformer Engine's per-layer graphs hold in their pool: their replays write
     them there instead of allocating them, so they are not on top of the eager activations."""
     impl = graph_impl(cfg.model.cuda_graph_impl)
@@ -275,10 +276,10 @@ def graphed_activation_bytes(cfg, frozen: bool = False) -> float:
         # step outside the graph makes its fp32 gradient copies: they no longer share blocks, so the two add up.
         # An optimizer step inside the graph (its own, or megatron-core's optimizer graph in the same pool) reuses
         # the activations' blocks as an eager step does.
-        return 0.0 if cfg.optimizer.optimizer_in_graph else activation_bytes(cfg, frozen)
+        return 0.0 if cfg.optimizer.optimizer_in_graph else activation_bytes(cfg, adapted)
     if impl.impl != CudaGraphImpl.transformer_engine:
         return 0.0
-    return layers_per_stage(cfg) * layer_activations(cfg, frozen, graphed_only=True) * micro_batches_in_flight(cfg)
+    return layers_per_stage(cfg) * layer_activations(cfg, adapted, graphed_only=True) * micro_batches_in_flight(cfg)
 
 
 def local_graph_bytes(cfg) -> float:

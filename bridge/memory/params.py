@@ -23,22 +23,22 @@ Per GPU of the pipeline stage with the most layers, in bytes per parameter:
   its forward and backward and its gradients reduce-scattered after, through two buffers
   (``fsdp_double_buffer``): two of the largest gather unit (a layer, or the embedding) of
   weights and of gradients stay unsharded.
-- LoRA (workload.task=lora, as Bridge's perf recipes run it: rank-16 adapters on ``linear_qkv``,
-  every base weight frozen): DDP builds gradient buffers, and the optimizer states, for the
-  trainable adapters only; the frozen base keeps its weights.
+- LoRA (peft=lora, in Bridge and in graphbridge's engines alike: adapters of rank ``peft.dim`` on
+  ``peft.target_modules``, every base weight frozen): DDP builds gradient buffers, and the optimizer
+  states, for the trainable adapters only; the frozen base keeps its weights. An adapter's A and B
+  split over TP as its layer does: (input + output) x rank / TP parameters a GPU.
 """
 
 import math
 from dataclasses import dataclass
-from typing import Dict
+from typing import Dict, Optional, Tuple
 
+from bridge.config.peft import lora_targets
 from bridge.config.model_facts import (dense_ffn_hidden_size, expert_tensor_parallel_size, moe_layer_count,
                                        padded_vocab_size)
 from bridge.machine import PRESET_GPUS
 
 ADAM_STATE_BYTES, MASTER_BYTES, FP32_BYTES = 8, 4, 4
-LORA_RANK = 16
-"""Bridge v0.3.1's perf LoRA (llama3_70b_peft_config: dim 16, target_modules ["linear_qkv"])."""
 FSDP_BUFFERS = 2
 """Megatron-FSDP's double buffer (Bridge sets fsdp_double_buffer with use_megatron_fsdp)."""
 LOW_PRECISION_BYTES = {"tensorwise": 1.0, "delayed": 1.0, "mxfp8": 1 + 1 / 32, "blockwise": 1 + 4 / 128,
@@ -52,10 +52,11 @@ FP8_PRIMARY_PRECISIONS = ("fp8_cs", "fp8_mx")
 @dataclass(frozen=True)
 class Regime:
     """How the job holds its weights: as Bridge runs the preset, or as graphbridge's engine trains it
-    (ENGINE: megatron-core DDP, every weight trained, bf16 weights with Transformer Engine's copies)."""
+    (engine_regime: megatron-core DDP, LoRA as configured, bf16 weights with Transformer Engine's copies)."""
 
     megatron_fsdp: bool = False
-    lora: bool = False
+    adapted: Optional[Tuple[str, ...]] = None
+    """LoRA's target layers (None: no LoRA, every weight trains)."""
     fp8_primary_weights: bool = False
     weight_copies: bool = True
     """Transformer Engine keeps its quantized copy of each weight (off: disable_parameter_transpose_cache)."""
@@ -63,19 +64,20 @@ class Regime:
     def differences(self) -> list:
         """What graphbridge's engine does not do of this regime (it trains every weight, with DDP, from
         bf16 weights and Transformer Engine's cached copies), in words."""
-        named = [(self.megatron_fsdp, "Megatron-FSDP"), (self.lora, "LoRA"),
-                 (self.fp8_primary_weights, "fp8 primary weights"),
+        named = [(self.megatron_fsdp, "Megatron-FSDP"), (self.fp8_primary_weights, "fp8 primary weights"),
                  (not (self.weight_copies or self.fp8_primary_weights), "no cached low-precision weights")]
         return [words for differs, words in named if differs]
 
 
-ENGINE = Regime()
+def engine_regime(cfg) -> Regime:
+    """The regime of ``cfg`` as graphbridge's engine trains it: DDP, its own LoRA, bf16 weights."""
+    return Regime(adapted=lora_targets(cfg))
 
 
 def bridge_regime(cfg) -> Regime:
-    """The regime of ``cfg`` as Bridge runs it: its FSDP, LoRA and precision settings (workload.*)."""
+    """The regime of ``cfg`` as Bridge runs it: its FSDP, LoRA and precision settings (workload.*, peft)."""
     workload = cfg.workload
-    return Regime(megatron_fsdp=workload.megatron_fsdp, lora=workload.task == "lora",
+    return Regime(megatron_fsdp=workload.megatron_fsdp, adapted=lora_targets(cfg),
                   fp8_primary_weights=workload.precision in FP8_PRIMARY_PRECISIONS,
                   weight_copies=workload.task == "pretrain" or low_precision_bytes(cfg.model) is None)
 
@@ -158,12 +160,19 @@ def attention_parameters(model) -> float:
 
 
 def lora_parameters(cfg) -> float:
-    """The adapters one GPU of the largest stage trains: linear_qkv's down- and up-projection per layer."""
+    """The adapters one GPU of the largest stage trains: each adapted layer's A (input x rank) and B (rank x
+    output), split over TP; the MLP's in dense layers and shared experts (routed experts have none)."""
     model = cfg.model
     h, heads = model.hidden_size, model.num_attention_heads
     channels = model.kv_channels or h // heads
-    qkv = channels * (heads + 2 * (model.num_query_groups or heads))
-    return layers_per_stage(cfg) * LORA_RANK * (h + qkv / model.tensor_model_parallel_size)
+    glu = 2 if model.gated_linear_unit else 1
+    dense_share = 1 - moe_layer_count(model) / model.num_layers
+    shared = model.moe_shared_expert_intermediate_size or 0
+    ffn = dense_share * dense_ffn_hidden_size(model) + (1 - dense_share) * shared
+    sides = {"linear_qkv": h + channels * (heads + 2 * (model.num_query_groups or heads)),
+             "linear_proj": heads * channels + h, "linear_fc1": h + glu * ffn, "linear_fc2": ffn + h}
+    per_layer = sum(sides[target] for target in lora_targets(cfg) or ())
+    return layers_per_stage(cfg) * cfg.peft.dim * per_layer / model.tensor_model_parallel_size
 
 
 @dataclass
@@ -183,7 +192,7 @@ def state_bytes(cfg, regime: Regime) -> StateBytes:
     params = parameters_per_gpu(cfg)
     held = params["dense"] + params["experts"]
     dense_shards, expert_shards = optimizer_shards(cfg)
-    if regime.lora:  # the adapters are dense: sharded over data x context parallel
+    if regime.adapted is not None:  # the adapters are dense: sharded over data x context parallel
         trainable, sharded = lora_parameters(cfg), lora_parameters(cfg) / dense_shards
     else:
         trainable, sharded = held, params["dense"] / dense_shards + params["experts"] / expert_shards

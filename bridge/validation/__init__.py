@@ -21,6 +21,7 @@ from bridge.validation import (  # noqa: F401  (importing registers the rules)
     moe_quantization_rules,
     optimizer_rules,
     parallel_split_rules,
+    peft_rules,
     pipeline_layout_rules,
     quantized_shape_rules,
     recompute_rules,

@@ -43,7 +43,7 @@ def memory_capacity_here(cfg, target):
 
 
 @rule("engine_memory", engine="megatron",
-      rejects="a preset that fits its GPU as Megatron-Bridge runs it (Megatron-FSDP, LoRA, fp8 primary weights) "
+      rejects="a preset that fits its GPU as Megatron-Bridge runs it (Megatron-FSDP, fp8 primary weights) "
               f"but not as graphbridge's engine, which does none of them, trains it (even {ESTIMATE_ERROR:.0%} lower)",
       fix="more GPUs (higher TP or PP with train.num_gpus), or train the preset with Megatron-Bridge itself")
 def engine_memory(cfg, target):

@@ -99,6 +99,7 @@ RANGES = {
     "optimizer.adam_eps": (0.0, None), "optimizer.clip_grad": (0.0, None),
     "model.moe_expert_capacity_factor": (0.0, None), "model.rope_scaling_factor": (0.0, None),
     "model.rotary_scaling_factor": (0.0, None), "model.moe_router_topk_scaling_factor": (0.0, None),
+    "peft.dim": (1, None), "peft.alpha": (1, None), "peft.dropout": (0.0, 1.0),
 }
 EXCLUSIVE_LOW = {"model.layernorm_epsilon", "model.init_method_std", "model.rotary_base", "model.rotary_percent",
                  "model.moe_input_jitter_eps", "optimizer.adam_eps", "model.moe_expert_capacity_factor",
@@ -107,7 +108,8 @@ EXCLUSIVE_LOW = {"model.layernorm_epsilon", "model.init_method_std", "model.rota
 scaling factor of 0 zeroes what it scales, a capacity factor of 0 drops every token, a rotary base of 1 gives every
 channel one frequency and YaRN divides by its logarithm: deepseek/tiny with model.rotary_base=1.0 failed at build;
 YaRN's ramp bounds, which only YaRN reads, are engine_rules.yarn_betas's)."""
-EXCLUSIVE_HIGH = {"model.attention_dropout", "model.hidden_dropout", "optimizer.adam_beta1", "optimizer.adam_beta2"}
+EXCLUSIVE_HIGH = {"model.attention_dropout", "model.hidden_dropout", "optimizer.adam_beta1", "optimizer.adam_beta2",
+                  "peft.dropout"}
 """Floats that must stay below their highest value (a dropout of 1 drops everything)."""
 
 
@@ -199,6 +201,7 @@ CHOICES = {
     "model.cross_entropy_fusion_impl": ("native", "te"),
     "optimizer.optimizer": ("adam", "sgd"),
     "workload.task": ("pretrain", "sft", "lora"),
+    "peft.dropout_position": ("pre", "post"),
     "workload.gpu": tuple(PRESET_GPUS),
     "workload.precision": ("bf16", *PRECISION_CAPABILITY),
 }

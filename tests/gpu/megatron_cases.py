@@ -115,6 +115,9 @@ CASES = (
        for choice in ("none", "te_attn_moe_router", "te_moe_router")]
     + [TrainingCase(recipe, choice, DROP_AND_PAD) for recipe in MOE_RECIPES
        for choice in ("full_iteration", "local_layer")]
+    # LoRA: adapters beside frozen weights, inside each kind of graph, on both layer specs
+    + [TrainingCase("llama/tiny_lora", choice) for choice in ("none", "full_iteration", "local_layer", "te_attn_mlp")]
+    + [TrainingCase("llama/tiny_lora", choice, (LOCAL_SPEC,)) for choice in ("none", "full_iteration")]
 )
 FROZEN = TrainingCase("llama/tiny", "none", ("optimizer.lr=0.0", "optimizer.min_lr=0.0"))
 TRAINED = TrainingCase("llama/tiny", "none")

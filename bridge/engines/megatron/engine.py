@@ -30,7 +30,7 @@ import threading
 import warnings
 from contextlib import nullcontext
 from functools import partial
-from typing import List, Optional, Set
+from typing import List, Optional, Set, Tuple
 
 import torch
 from megatron.core import parallel_state
@@ -49,6 +49,7 @@ from bridge.config.graphs import graph_impl
 from bridge.config.schema import CudaGraphImpl, GraphBridgeConfig
 from bridge.data import MockData
 from bridge.diagnosis import graph_region
+from bridge.engines.base import count_parameters
 from bridge.engines.finite_check import FiniteCheck
 from bridge.engines.megatron.capturable_optimizer import CapturableAdamW, ScheduleView
 from bridge.engines.megatron.compat import batch_on_this_cp_rank
@@ -118,7 +119,8 @@ class MegatronEngine:
         self.model_chunks = build_model_chunks(
             self.transformer_config, configs["gpt_model"], configs["ddp_config"],
             use_transformer_engine=self.layer_spec == "transformer_engine",
-            overlap_param_gather_with_optimizer_step=cfg.optimizer.overlap_param_gather_with_optimizer_step)
+            overlap_param_gather_with_optimizer_step=cfg.optimizer.overlap_param_gather_with_optimizer_step,
+            peft=cfg.peft)
         # Graph machinery and optimizer come after the model, so the weights never depend on the impl.
         torch.cuda.synchronize()
         # Translation chose the in-graph optimizer: megatron-core's own optimizer graph (a capturable megatron
@@ -240,6 +242,9 @@ class MegatronEngine:
 
     def graph_count(self) -> int:
         return self.graphs.graph_count()
+
+    def parameter_counts(self) -> Tuple[int, int]:
+        return count_parameters(self.model_chunks)
 
     def finite_steps(self) -> Optional[torch.Tensor]:
         """Steps before the first non-finite loss or gradient norm, on the device (None: check off)."""

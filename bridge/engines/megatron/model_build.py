@@ -1,8 +1,8 @@
 """The model the megatron engine trains: one GPTModel per virtual pipeline stage, built from megatron-core's
 layer specs as Megatron-LM's gpt_builders build it, with Transformer Engine's uninitialised attention sinks
-zeroed, in Float16Module and megatron-core's DDP."""
+zeroed and, under peft=lora, adapters beside frozen weights (lora.py), in Float16Module and megatron-core's DDP."""
 
-from typing import List
+from typing import List, Optional
 
 import torch
 from megatron.core import parallel_state
@@ -18,10 +18,14 @@ from megatron.core.models.gpt.gpt_layer_specs import (
 )
 from megatron.core.transformer.module import Float16Module
 
+from bridge.config.schema import PeftConfig, PeftScheme
+from bridge.engines.megatron.lora import add_lora
+
 
 def build_model_chunks(transformer_config, gpt_model_args, ddp_config, use_transformer_engine: bool,
-                       overlap_param_gather_with_optimizer_step: bool) -> List:
-    """One GPTModel per virtual pipeline stage, each in Float16Module and megatron DDP."""
+                       overlap_param_gather_with_optimizer_step: bool, peft: Optional[PeftConfig] = None) -> List:
+    """One GPTModel per virtual pipeline stage, each in Float16Module and megatron DDP. LoRA's adapters come after
+    the base weights are drawn, so those are the same with and without them."""
     vp_size = transformer_config.virtual_pipeline_model_parallel_size
     chunks = []
     for vp_stage in range(vp_size) if vp_size else [None]:
@@ -37,6 +41,8 @@ def build_model_chunks(transformer_config, gpt_model_args, ddp_config, use_trans
             post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
             vp_stage=vp_stage, **gpt_model_args)
         zero_attention_sinks(model)
+        if peft is not None and PeftScheme(peft.scheme) == PeftScheme.lora:
+            add_lora(model, transformer_config, peft)
         model.cuda(torch.cuda.current_device())
         if transformer_config.bf16 or transformer_config.fp16:
             model = Float16Module(transformer_config, model)

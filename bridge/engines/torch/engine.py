@@ -21,7 +21,7 @@ microbatches of the global batch, bf16 autocast on CUDA when model.bf16.
 import contextlib
 import gc
 import math
-from typing import Dict, Optional, Set
+from typing import Dict, Optional, Set, Tuple
 
 import torch
 
@@ -29,6 +29,7 @@ from bridge.config.graphs import graph_impl
 from bridge.config.schema import CudaGraphImpl, GraphBridgeConfig, OptimizerConfig
 from bridge.data import MockData
 from bridge.diagnosis import graph_region
+from bridge.engines.base import count_parameters
 from bridge.engines.finite_check import FiniteCheck
 from bridge.engines.torch.graphs import FullIterationGraph, ModuleGraphs, select_modules
 from bridge.engines.torch.native_model import build_native_model
@@ -101,6 +102,9 @@ class TorchEngine:
             return self.module_graphs.count()
         # cudagraph trees are owned by torch.compile; counted as one graph while alive.
         return int(self.compile_mode == "reduce-overhead" and bool(self._capture_steps))
+
+    def parameter_counts(self) -> Tuple[int, int]:
+        return count_parameters([self.model])
 
     def finite_steps(self) -> Optional[torch.Tensor]:
         """Steps before the first non-finite loss or gradient norm, on the device (None: check off)."""
@@ -181,9 +185,11 @@ def effective_impl(cfg: GraphBridgeConfig, device: torch.device) -> str:
 
 def build_optimizer(model: torch.nn.Module, config: OptimizerConfig, device: torch.device,
                     capturable: bool) -> torch.optim.AdamW:
-    """AdamW; ``capturable`` keeps its step count and learning rate on the device for graphs."""
-    decayed = [p for name, p in model.named_parameters() if p.dim() >= 2 and not name.endswith("bias")]
-    not_decayed = [p for name, p in model.named_parameters() if p.dim() < 2 or name.endswith("bias")]
+    """AdamW over the trainable weights (the adapters alone under LoRA); ``capturable`` keeps its step count and
+    learning rate on the device for graphs."""
+    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    decayed = [p for name, p in trainable if p.dim() >= 2 and not name.endswith("bias")]
+    not_decayed = [p for name, p in trainable if p.dim() < 2 or name.endswith("bias")]
     groups = [{"params": decayed, "weight_decay": config.weight_decay},
               {"params": not_decayed, "weight_decay": 0.0}]
     lr = torch.tensor(config.lr, device=device) if capturable else config.lr

@@ -28,7 +28,8 @@ from torch import nn
 
 from bridge.config.engines import TORCH_ROTARY_TYPES
 from bridge.config.model_facts import moe_layer_pattern, padded_vocab_size
-from bridge.config.schema import GraphBridgeConfig, ModelConfig
+from bridge.config.schema import GraphBridgeConfig, ModelConfig, PeftScheme
+from bridge.engines.torch.lora import add_lora
 
 
 def _quick_gelu(x: torch.Tensor) -> torch.Tensor:
@@ -361,7 +362,8 @@ class NativeGPT(nn.Module):
 
 
 def build_native_model(cfg: GraphBridgeConfig) -> NativeGPT:
-    """The model on CPU, initialised from ``rng.seed`` alone (same weights for every impl)."""
+    """The model on CPU, initialised from ``rng.seed`` alone (same weights for every impl); under peft=lora the
+    adapters are drawn after the base weights, which stay as they are without them."""
     model = NativeGPT(cfg.model, padded_vocab_size(cfg))
     generator = torch.Generator().manual_seed(cfg.rng.seed)
     with torch.no_grad():
@@ -370,4 +372,6 @@ def build_native_model(cfg: GraphBridgeConfig) -> NativeGPT:
                 parameter.zero_()
             elif parameter.dim() >= 2:
                 parameter.normal_(0.0, cfg.model.init_method_std, generator=generator)
+    if PeftScheme(cfg.peft.scheme) == PeftScheme.lora:
+        add_lora(model, cfg.peft, generator)
     return model
