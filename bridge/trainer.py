@@ -14,6 +14,7 @@ result.json with what was measured so far.
 
 import os
 import signal
+import threading
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -80,7 +81,7 @@ class Trainer:
         status, reason = "completed", None
         # Counted by hand, not iterated: tqdm closes (and draws its last line) when its iterator ends, before
         # the last step's loss arrives from the step clock, so the bar would end one loss behind.
-        progress = tqdm(total=self.cfg.train.train_iters, unit="step", disable=not self.is_reporting_rank,
+        progress = progress_bar(total=self.cfg.train.train_iters, unit="step", disable=not self.is_reporting_rank,
                         desc=f"{self.engine.name} {self.engine.effective_impl}")
         try:
             for step in range(self.cfg.train.train_iters):
@@ -127,3 +128,12 @@ class Trainer:
     def _interrupt_reason(self, step: int) -> str:
         return (f"{self.stopped_by.name} received: stopped at the step boundary after {step} of "
                 f"{self.cfg.train.train_iters} steps")
+
+
+def progress_bar(**options) -> tqdm:
+    """The run's bar, under a thread lock: tqdm's default lock is a multiprocessing one, a named semaphore that the
+    resource tracker of the process which started this one records. cuda_graph=auto's probe kills each run once its
+    result is written, and its parent then warned at exit of "14 leaked semaphore objects" (one a probe run, on an
+    H100: main_job_025da11.log). One process writes this bar; a thread lock is all it needs."""
+    tqdm.set_lock(threading.RLock())
+    return tqdm(**options)

@@ -6,6 +6,8 @@ the speedup its probe measured (a synthetic result: no GPU here)."""
 import json
 import os
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -124,3 +126,37 @@ def test_after_a_confirming_round_the_speedup_is_of_the_mean_runs_the_decision_w
     print_summary(gpu_result("transformer_engine", [], auto, 8, 3), tmp_path / "result.json")
     assert "speedup:   1.33x eager's speed: te_layer took 9.00 ms a step in the probe, eager 12.00 ms" in (
         capsys.readouterr().out.splitlines())
+
+
+KILLED_RUN = '''
+import multiprocessing, sys, time
+from pathlib import Path
+
+
+def run(drawn):
+    from bridge.trainer import progress_bar
+    progress_bar(total=3).update(1)
+    Path(drawn).touch()
+    time.sleep(120)
+
+
+if __name__ == "__main__":
+    drawn = Path(sys.argv[1])
+    process = multiprocessing.get_context("forkserver").Process(target=run, args=(str(drawn),))
+    process.start()
+    while not drawn.exists() and process.is_alive():
+        time.sleep(0.1)
+    process.kill()  # as cuda_graph=auto's probe kills a run once its result is written
+    process.join()
+'''
+
+
+def test_a_killed_run_leaves_its_parent_no_semaphore_to_warn_about(tmp_path):
+    """The probe kills each run after its result: the run's progress bar holds no named semaphore, whose leak the
+    parent's resource tracker would report after the result path (bridge.trainer.progress_bar)."""
+    script = tmp_path / "killed_run.py"
+    script.write_text(KILLED_RUN)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "drawn")], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0 and (tmp_path / "drawn").exists(), done.stderr[-2000:]
+    assert "leaked semaphore" not in done.stderr
