@@ -228,6 +228,20 @@ def composed_once(monkeypatch):
     monkeypatch.setattr(load, "compose", composed)
 
 
+@pytest.fixture(autouse=True)
+def allocator_environment():
+    """Every test leaves the allocator's variables as it found them: a graphed job that bridge.run.main trains in
+    this process sets them in os.environ (bridge/allocator.py), and a later test's subprocess, which inherits them,
+    would read them as the user's own (a plan then adds no option of its own)."""
+    found = {name: os.environ.get(name) for name in ("PYTORCH_CUDA_ALLOC_CONF", "NCCL_GRAPH_REGISTER")}
+    yield
+    for name, value in found.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture
 def cache_home(tmp_path, monkeypatch):
     """The cuda_graph=auto decision cache of this test alone ($XDG_CACHE_HOME)."""
@@ -255,6 +269,9 @@ class ScriptedEngine:
 
     def graph_count(self):
         return 0 if self.closed else int(self.capture_step is not None)
+
+    def parameter_counts(self):
+        return 100, 10
 
     def close(self):
         self.closed += 1

@@ -26,7 +26,8 @@ from bridge.trainer import Trainer
 
 RESULT_KEYS = {"status", "reason", "config_digest", "job", "engine", "device", "impl", "effective_impl", "modules",
                "train_iters", "steps_completed", "step_time_ms", "timed_step_ms", "profiled_steps", "capture_step",
-               "capture_time_s", "graph_count", "tokens_per_s", "tflops_per_gpu", "memory", "loss", "env", "auto", "created"}
+               "capture_time_s", "graph_count", "tokens_per_s", "tflops_per_gpu", "memory", "parameters", "loss", "env",
+               "auto", "created"}
 
 
 def test_torch_run_writes_every_result_key(read_result, small_config, write_job, tmp_path):
