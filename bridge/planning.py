@@ -163,7 +163,7 @@ class Plan:
             f"  workload:  task={cfg.workload.task} gpu={cfg.workload.gpu} precision={cfg.workload.precision} "
             f"num_gpus={cfg.train.num_gpus} num_nodes={cfg.train.num_nodes}",
             *([f"  peft:      lora rank {cfg.peft.dim} (alpha {cfg.peft.alpha}) on "
-               f"{', '.join(lora_targets(cfg))}; every other weight frozen"] if lora_targets(cfg) else []),
+               f"{', '.join(lora_targets(cfg.peft))}; every other weight frozen"] if lora_targets(cfg.peft) else []),
             f"  model:     layers={model.num_layers} hidden={model.hidden_size} heads={model.num_attention_heads} "
             f"experts={model.num_moe_experts} seq={cfg.dataset.seq_length}",
             f"  parallel:  TP={model.tensor_model_parallel_size} PP={model.pipeline_model_parallel_size} "

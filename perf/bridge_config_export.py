@@ -20,8 +20,9 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
+from bridge.config.peft import lora_targets
 from bridge.config.releases import RELEASES
-from bridge.config.schema import CudaGraphImpl, GraphBridgeConfig, PeftScheme
+from bridge.config.schema import CudaGraphImpl, GraphBridgeConfig
 from bridge.translate.arguments import MLA_FIELDS
 from perf.bridge_config_fields import (ACTIVATION_TARGETS, CONTAINER, LORA, LORA_FIELDS, PLANNED_FOR, PROVIDERS,
                                        SAME_NAME, YARN)
@@ -75,7 +76,7 @@ def not_carried(cfg: GraphBridgeConfig) -> List[str]:
     if cfg.optimizer.optimizer_in_graph and CudaGraphImpl(cfg.model.cuda_graph_impl) == CudaGraphImpl.full_iteration:
         notes.append("Not carried: optimizer.optimizer_in_graph=true (Bridge 0.3.1 steps the optimizer outside "
                      "the full-iteration graph).")
-    if PeftScheme(cfg.peft.scheme) == PeftScheme.lora:
+    if lora_targets(cfg.peft):
         notes.append("Set checkpoint.pretrained_checkpoint: Bridge's LoRA loads its frozen base weights from a "
                      "checkpoint, where graphbridge draws them from the seed.")
     if cfg.dataset.packed_sequence:
@@ -162,7 +163,7 @@ def _graphs(cfg: GraphBridgeConfig) -> Dict[str, Any]:
 
 
 def _peft(cfg: GraphBridgeConfig) -> Optional[Dict[str, Any]]:
-    if PeftScheme(cfg.peft.scheme) != PeftScheme.lora:
+    if lora_targets(cfg.peft) is None:
         return None
     return {"_target_": LORA, **{name: _plain(getattr(cfg.peft, name)) for name in LORA_FIELDS}}
 

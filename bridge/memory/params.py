@@ -33,9 +33,9 @@ import math
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
-from bridge.config.peft import lora_targets
 from bridge.config.model_facts import (dense_ffn_hidden_size, expert_tensor_parallel_size, moe_layer_count,
                                        padded_vocab_size)
+from bridge.config.peft import lora_targets
 from bridge.machine import PRESET_GPUS
 
 ADAM_STATE_BYTES, MASTER_BYTES, FP32_BYTES = 8, 4, 4
@@ -71,13 +71,13 @@ class Regime:
 
 def engine_regime(cfg) -> Regime:
     """The regime of ``cfg`` as graphbridge's engine trains it: DDP, its own LoRA, bf16 weights."""
-    return Regime(adapted=lora_targets(cfg))
+    return Regime(adapted=lora_targets(cfg.peft))
 
 
 def bridge_regime(cfg) -> Regime:
     """The regime of ``cfg`` as Bridge runs it: its FSDP, LoRA and precision settings (workload.*, peft)."""
     workload = cfg.workload
-    return Regime(megatron_fsdp=workload.megatron_fsdp, adapted=lora_targets(cfg),
+    return Regime(megatron_fsdp=workload.megatron_fsdp, adapted=lora_targets(cfg.peft),
                   fp8_primary_weights=workload.precision in FP8_PRIMARY_PRECISIONS,
                   weight_copies=workload.task == "pretrain" or low_precision_bytes(cfg.model) is None)
 
@@ -171,7 +171,7 @@ def lora_parameters(cfg) -> float:
     ffn = dense_share * dense_ffn_hidden_size(model) + (1 - dense_share) * shared
     sides = {"linear_qkv": h + channels * (heads + 2 * (model.num_query_groups or heads)),
              "linear_proj": heads * channels + h, "linear_fc1": h + glu * ffn, "linear_fc2": ffn + h}
-    per_layer = sum(sides[target] for target in lora_targets(cfg) or ())
+    per_layer = sum(sides[target] for target in lora_targets(cfg.peft) or ())
     return layers_per_stage(cfg) * cfg.peft.dim * per_layer / model.tensor_model_parallel_size
 
 

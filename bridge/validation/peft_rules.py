@@ -14,7 +14,7 @@ TARGETS = "peft.target_modules"
               "linear_qkv of multi-latent attention, the MLP layers of a model with routed experts",
       fix="`peft.target_modules` the message lists, or `peft=none`")
 def lora_targets_rule(cfg, target):
-    targets = lora_targets(cfg)
+    targets = lora_targets(cfg.peft)
     if targets is None:
         return None
     model, missing = cfg.model, []
@@ -42,7 +42,7 @@ def lora_targets_rule(cfg, target):
               "(linear_qkv, linear_fc1: the adapter's down-projection splits its rank over the TP ranks)",
       fix="`peft.dim` a multiple of `model.tensor_model_parallel_size`")
 def lora_rank_tensor_parallel(cfg, target):
-    targets, tp = lora_targets(cfg), cfg.model.tensor_model_parallel_size
+    targets, tp = lora_targets(cfg.peft), cfg.model.tensor_model_parallel_size
     if not targets or tp < 1 or cfg.peft.dim < 1 or cfg.peft.dim % tp == 0:
         return None
     split = [name for name in targets if name in COLUMN_PARALLEL_TARGETS]

@@ -21,7 +21,7 @@ gradient norm and optimizer.
 
 import contextlib
 import re
-from typing import Iterator, List, Tuple
+from typing import Iterator, Tuple
 
 import torch
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
@@ -32,7 +32,7 @@ from megatron.core.tensor_parallel.mappings import (
 from torch import nn
 
 from bridge.config.peft import COLUMN_PARALLEL_TARGETS
-from bridge.config.schema import LoraTarget, PeftConfig
+from bridge.config.schema import PeftConfig
 
 ROUTED_EXPERTS = re.compile(r"(^|\.)experts\.")
 """Routed experts live under ``mlp.experts.`` (grouped or sequential); shared experts under ``shared_experts.``."""
@@ -127,7 +127,7 @@ def split_output(returned, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor,
     return output, bias, x
 
 
-def targeted_layers(model: nn.Module, targets: List[str]) -> Iterator[Tuple[nn.Module, str, nn.Module]]:
+def targeted_layers(model: nn.Module, targets: Tuple[str, ...]) -> Iterator[Tuple[nn.Module, str, nn.Module]]:
     """(parent, attribute, layer) of each linear layer ``targets`` names, outside routed experts."""
     for name, module in list(model.named_modules()):
         for attribute, child in list(module.named_children()):
@@ -135,12 +135,9 @@ def targeted_layers(model: nn.Module, targets: List[str]) -> Iterator[Tuple[nn.M
                 yield module, attribute, child
 
 
-def add_lora(model: nn.Module, config, peft: PeftConfig) -> int:
-    """Freeze ``model`` and put an adapter beside each targeted layer; returns how many layers got one."""
-    for parameter in model.parameters():
-        parameter.requires_grad_(False)
-    targets = [LoraTarget(target).value for target in peft.target_modules]
-    wrapped = 0
+def add_lora(model: nn.Module, config, peft: PeftConfig, targets: Tuple[str, ...]) -> None:
+    """Freeze ``model`` and put an adapter beside each layer ``targets`` names (bridge.config.peft.lora_targets)."""
+    model.requires_grad_(False)
     for parent, attribute, layer in list(targeted_layers(model, targets)):
         column_parallel = attribute in COLUMN_PARALLEL_TARGETS
         out_local, in_local = layer.weight.shape
@@ -148,5 +145,3 @@ def add_lora(model: nn.Module, config, peft: PeftConfig) -> int:
         in_features, out_features = (in_local, out_local * tp) if column_parallel else (in_local * tp, out_local)
         adapter = LoraAdapter(config, column_parallel, in_features, out_features, peft)
         setattr(parent, attribute, LoraLinear(layer, adapter))
-        wrapped += 1
-    return wrapped

@@ -18,7 +18,8 @@ from megatron.core.models.gpt.gpt_layer_specs import (
 )
 from megatron.core.transformer.module import Float16Module
 
-from bridge.config.schema import PeftConfig, PeftScheme
+from bridge.config.peft import lora_targets
+from bridge.config.schema import PeftConfig
 from bridge.engines.megatron.lora import add_lora
 
 
@@ -41,8 +42,9 @@ def build_model_chunks(transformer_config, gpt_model_args, ddp_config, use_trans
             post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
             vp_stage=vp_stage, **gpt_model_args)
         zero_attention_sinks(model)
-        if peft is not None and PeftScheme(peft.scheme) == PeftScheme.lora:
-            add_lora(model, transformer_config, peft)
+        targets = lora_targets(peft) if peft is not None else None
+        if targets:
+            add_lora(model, transformer_config, peft, targets)
         model.cuda(torch.cuda.current_device())
         if transformer_config.bf16 or transformer_config.fp16:
             model = Float16Module(transformer_config, model)

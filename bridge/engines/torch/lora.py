@@ -3,7 +3,7 @@
 holds the adapters alone. The adapter adds ``alpha / dim * B(A(x))`` to the layer's output, A drawn like the
 megatron engine's (Xavier normal), B zero, so step 0 computes what the base model does."""
 
-from typing import Dict
+from typing import Dict, Tuple
 
 import torch
 from torch import nn
@@ -37,14 +37,11 @@ class LoraLinear(nn.Module):
         return self.base(x) + self.scale * adapted
 
 
-def add_lora(model: nn.Module, peft: PeftConfig, generator: torch.Generator) -> int:
-    """Freeze ``model`` and wrap each targeted linear layer; returns how many were wrapped."""
+def add_lora(model: nn.Module, peft: PeftConfig, targets: Tuple[str, ...], generator: torch.Generator) -> None:
+    """Freeze ``model`` and wrap each linear layer ``targets`` names (bridge.config.peft.lora_targets)."""
     model.requires_grad_(False)
-    names = {NATIVE_NAMES[LoraTarget(target).value] for target in peft.target_modules}
-    wrapped = 0
+    names = {NATIVE_NAMES[target] for target in targets}
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if name in names and isinstance(child, nn.Linear):
                 setattr(module, name, LoraLinear(child, peft, generator))
-                wrapped += 1
-    return wrapped

@@ -28,7 +28,8 @@ from torch import nn
 
 from bridge.config.engines import TORCH_ROTARY_TYPES
 from bridge.config.model_facts import moe_layer_pattern, padded_vocab_size
-from bridge.config.schema import GraphBridgeConfig, ModelConfig, PeftScheme
+from bridge.config.peft import lora_targets
+from bridge.config.schema import GraphBridgeConfig, ModelConfig
 from bridge.engines.torch.lora import add_lora
 
 
@@ -372,6 +373,7 @@ def build_native_model(cfg: GraphBridgeConfig) -> NativeGPT:
                 parameter.zero_()
             elif parameter.dim() >= 2:
                 parameter.normal_(0.0, cfg.model.init_method_std, generator=generator)
-    if PeftScheme(cfg.peft.scheme) == PeftScheme.lora:
-        add_lora(model, cfg.peft, generator)
+    targets = lora_targets(cfg.peft)
+    if targets:
+        add_lora(model, cfg.peft, targets, generator)
     return model
