@@ -3,6 +3,7 @@ scripts/gpu_check.sh equivalence): what it trains, how it pairs each run with it
 tests' tolerance is read back from its record."""
 
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,8 @@ def losses(level: float, late: float = 7.0, steps: int = equivalence.STEPS) -> l
     return [10.0] * start + [level] * (end - start) + [late] * (steps - end)
 
 
-def test_runs_are_measured_once_each_with_their_twins_losses_beside_them(monkeypatch):
+def test_runs_are_measured_once_each_with_their_twins_losses_beside_them(monkeypatch, tmp_path):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # measure's work directory: under pytest's, not /tmp
     trained = []
 
     def train(overrides, workdir, index, launch):
