@@ -38,7 +38,8 @@ class RankBuild:
     """What building one rank reached: ``stage`` is the last step taken (parallel state, model, optimizer, step),
     ``error`` megatron-core's refusal, ``not_here`` what stopped it that only a GPU machine has (CUDA, Transformer
     Engine), ``stepped`` whether a training step ran; ``parameters`` (every one, the trainable ones) and
-    ``gradient_buffer`` (the elements DDP's gradient buffers hold) once the model is built."""
+    ``gradient_buffer`` (the elements DDP's gradient buffers hold) once the model is built; ``gradient_sum`` the
+    absolute sum of what a step left in those buffers."""
     rank: int
     stage: str
     error: Optional[str] = None
@@ -46,6 +47,7 @@ class RankBuild:
     stepped: bool = False
     parameters: Optional[Tuple[int, int]] = None
     gradient_buffer: Optional[int] = None
+    gradient_sum: Optional[float] = None
 
     @property
     def built(self) -> bool:
@@ -129,6 +131,7 @@ class _CudaOnCpu(TorchFunctionMode):
 def cuda_on_cpu(capability=HOPPER) -> Iterator[None]:
     """CUDA's streams, device, RNG and tensors stood in by the CPU's, a GPU of ``capability``, and megatron-core's
     Gloo groups made fake (a fake store cannot rendezvous Gloo)."""
+    from megatron.core.fusions import fused_softmax
     from megatron.core.tensor_parallel import random as megatron_random
     from megatron.core.transformer.moe import moe_utils
 
@@ -146,6 +149,9 @@ def cuda_on_cpu(capability=HOPPER) -> Iterator[None]:
         # what megatron-core's graph-safe RNG tracker asks of PyTorch (a CPU build of PyTorch has no CUDA graphs)
         (torch.cuda.CUDAGraph, "register_generator_state", lambda *a: None),
         (torch.cuda, "graph_pool_handle", lambda: (0, 0)),  # CudaGraphManager takes its memory pool at model build
+        # autograd runs a custom Function's backward, and so recompute's second forward, outside the function mode
+        # below: the causal mask that forward makes on "cuda" is made here on the CPU
+        (fused_softmax, "get_default_causal_mask", _causal_mask),
         # megatron-core 0.16.1's router names Transformer Engine's GEMM unguarded where TE is missing (NameError);
         # the GPU node the plan is for has TE, and without it the router computes the same GEMM in torch
         (moe_utils, "te_general_gemm", getattr(moe_utils, "te_general_gemm", None)),
@@ -162,6 +168,10 @@ def cuda_on_cpu(capability=HOPPER) -> Iterator[None]:
                 delattr(owner, name)
             else:
                 setattr(owner, name, value)
+
+
+def _causal_mask(sq: int) -> torch.Tensor:
+    return torch.triu(torch.ones(sq, sq), diagonal=1).bool()
 
 
 def _rng_state(*args, graph_safe: bool = False, **kwargs):
@@ -291,6 +301,8 @@ def _build_and_step(cfg, result: RankBuild, step: bool) -> None:
         return
     result.stage = "step"
     _train_one_step(cfg, chunks, optimizer)
+    result.gradient_sum = sum(buffer.grad_data.abs().sum().item() for chunk in chunks
+                              for buffer in chunk.buffers + chunk.expert_parallel_buffers)
     result.stage, result.stepped = "stepped", True
 
 

@@ -14,6 +14,13 @@ LoRA uses, megatron.bridge.peft.utils.ParallelLinearAdapter):
 - row-parallel layers (linear_proj, linear_fc2: sharded input, reduced output): A is row-parallel, B is
   column-parallel and gathers; under sequence parallelism the output is split along the sequence as the layer's is.
 
+The decoder's input comes from a frozen embedding and needs no gradient, so megatron-core's recompute
+(CheckpointFunction) and its per-layer graphs (CudaGraphManager), which run their backward only for an input that
+needs one, would leave the first layers' adapters without gradients (recompute: silently, a step of zeros) or fail
+at capture ("grad requires non-empty inputs": local_layer on an H100 at fb59268, benchmarks/results/h100/
+mcore-0.19.2/gpu_tests.log). Under either, the decoder's input is made to require a gradient, as Megatron-Bridge
+does for recompute; this trains no weight.
+
 Adapters sit on dense MLPs and shared experts, never on routed experts (the catalogue refuses those targets for MoE
 models); their layers are built by megatron-core's own tensor-parallel classes, which mark their weights for its
 gradient norm and optimizer.
@@ -29,6 +36,7 @@ from megatron.core.tensor_parallel.mappings import (
     gather_from_sequence_parallel_region,
     scatter_to_sequence_parallel_region,
 )
+from megatron.core.transformer.transformer_block import TransformerBlock
 from torch import nn
 
 from bridge.config.peft import COLUMN_PARALLEL_TARGETS
@@ -145,3 +153,23 @@ def add_lora(model: nn.Module, config, peft: PeftConfig, targets: Tuple[str, ...
         in_features, out_features = (in_local, out_local * tp) if column_parallel else (in_local * tp, out_local)
         adapter = LoraAdapter(config, column_parallel, in_features, out_features, peft)
         setattr(parent, attribute, LoraLinear(layer, adapter))
+    if config.recompute_granularity is not None or config.cuda_graph_impl == "local":
+        for module in model.modules():
+            if isinstance(module, TransformerBlock):
+                module.register_forward_pre_hook(input_requires_grad, with_kwargs=True)
+
+
+def input_requires_grad(block: nn.Module, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
+    """A forward pre-hook of the decoder: its hidden_states (a keyword in GPTModel's call) as a tensor that needs a
+    gradient. Pipeline stages after the first receive one that already does, or None."""
+    if args:
+        args = (needing_grad(args[0]), *args[1:])
+    elif "hidden_states" in kwargs:
+        kwargs = {**kwargs, "hidden_states": needing_grad(kwargs["hidden_states"])}
+    return args, kwargs
+
+
+def needing_grad(hidden_states):
+    if torch.is_tensor(hidden_states) and hidden_states.is_floating_point() and not hidden_states.requires_grad:
+        return hidden_states.detach().requires_grad_(True)
+    return hidden_states
