@@ -17,18 +17,16 @@ from typing import Iterator, List, Optional
 
 import torch
 
-from bridge.config.graphs import graph_impl
+from bridge.config.graphs import compile_mode, graph_impl
 
 log = logging.getLogger(__name__)
 
 
 def capture_step(effective_impl: str, engine: str, warmup_steps: int) -> Optional[int]:
     """The step that captures the graphs of the impl that runs; None when none is captured."""
-    try:
-        impl = graph_impl(effective_impl)
-    except ValueError:  # torch.compile's cudagraph trees capture whenever torch decides
+    if compile_mode(effective_impl) is not None:  # torch.compile's cudagraph trees capture whenever torch decides
         return None
-    return impl.capture_step(warmup_steps, engine)
+    return graph_impl(effective_impl).capture_step(warmup_steps, engine)
 
 
 @contextmanager

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bridge.auto.decision import COMPLETED
-from bridge.config.graphs import EAGER_CHOICE, graph_impl, is_graphed
+from bridge.config.graphs import EAGER_CHOICE, compile_mode, graph_impl, is_graphed
 from bridge.config.schema import GraphBridgeConfig
 from bridge.result import build_result, write_result
 from bridge.steps import Steps
@@ -143,6 +143,11 @@ def closing_lines(result: dict, result_path: Optional[Path]) -> List[str]:
 def graphed(result: dict) -> str:
     """The graphs the run replayed and their scope, with the choice auto made where it chose; or nothing."""
     impl, auto = result["effective_impl"], result.get("auto")
+    mode = compile_mode(impl or "")
+    if mode == "reduce-overhead":
+        return f"the compiled model's steps, in torch.compile's CUDA graphs (torch_compile={mode})"
+    if mode is not None:
+        return f"nothing; torch.compile compiled the model without CUDA graphs (torch_compile={mode})"
     if impl is None or not is_graphed(impl):
         return "nothing, the run trained eagerly"
     graph, modules = graph_impl(impl), result["modules"] or []

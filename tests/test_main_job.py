@@ -111,6 +111,15 @@ KEPT_EAGER = probed("none", "the fastest graph choice, te_attn, is within the pr
       "captured at step 3)",
       "next:      `graphbridge recipe=llama/tiny cuda_graph=auto` times each graph choice against eager and trains "
       "with the fastest"]),
+    # the torch engine's torch.compile: its effective impl is no entry of the graph vocabulary
+    ({**gpu_result("torch_compile:reduce-overhead", [], None, 1), "engine": "torch"},
+     ["graphed:   the compiled model's steps, in torch.compile's CUDA graphs (torch_compile=reduce-overhead)",
+      "next:      `graphbridge recipe=llama/tiny cuda_graph=auto` times each graph choice against eager and trains "
+      "with the fastest"]),
+    ({**gpu_result("torch_compile:default", [], None), "engine": "torch"},
+     ["graphed:   nothing; torch.compile compiled the model without CUDA graphs (torch_compile=default)",
+      "next:      `graphbridge recipe=llama/tiny cuda_graph=auto` times each graph choice against eager and trains "
+      "with the fastest"]),
 ])
 def test_a_gpu_runs_closing_lines_say_what_was_graphed_what_it_bought_and_what_next(capsys, tmp_path, result,
                                                                                     expected):

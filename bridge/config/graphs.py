@@ -91,6 +91,20 @@ def is_graphed(impl: Union[str, CudaGraphImpl]) -> bool:
     return graph_impl(impl).graphed
 
 
+COMPILED = "torch_compile:"
+"""The torch engine's effective impl under ``torch_compile=MODE`` is ``torch_compile:MODE``: torch.compile, not
+this table, decides what it captures (mode reduce-overhead replays CUDA graphs through its cudagraph trees)."""
+
+
+def compiled_impl(mode: str) -> str:
+    return f"{COMPILED}{mode}"
+
+
+def compile_mode(effective_impl: str) -> Optional[str]:
+    """The torch.compile mode of an effective impl, or None for an impl of this table."""
+    return effective_impl[len(COMPILED):] if effective_impl.startswith(COMPILED) else None
+
+
 MEASURED_CHOICE = "auto"
 """The cuda_graph choice that names no impl: it is resolved before training. Its configuration is eager
 (conf/cuda_graph/auto.yaml), which is what the catalogue judges and a CPU trains; on a GPU the run times the

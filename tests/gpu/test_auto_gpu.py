@@ -44,8 +44,9 @@ def test_auto_probes_what_the_plan_lists_trains_the_winner_and_caches_it(cli, tm
     assert result["effective_impl"] != "none" or auto["chosen"] == "none"
     for name in ("summary.md", "summary.png", "round1/0/train.log"):
         assert (tmp_path / "first" / "auto" / name).is_file(), name
+    # the decision is logged once; the closing lines name it again, under "graphed:" (bridge.run_report)
     said = [line for line in first.stdout.splitlines() if "cuda_graph=auto chose" in line]
-    assert len(said) == 1, said
+    assert len(said) == 2 and said[1].startswith("graphed:"), said
 
     second = cli(*AUTO, "hydra.run.dir=second", cwd=tmp_path, env=env, timeout=PROBE_TIMEOUT_S)
     assert second.returncode == 0, second.stderr[-3000:]

@@ -25,7 +25,7 @@ from typing import Dict, Optional, Set, Tuple
 
 import torch
 
-from bridge.config.graphs import graph_impl
+from bridge.config.graphs import compile_mode, compiled_impl, graph_impl
 from bridge.config.schema import CudaGraphImpl, GraphBridgeConfig, OptimizerConfig
 from bridge.data import MockData
 from bridge.diagnosis import graph_region
@@ -62,7 +62,7 @@ class TorchEngine:
         self.module_graphs = None
         if self.effective_impl == CudaGraphImpl.local.value:
             self.module_graphs = ModuleGraphs(select_modules(self.model, cfg.model.cuda_graph_modules))
-        self.compile_mode = cfg.torch_compile if self.effective_impl.startswith("torch_compile") else None
+        self.compile_mode = compile_mode(self.effective_impl)
         self.forward = self.model
         if self.compile_mode is not None:
             self.forward = torch.compile(self.model, mode=None if self.compile_mode == "default" else self.compile_mode)
@@ -179,7 +179,7 @@ def effective_impl(cfg: GraphBridgeConfig, device: torch.device) -> str:
     if device.type != "cuda":
         return "none"
     if cfg.torch_compile != "none":
-        return f"torch_compile:{cfg.torch_compile}"
+        return compiled_impl(cfg.torch_compile)
     return CudaGraphImpl(cfg.model.cuda_graph_impl).value
 
 
