@@ -3,13 +3,17 @@ eager and graphed, each through the real `graphbridge` CLI in a fresh process.
 
     python benchmarks/memory_accuracy.py --out benchmarks/results/h100/mcore-0.19.2/memory_accuracy.json
     python benchmarks/memory_accuracy.py --list
+    python benchmarks/memory_accuracy.py --re-estimate benchmarks/results/h100/mcore-0.19.2/memory_accuracy.json
     python scripts/memory_table.py      # docs/memory.md's table, from the records
 
 Per row: the overrides, the plan's estimate (``plan.format=json``'s memory.total_gib, the estimate of peak reserved
 memory, and its terms), the run's peak allocated and peak reserved memory (result.json), the estimate's error
 against the reserved peak, and for a graphed row ``reserved_vs_eager``: its reserved peak over its eager twin's.
 Several jobs share the GPU at once where their estimates leave room (the allocator's figures are per process);
-the record is rewritten atomically after every row.
+the record is rewritten atomically after every row. ``--re-estimate`` (on any machine) gives a record's measured
+rows the estimate bridge/memory makes now, and names the commit in ``summary.estimated_at``: the jobs do not depend
+on the estimate, so after a change to bridge/memory the record shows it against the same peaks until the GPU
+measures them again.
 """
 
 import argparse
@@ -165,6 +169,19 @@ def run_cases(names: List[str], capacity_gib: float, save) -> Dict[str, dict]:
     return rows
 
 
+def re_estimate(record_path: Path) -> int:
+    """The record's rows with today's estimate against their measured peaks (the module's docstring)."""
+    record = json.loads(record_path.read_text())
+    for row in record["rows"]:
+        row.update(estimate_of(Case(tuple(row["overrides"]))))
+        if row.get("peak_reserved_gib"):
+            row["estimate_vs_reserved"] = round(row["estimate_gib"] / row["peak_reserved_gib"], 3)
+        print(row_line(row) if row["status"] == "completed" else f"{row['name']:<40} {row['status']}")
+    record["summary"]["estimated_at"] = git_commit()
+    write_json_atomic(record_path, record)
+    return 0
+
+
 def row_line(row: dict) -> str:
     if row["status"] != "completed":
         return f"{row['name']:<40} {row['status']}: {row['reason']}"
@@ -179,7 +196,11 @@ def main(argv=None) -> int:
     parser.add_argument("cases", nargs="*", help="the cases to run (default: all)")
     parser.add_argument("--out", type=Path, help="the record (JSON)")
     parser.add_argument("--list", action="store_true", help="print the cases and their estimates, and stop")
+    parser.add_argument("--re-estimate", type=Path, metavar="RECORD",
+                        help="give RECORD's rows today's estimate against their measured peaks, and stop")
     args = parser.parse_args(argv)
+    if args.re_estimate:
+        return re_estimate(args.re_estimate)
     names = args.cases or list(CASES)
     unknown = [name for name in names if name not in CASES]
     if unknown:

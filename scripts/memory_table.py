@@ -38,6 +38,12 @@ def rows_of(path: Path) -> List[str]:
     return rows
 
 
+def estimated_at(summary: dict) -> str:
+    """Where `memory_accuracy.py --re-estimate` gave the rows a later estimate than the one they were run with."""
+    commit = summary.get("estimated_at")
+    return f"; the estimates are bridge/memory's at {commit} (`--re-estimate`)" if commit else ""
+
+
 def markdown() -> str:
     parts = []
     for path in sorted(ROOT.glob(RECORDS)):
@@ -45,7 +51,8 @@ def markdown() -> str:
         versions = summary["versions"]
         parts += [f"`{path.relative_to(ROOT)}`: {summary['gpu']}, megatron-core {versions['megatron-core']}, "
                   f"Transformer Engine {versions['transformer-engine']}, PyTorch {versions['torch']}, at "
-                  f"{summary['commit']}, {summary['steps']} steps a job (`{summary['command']}`).", "",
+                  f"{summary['commit']}, {summary['steps']} steps a job (`{summary['command']}`)"
+                  f"{estimated_at(summary)}.", "",
                   HEADER, "|---|---|---|---|---|---|---|", *rows_of(path), ""]
     return "\n".join(parts).rstrip("\n")
 

@@ -41,6 +41,19 @@ alone. Measured on an H100 (benchmarks/capture_holders.py, what is live at the p
 1B's widths at four layers, megatron-core 0.19.2, memory_diagnosis_025da11.json): 1.0 GiB of glu
 copies and 0.49 GiB of the output layer's weight gradient; with them the estimate is 1 % under the
 measured peak instead of 12 %.
+
+megatron-core's local spec computes attention in eager ops over the s x s scores (per micro-batch, heads / TP x
+s x s elements; Transformer Engine's spec runs flash attention and keeps none). Its torch softmax
+(masked_softmax_fusion=false, or no fused kernel on the machine) keeps its fp32 output for its backward and the
+bf16 copy the context's matmul saves: 6 bytes per score and layer (the fused kernel keeps its bf16 output alone:
+2); attention dropout keeps a mask and its output on top (3). The scores are written into one bf16 buffer that
+megatron-core keeps for the job (its global memory buffer). The backward of a layer's softmax has three fp32
+score-sized tensors live at once (the incoming gradient in fp32, the softmax's and the scale's gradients) after
+the layer's bf16 copy is freed: 10 bytes per score on top of every layer's, with the logits already freed, so the
+backward peaks at the larger of the two. Measured on an H100 (Llama 3.2 1B's widths at four layers, seq 2048,
+megatron-core 0.19.2, holders_local_fb59268.json): 2.0 GiB of fp32 softmax outputs over the four layers, 0.75 of
+bf16 copies over the three not yet through their backward, 1.52 GiB of gradients made by autograd, and the 0.25 GiB
+buffer.
 """
 
 from typing import Dict, Optional, Tuple
@@ -52,6 +65,11 @@ LOGIT_BYTES = {"unfused": 5.5, "te": 2, "native": 10}
 """Bytes per logit entry at the loss's peak, by loss: unfused, or fused by cross_entropy_fusion_impl."""
 ACTIVATION_BYTES = 2
 """bf16: the activations' element (the calibration rows are all bf16)."""
+SOFTMAX_KEPT_BYTES = {"fused": 2, "torch": 6}
+ATTENTION_DROPOUT_BYTES = 3
+SOFTMAX_BACKWARD_BYTES = 10
+FP32_BYTES = 4
+"""Bytes per element of the local spec's s x s scores (the module's docstring)."""
 
 
 def layer_activation_terms(model, seq: int, adapted: Optional[Tuple[str, ...]] = None) -> Dict[str, float]:
@@ -75,8 +93,7 @@ def layer_activation_terms(model, seq: int, adapted: Optional[Tuple[str, ...]] =
                                            for name in ("linear_qkv", "linear_fc1", "linear_fc2"))
         kept = 0  # the routed experts: never adapted
     proj_copy = 0 if adapted is not None or low is None else low  # beside flash attention's own bf16 output
-    # Fused and flash attention keep no s x s scores: only the unfused local path does (5as bytes per token).
-    scores = 5 * heads * seq if model.transformer_impl == "local" else 0
+    scores = score_bytes_kept(model) * heads * seq
     mlp = 2 * glu * ffn + fc2_input * ffn
     if model.gated_linear_unit and not model.bias_activation_fusion:
         mlp += 4 * ffn  # the unfused glu's activation output and its x_linear + offset copy, bf16
@@ -90,6 +107,24 @@ def layer_activation_terms(model, seq: int, adapted: Optional[Tuple[str, ...]] =
         "mlp": (1 - moe_share) * mlp,
         "moe": moe_share * moe,
     }
+
+
+def score_bytes_kept(model) -> float:
+    """Bytes a layer keeps per element of its s x s attention scores: none under flash attention (Transformer
+    Engine's spec), else the softmax's (the module's docstring)."""
+    if model.transformer_impl != "local":
+        return 0
+    kept = SOFTMAX_KEPT_BYTES["fused" if model.masked_softmax_fusion else "torch"]
+    return kept + (ATTENTION_DROPOUT_BYTES if model.attention_dropout > 0 else 0)
+
+
+def score_elements(cfg) -> float:
+    """Elements of one layer's s x s attention scores for a micro-batch on one GPU; 0 under flash attention."""
+    model = cfg.model
+    if model.transformer_impl != "local":
+        return 0
+    heads = model.num_attention_heads / model.tensor_model_parallel_size
+    return tokens_per_micro_batch(cfg) * heads * cfg.dataset.seq_length // model.context_parallel_size
 
 
 def layer_activations(cfg, adapted: Optional[Tuple[str, ...]] = None, graphed_only: bool = False) -> float:
@@ -158,7 +193,21 @@ def activation_bytes(cfg, adapted: Optional[Tuple[str, ...]] = None) -> float:
     fused = "te" if model.cross_entropy_fusion_impl == "te" else "native"
     loss = fused if model.cross_entropy_loss_fusion else "unfused"
     logits = LOGIT_BYTES[loss] * tokens * padded_vocab_size(cfg) / model.tensor_model_parallel_size
-    return stored * micro_batches_in_flight(cfg) + logits + output_weight_gradient(cfg)
+    # the local spec's scores: their buffer, and the torch softmax's backward, which peaks after the logits are gone
+    scores = score_elements(cfg)
+    softmax_backward = 0 if model.masked_softmax_fusion else SOFTMAX_BACKWARD_BYTES * scores
+    return (stored * micro_batches_in_flight(cfg) + max(logits, softmax_backward) + output_weight_gradient(cfg)
+            + ACTIVATION_BYTES * scores)
+
+
+def stranded_score_bytes(cfg) -> float:
+    """Reserved beyond the allocated peak under the local spec's torch softmax: a layer's fp32 score temporaries,
+    freed in its forward, are split by the smaller tensors the rest of the layer keeps, so each layer strands about
+    one fp32 score-sized segment until its backward (measured at four layers: 2.20 GiB reserved beyond 13.13
+    allocated, holders_local_fb59268.json's run; the depth scaling is the next GPU block's to check)."""
+    if cfg.model.masked_softmax_fusion:
+        return 0.0
+    return FP32_BYTES * score_elements(cfg) * on_gpu_layers(cfg) * micro_batches_in_flight(cfg)
 
 
 def output_weight_gradient(cfg) -> float:

@@ -72,6 +72,7 @@ from bridge.memory.activations import (
     activation_bytes,
     layer_activations,
     micro_batches,
+    stranded_score_bytes,
     micro_batches_in_flight,
     tokens_per_micro_batch,
 )
@@ -238,7 +239,7 @@ def estimate_memory(cfg, gpu_memory_gib: Optional[float] = None, gpu_name: Optio
         capacity_gib=GPU_MEMORY_GB[gpu] * 1e9 / GIB if gpu in GPU_MEMORY_GB else gpu_memory_gib,
         as_bridge_runs_it=regime.differences(),
     )
-    estimate.allocator_gib = allocator_cache_bytes(estimate.allocated_gib * GIB) / GIB
+    estimate.allocator_gib = (allocator_cache_bytes(estimate.allocated_gib * GIB) + stranded_score_bytes(cfg)) / GIB
     if estimate.as_bridge_runs_it:
         estimate.engine_gib = estimate_memory(cfg, gpu_memory_gib, gpu_name, engine_regime(cfg)).total_gib
     return estimate
