@@ -72,6 +72,11 @@ CASES: Dict[str, Case] = {
     # megatron-core's local spec has no fused attention: its attention scores grow with the square of the sequence
     "llama32_1b_local_eager": Case((*LLAMA32_1B, *LOCAL, "cuda_graph=none")),
     "llama32_1b_local_layer": Case((*LLAMA32_1B, *LOCAL, "cuda_graph=local_layer"), "llama32_1b_local_eager"),
+    # the local spec's score terms at twice the depth (the stranded segment a layer) and twice the sequence (s x s)
+    "llama32_1b_local_eager_8_layers": Case(("recipe=llama/llama32_1b", "gpu=h100", "model.num_layers=8", *LOCAL,
+                                             "cuda_graph=none")),
+    "llama32_1b_local_eager_seq_4096": Case((*LLAMA32_1B, "model.transformer_impl=local", "dataset.seq_length=4096",
+                                             "model.masked_softmax_fusion=false", "cuda_graph=none")),
     "llama32_1b_selective_recompute": Case((*LLAMA32_1B, "cuda_graph=none", "dataset.seq_length=4096",
                                             "train.micro_batch_size=2", "model.recompute_granularity=selective")),
     "llama32_1b_distributed_optimizer": Case((*LLAMA32_1B, "cuda_graph=none", "ddp.use_distributed_optimizer=true")),

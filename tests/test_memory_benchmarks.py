@@ -56,6 +56,21 @@ def test_a_graphed_row_is_compared_with_its_eager_twins_reserve(tmp_path):
     assert rows["llama32_1b_eager"]["estimate_vs_reserved"] == pytest.approx(15.0 / 13.7, abs=0.001)
 
 
+def test_re_estimating_a_record_keeps_its_peaks_and_names_the_commit(tmp_path):
+    """After a change to bridge/memory the record's rows get today's estimate against the peaks they measured."""
+    case = memory_accuracy.CASES["llama32_1b_eager"]
+    row = {"name": "llama32_1b_eager", "overrides": list(case.overrides), "status": "completed", "eager_twin": None,
+           "estimate_gib": 1.0, "terms": {}, "peak_allocated_gib": 12.5, "peak_reserved_gib": 13.2, "wall_s": 30.0}
+    record = tmp_path / "memory_accuracy.json"
+    record.write_text(json.dumps({"summary": {"commit": "0000000"}, "rows": [row]}))
+    assert memory_accuracy.main(["--re-estimate", str(record)]) == 0
+    again = json.loads(record.read_text())
+    estimate = memory_accuracy.estimate_of(case)["estimate_gib"]
+    assert again["rows"][0]["estimate_gib"] == estimate != 1.0 and again["rows"][0]["peak_reserved_gib"] == 13.2
+    assert again["rows"][0]["estimate_vs_reserved"] == round(estimate / 13.2, 3)
+    assert again["summary"]["commit"] == "0000000" and again["summary"]["estimated_at"]
+
+
 def test_the_memory_mode_needs_a_gpu_and_says_so_in_one_line(tmp_path):
     done = gpu_check(tmp_path, "memory", "llama32_1b_eager")
     log = (tmp_path / "out" / "mcore-0.19.2" / "memory_accuracy.log").read_text()
