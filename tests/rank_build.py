@@ -349,9 +349,9 @@ def _train_one_step(cfg, chunks, optimizer) -> None:
     from bridge.engines.megatron.engine import forward_step
 
     data = MockData(cfg, parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size())
+    # lists, as the engine passes them: the interleaved schedule (any virtual pipeline size, 1 too) indexes them
     batches = [iter(data.microbatches(0)) for _ in chunks]
     get_forward_backward_func()(
-        forward_step_func=forward_step, data_iterator=batches if len(chunks) > 1 else batches[0],
-        model=chunks if len(chunks) > 1 else chunks[0], num_microbatches=get_num_microbatches(),
+        forward_step_func=forward_step, data_iterator=batches, model=chunks, num_microbatches=get_num_microbatches(),
         seq_length=cfg.dataset.seq_length, micro_batch_size=cfg.train.micro_batch_size, forward_only=False)
     optimizer.step()
