@@ -146,6 +146,7 @@ def cuda_on_cpu(capability=HOPPER) -> Iterator[None]:
         (torch.cuda, "manual_seed", torch.manual_seed), (torch.cuda, "get_device_capability", lambda *a: capability),
         (megatron_random, "_get_cuda_rng_state", _rng_state), (megatron_random, "_set_cuda_rng_state", _set_rng_state),
         (dist, "new_group", _fake_instead_of_gloo(dist.new_group)),
+        (dist, "batch_isend_irecv", _received_as_activations(dist.batch_isend_irecv)),
         # what megatron-core's graph-safe RNG tracker asks of PyTorch (a CPU build of PyTorch has no CUDA graphs)
         (torch.cuda.CUDAGraph, "register_generator_state", lambda *a: None),
         (torch.cuda, "graph_pool_handle", lambda: (0, 0)),  # CudaGraphManager takes its memory pool at model build
@@ -182,6 +183,21 @@ def _rng_state(*args, graph_safe: bool = False, **kwargs):
 def _set_rng_state(state, *args, **kwargs) -> None:
     if isinstance(state, torch.Tensor):
         torch.set_rng_state(state)  # a graph-safe state is a generator of its own: nothing to restore
+
+
+def _received_as_activations(batch_isend_irecv):
+    """A pipeline stage's fake receive reads as unit-scale noise (a fixed draw), as a real stage's activations and
+    gradients do: zeros made RMSNorm's gradient 1/sqrt(eps) a norm, and eight chained MTP layers overflowed on the last
+    stage of a draw that trains at one stage (differential seed 302, two ranks, draw 71)."""
+    noise = torch.Generator().manual_seed(0)
+
+    def receive(ops):
+        with torch.no_grad():  # a received activation is a leaf that requires a gradient
+            for op in ops:
+                if op.op.__name__ == "irecv" and op.tensor.is_floating_point():
+                    op.tensor.copy_(torch.randn(op.tensor.shape, generator=noise))
+        return batch_isend_irecv(ops)
+    return receive
 
 
 def _fake_instead_of_gloo(new_group):
@@ -225,15 +241,20 @@ def build_rank(cfg, rank: int, step: bool = True) -> RankBuild:
                 result.error = message
         finally:
             reset_local_graph_state()
-            _forget_moe_metrics()
+            _forget_loss_trackers()
             parallel_state.destroy_model_parallel()
             destroy_num_microbatches_calculator()
             dist.destroy_process_group()
     return result
 
 
-def _forget_moe_metrics() -> None:
-    """megatron-core's MoE metrics are process-global, sized by the layer count of the first model that records."""
+def _forget_loss_trackers() -> None:
+    """megatron-core's MoE metrics and multi-token-prediction losses are process-global, sized by the layer counts of
+    the first model that records (differential seed 302, two ranks, draw 71: eight MTP layers after a draw of four,
+    'IndexError: index 4 is out of bounds', which no training process, holding one model, meets)."""
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+    MTPLossLoggingHelper.tracker.clear()
     try:
         from megatron.core.transformer.moe.moe_logging import destroy_moe_metrics_tracker  # 0.19
     except ImportError:  # 0.16.1 keeps them in a module dict
