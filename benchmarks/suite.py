@@ -81,7 +81,8 @@ class Measured:
                 "peak_allocated_gb": memory.get("peak_allocated_gb"), "peak_reserved_gb": memory.get("peak_reserved_gb"),
                 "estimate_gb": memory.get("estimate_gb"), "timed_step_ms": self.result.get("timed_step_ms"),
                 "capture_time_s": self.result.get("capture_time_s"), "graph_count": self.result.get("graph_count"),
-                "tflops_per_gpu": self.result.get("tflops_per_gpu"), "command": " ".join(self.command),
+                "tflops_per_gpu": self.result.get("tflops_per_gpu"), "loss": ends(self.result.get("loss")),
+                "parameters": self.result.get("parameters"), "command": " ".join(self.command),
                 "auto_chosen": (self.result.get("auto") or {}).get("chosen"), "auto_probe": self.probe(),
                 "wall_s": self.wall_s, "steal_s": self.steal_s, "log_tail": self.log_tail}
 
@@ -97,6 +98,11 @@ class Measured:
         probe = {key: value for key, value in (auto.get("probe") or {}).items() if key != "directory"}
         return {**probe, "eager_ms": auto.get("eager_ms"), "noise_ms": auto.get("noise_ms"),
                 "reason": auto.get("reason"), "candidates": candidates}
+
+
+def ends(losses: Optional[List[float]]) -> Optional[Dict[str, float]]:
+    """A run's first and last loss (LoRA's first equals its base model's: the adapters start at zero)."""
+    return {"first": losses[0], "last": losses[-1]} if losses else None
 
 
 def variant_arguments(workload: Workload, overrides: Tuple[str, ...], steps: int) -> List[str]:

@@ -27,6 +27,12 @@ class Workload:
     """The megatron-core releases it measures (a range, bridge.config.releases.in_range); None: all."""
 
 
+ONE_GPU = ("train.num_gpus=1", "workload.preset_num_gpus=1", "model.tensor_model_parallel_size=1",
+           "model.pipeline_model_parallel_size=1", "model.virtual_pipeline_model_parallel_size=null",
+           "model.context_parallel_size=1", "model.sequence_parallel=false", "model.pipeline_model_parallel_layout=null")
+"""A preset's layout brought to one GPU (its widths and sequence stay)."""
+
+
 def moe_proxy(recipe: str, gpu: str, *extra: str, experts: Optional[int] = None) -> Tuple[str, ...]:
     """A MoE recipe's layer shapes on one GPU: two layers, one expert-parallel rank, the alltoall dispatcher
     (flex needs TP x EP > 1), four micro-batches per step, no distributed optimizer unless ``extra`` turns it
@@ -64,6 +70,20 @@ WORKLOADS: Dict[str, Workload] = {
         ("recipe=llama/llama32_1b",),
         {EAGER: ("cuda_graph=none",), "full_iteration": ("cuda_graph=full_iteration",),
          "te_mlp": ("cuda_graph=te_mlp",), AUTO: ("cuda_graph=auto",)}),  # te_mlp: Bridge's H100 Llama3 scope
+    "llama_tiny_lora": Workload(
+        "llama/tiny_lora: rank-32 adapters on every attention and MLP linear layer of llama/tiny, the rest frozen",
+        ("recipe=llama/tiny_lora",),
+        {EAGER: ("cuda_graph=none",), "full_iteration": ("cuda_graph=full_iteration",),
+         "local_layer": ("cuda_graph=local_layer",), "te_attn_mlp": ("cuda_graph=te_attn_mlp",),
+         AUTO: ("cuda_graph=auto",)}),
+    "llama3_70b_lora": Workload(
+        "llama/llama3_70b_lora's H100 preset at one GPU: Llama 3 70B's widths, 2 layers, Bridge's rank-16 adapters "
+        "on linear_qkv, without the preset's full recompute (two layers fit without it)",
+        ("recipe=llama/llama3_70b_lora", "gpu=h100", *ONE_GPU, "model.num_layers=2", "train.micro_batch_size=1",
+         "train.global_batch_size=2", "model.recompute_granularity=null", "model.recompute_method=null",
+         "model.recompute_num_layers=null"),
+        # Bridge's LoRA recipe packs sequences, so graphs may not hold attention (packed_sequence_scope): te_mlp
+        {EAGER: ("cuda_graph=none",), "te_mlp": ("cuda_graph=te_mlp",)}),
     "qwen3_moe_dropless": Workload(
         "Qwen3-30B-A3B layer shapes, 2 layers, 1 GPU, dropless alltoall",
         moe_proxy("qwen/qwen3_30b_a3b", "h100"),

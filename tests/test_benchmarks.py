@@ -388,3 +388,11 @@ def test_the_confirming_rule_simulation_takes_a_faster_contender_far_more_often_
              if "took the contender in" in line]
     faster, level, slower_3_percent, slower_by_the_scatter = taken
     assert faster > 60 and slower_by_the_scatter < 10 and faster > level > slower_by_the_scatter, run.stdout
+
+
+def test_a_row_keeps_the_runs_first_and_last_loss_and_its_parameter_counts():
+    """Workloads whose parameters train apart (LoRA) are compared by what trains and by the loss it reaches."""
+    result = {"status": "completed", "loss": [8.49, 8.45, 8.42], "parameters": {"total": 29794816, "trainable": 1998848}}
+    row = suite.Measured(["graphbridge", "recipe=llama/tiny_lora"], result).row()
+    assert row["loss"] == {"first": 8.49, "last": 8.42} and row["parameters"]["trainable"] == 1998848
+    assert suite.Measured(["graphbridge"], {"status": "failed"}).row()["loss"] is None
