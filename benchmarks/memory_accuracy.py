@@ -36,7 +36,7 @@ from bridge.atomic import write_json_atomic  # noqa: E402
 from bridge.machine import cuda_gpus, installed_version  # noqa: E402
 from bridge.memory import estimate_memory  # noqa: E402
 from suite import driver_version, git_commit, stop_session, tail  # noqa: E402
-from suite_workloads import DROP_AND_PAD, moe_proxy  # noqa: E402
+from suite_workloads import DROP_AND_PAD, ONE_GPU, moe_proxy  # noqa: E402
 
 STEPS = 8
 """Three eager warmup steps, the capture step and four replays: every graph's pool exists before the last step."""
@@ -55,10 +55,8 @@ class Case:
 LLAMA32_1B = ("recipe=llama/llama32_1b", "gpu=h100", "model.num_layers=4")
 LOCAL = ("model.transformer_impl=local", "dataset.seq_length=2048", "model.masked_softmax_fusion=false")
 """The local spec's fused softmax needs apex's compiled kernels, which the GPU machine has not."""
-LLAMA3_8B = ("recipe=llama/llama3_8b", "gpu=h100", "precision=bf16", "model.num_layers=2", "train.num_gpus=1",
-             "workload.preset_num_gpus=1", "model.tensor_model_parallel_size=1", "model.pipeline_model_parallel_size=1",
-             "model.virtual_pipeline_model_parallel_size=null", "model.context_parallel_size=1",
-             "model.sequence_parallel=false", "train.micro_batch_size=1", "train.global_batch_size=2")
+LLAMA3_8B = ("recipe=llama/llama3_8b", "gpu=h100", "precision=bf16", "model.num_layers=2", *ONE_GPU,
+             "train.micro_batch_size=1", "train.global_batch_size=2")
 QWEN3 = moe_proxy("qwen/qwen3_30b_a3b", "h100")
 CASES: Dict[str, Case] = {
     "llama32_1b_eager": Case((*LLAMA32_1B, "cuda_graph=none")),

@@ -59,17 +59,16 @@ buffer.
 from typing import Dict, Optional, Tuple
 
 from bridge.config.model_facts import moe_layer_count, padded_vocab_size, recompute_modules
-from bridge.memory.params import data_parallel_sizes, layers_per_stage, low_precision_bytes
+from bridge.memory.params import FP32_BYTES, data_parallel_sizes, layers_per_stage, low_precision_bytes
 
 LOGIT_BYTES = {"unfused": 5.5, "te": 2, "native": 10}
 """Bytes per logit entry at the loss's peak, by loss: unfused, or fused by cross_entropy_fusion_impl."""
 ACTIVATION_BYTES = 2
 """bf16: the activations' element (the calibration rows are all bf16)."""
+# Bytes per element of the local spec's s x s scores (the module's docstring).
 SOFTMAX_KEPT_BYTES = {"fused": 2, "torch": 6}
 ATTENTION_DROPOUT_BYTES = 3
 SOFTMAX_BACKWARD_BYTES = 10
-FP32_BYTES = 4
-"""Bytes per element of the local spec's s x s scores (the module's docstring)."""
 
 
 def layer_activation_terms(model, seq: int, adapted: Optional[Tuple[str, ...]] = None) -> Dict[str, float]:
@@ -124,7 +123,7 @@ def score_elements(cfg) -> float:
     if model.transformer_impl != "local":
         return 0
     heads = model.num_attention_heads / model.tensor_model_parallel_size
-    return tokens_per_micro_batch(cfg) * heads * cfg.dataset.seq_length // model.context_parallel_size
+    return tokens_per_micro_batch(cfg) * heads * (cfg.dataset.seq_length // model.context_parallel_size)
 
 
 def layer_activations(cfg, adapted: Optional[Tuple[str, ...]] = None, graphed_only: bool = False) -> float:

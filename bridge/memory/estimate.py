@@ -72,8 +72,8 @@ from bridge.memory.activations import (
     activation_bytes,
     layer_activations,
     micro_batches,
-    stranded_score_bytes,
     micro_batches_in_flight,
+    stranded_score_bytes,
     tokens_per_micro_batch,
 )
 from bridge.memory.params import (

@@ -28,6 +28,7 @@ def build_model_chunks(transformer_config, gpt_model_args, ddp_config, use_trans
     """One GPTModel per virtual pipeline stage, each in Float16Module and megatron DDP. LoRA's adapters come after
     the base weights are drawn, so those are the same with and without them."""
     vp_size = transformer_config.virtual_pipeline_model_parallel_size
+    targets = lora_targets(peft) if peft is not None else None
     chunks = []
     for vp_stage in range(vp_size) if vp_size else [None]:
         block_spec = decoder_block_spec(transformer_config, use_transformer_engine, vp_stage)
@@ -42,7 +43,6 @@ def build_model_chunks(transformer_config, gpt_model_args, ddp_config, use_trans
             post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
             vp_stage=vp_stage, **gpt_model_args)
         zero_attention_sinks(model)
-        targets = lora_targets(peft) if peft is not None else None
         if targets:
             add_lora(model, transformer_config, peft, targets)
         model.cuda(torch.cuda.current_device())
