@@ -1,9 +1,9 @@
 """The plan's memory estimate against what one GPU reserves: one-GPU jobs at the recipes' own widths (fewer layers),
 eager and graphed, each through the real `graphbridge` CLI in a fresh process.
 
-    python benchmarks/memory_accuracy.py --out benchmarks/results/h100/mcore-0.19.2/memory_accuracy.json
+    python benchmarks/memory_accuracy.py --out benchmarks/results/h200/mcore-0.19.2/memory_accuracy.json
     python benchmarks/memory_accuracy.py --list
-    python benchmarks/memory_accuracy.py --re-estimate benchmarks/results/h100/mcore-0.19.2/memory_accuracy.json
+    python benchmarks/memory_accuracy.py --re-estimate benchmarks/results/h200/mcore-0.19.2/memory_accuracy.json
     python scripts/memory_table.py      # docs/memory.md's table, from the records
 
 Per row: the overrides, the plan's estimate (``plan.format=json``'s memory.total_gib, the estimate of peak reserved
@@ -75,6 +75,9 @@ CASES: Dict[str, Case] = {
                                              "cuda_graph=none")),
     "llama32_1b_local_eager_seq_4096": Case((*LLAMA32_1B, "model.transformer_impl=local", "dataset.seq_length=4096",
                                              "model.masked_softmax_fusion=false", "cuda_graph=none")),
+    # the same at another width, heads and vocabulary-sized tensors alike: is what the torch softmax leaves cached one
+    # amount at every width (LOCAL_SOFTMAX_CACHED_BYTES), as it is at every depth and sequence?
+    "llama3_8b_local_eager": Case((*LLAMA3_8B, *LOCAL, "cuda_graph=none")),
     "llama32_1b_selective_recompute": Case((*LLAMA32_1B, "cuda_graph=none", "dataset.seq_length=4096",
                                             "train.micro_batch_size=2", "model.recompute_granularity=selective")),
     "llama32_1b_distributed_optimizer": Case((*LLAMA32_1B, "cuda_graph=none", "ddp.use_distributed_optimizer=true")),

@@ -71,9 +71,9 @@ from bridge.machine import PRESET_GPUS
 from bridge.memory.activations import (
     activation_bytes,
     layer_activations,
+    local_softmax_cached_bytes,
     micro_batches,
     micro_batches_in_flight,
-    stranded_score_bytes,
     tokens_per_micro_batch,
 )
 from bridge.memory.params import (
@@ -239,7 +239,7 @@ def estimate_memory(cfg, gpu_memory_gib: Optional[float] = None, gpu_name: Optio
         capacity_gib=GPU_MEMORY_GB[gpu] * 1e9 / GIB if gpu in GPU_MEMORY_GB else gpu_memory_gib,
         as_bridge_runs_it=regime.differences(),
     )
-    estimate.allocator_gib = (allocator_cache_bytes(estimate.allocated_gib * GIB) + stranded_score_bytes(cfg)) / GIB
+    estimate.allocator_gib = (allocator_cache_bytes(estimate.allocated_gib * GIB) + local_softmax_cached_bytes(cfg)) / GIB
     if estimate.as_bridge_runs_it:
         estimate.engine_gib = estimate_memory(cfg, gpu_memory_gib, gpu_name, engine_regime(cfg)).total_gib
     return estimate
