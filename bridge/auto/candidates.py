@@ -123,7 +123,8 @@ class Candidate:
 @dataclass
 class AutoPlan:
     candidates: List[Candidate]
-    """Eager first, then the graph choices in the group's order, then the switches; refused ones included."""
+    """Eager first, then the graph choices in the group's order, then the switches; refused ones included (eager alone
+    without a CUDA device)."""
     overrides: List[str]
     """The job's command-line overrides: the probe's jobs are these with their candidate's own."""
     device: str
@@ -196,7 +197,7 @@ class AutoPlan:
         """The plan's auto section."""
         width = max(len(candidate.choice) for candidate in self.candidates)
         lines = [f"  auto:      {self.headline()}"]
-        for candidate in self.accepted:
+        for candidate in self.accepted if self.device == "cuda" else []:
             lines.append(f"    {candidate.choice:<{width}}  {candidate.changes()}")
         refused = [f"{c.choice} ({', '.join(c.refused_by)})" for c in self.candidates if not c.accepted]
         if refused:
@@ -206,7 +207,8 @@ class AutoPlan:
     def headline(self) -> str:
         if self.device != "cuda":
             return ("no CUDA device here, so graphs cannot pay off (they remove GPU launch gaps): the run trains "
-                    "eagerly, without a probe; the candidates here:")
+                    "eagerly, without a probe or graph candidates; gpu=<preset> (e.g. gpu=h100) plans for a GPU node "
+                    "and lists what auto would measure there")
         return (f"eager and {len(self.graph_candidates)} graph candidate(s) the catalogue accepts here, each training "
                 "the same; the run keeps the fastest (or, where the probe cannot tell them apart, one that captures "
                 "all it does and more) only where it beats eager by more than the probe's own noise, else trains "
@@ -270,7 +272,10 @@ def plan_auto(plan: Plan, overrides: Sequence[str], machine: Optional[Machine] =
     cfg = plan.config
     if not plan.valid:
         return None
-    candidates = [judge(option, overrides, machine) for option in options(overrides)]
+    # Without a CUDA device there is no probe and the run trains eagerly: graph choices judged for this machine would
+    # list what it never runs, at a full composition each (a plan for a GPU node, gpu=<preset>, judges them there).
+    judged = options(overrides) if plan.target.device == "cuda" else [Option(EAGER_CHOICE, EAGER_CHOICE)]
+    candidates = [judge(option, overrides, machine) for option in judged]
     accepted = [candidate.choice for candidate in candidates if candidate.accepted]
     probed_on = probing_machine(plan, machine)
     key = decision_key(cfg, accepted, probed_on) if plan.target.device == "cuda" else None
