@@ -12,7 +12,7 @@ from typing import Callable, Hashable, Iterable, List, Optional, Sequence
 import pytest
 
 SLOW = pytest.mark.slow
-DEFAULT_MARKS = "not slow"
+DEFAULT_MARKS = "not slow and not harness"
 """The mark expression of pyproject's addopts, what a plain `pytest` selects by (test_default_coverage.py checks)."""
 
 

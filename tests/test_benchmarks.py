@@ -208,6 +208,7 @@ def measured_as(order: list, env: dict, stop_at=None):
     return run_variant
 
 
+@pytest.mark.harness
 def test_a_block_cut_off_keeps_its_rounds_and_resume_runs_only_the_missing_ones(monkeypatch, tmp_path):
     workload = suite.Workload("two variants", ("recipe=llama/tiny",),
                               {"eager": ("cuda_graph=none",), "full_iteration": ("cuda_graph=full_iteration",)})
@@ -239,6 +240,7 @@ def test_a_block_cut_off_keeps_its_rounds_and_resume_runs_only_the_missing_ones(
     assert done["variants"]["full_iteration"]["round_medians_ms"] == [5.0, 5.0, 5.0]
 
 
+@pytest.mark.harness
 def test_a_workload_with_a_variant_this_machine_refuses_is_not_measured_at_all(monkeypatch, tmp_path, capsys):
     """As 0.19.2 with Transformer Engine 2.10 refused the distributed-optimizer row's optimizer graph after its eager
     and full_iteration variants had taken eight device minutes: the plan here refuses first, and nothing runs."""
@@ -325,6 +327,7 @@ def test_the_vs_bridge_table_shows_both_sides_and_the_ratio():
     assert "ours only: Bridge 0.3.1 steps the optimizer outside the graph" in text
 
 
+@pytest.mark.harness
 @pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None, reason="TE installed: variants run")
 def test_a_workload_this_machine_cannot_run_says_which_variant_and_writes_nothing(tmp_path):
     """On a machine without a GPU the torch engine trains, and it has no Transformer Engine graphs."""
@@ -336,6 +339,7 @@ def test_a_workload_this_machine_cannot_run_says_which_variant_and_writes_nothin
     assert not (tmp_path / "results").exists() or not list((tmp_path / "results").glob("*.json"))
 
 
+@pytest.mark.harness
 def test_a_workload_where_nothing_completes_writes_no_result_and_fails(monkeypatch, tmp_path, capsys):
     def fails(workload, overrides, job_dir, steps, timeout_s):
         return suite.Measured(["graphbridge", *overrides], {"status": "failed", "reason": "boom"})

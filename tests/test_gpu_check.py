@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import host_noise  # noqa: E402  (benchmarks/ is a directory of scripts)
@@ -22,6 +24,7 @@ def stand_in_environment(tmp_path: Path, **extra: str) -> dict:
     return {**os.environ, "GPU_ENV": str(stand_in), "OUT": str(tmp_path / "out"), **extra}
 
 
+@pytest.mark.harness
 def test_both_releases_two_gpu_differentials_start_the_harness_once_each(tmp_path):
     """differentials2 hands each release to differential2 (differentials to differential, by the same line)."""
     env = stand_in_environment(tmp_path)
@@ -37,6 +40,7 @@ def test_both_releases_two_gpu_differentials_start_the_harness_once_each(tmp_pat
         assert [witness["label"] for witness in summary["witnesses"]] == ["timeout_b15bb2a_320"]
 
 
+@pytest.mark.harness
 def test_the_witnesses_mode_queues_each_graphed_case_beside_its_eager_twin(tmp_path):
     """witnesses trains the cases named and, after them, each graphed one with cuda_graph=none; none trains here
     (--deadline-s 0), but the record names every run and which case each twin belongs to."""
@@ -54,6 +58,7 @@ def test_the_witnesses_mode_queues_each_graphed_case_beside_its_eager_twin(tmp_p
     assert "cuda_graph=none" in twins[0]["overrides"] and "model.transformer_impl=local" in twins[0]["overrides"]
 
 
+@pytest.mark.harness
 def test_the_launchers_mode_starts_both_launchers_on_gpus_of_their_own_and_fails_without_evidence(tmp_path):
     """launchers2 trains the cases named by fresh processes and by the preloaded launcher; with nothing trained
     (--deadline-s 0) there is nothing to rely on, so it exits 1, and a block falls back to fresh processes."""
@@ -69,6 +74,7 @@ def test_the_launchers_mode_starts_both_launchers_on_gpus_of_their_own_and_fails
     assert json.loads((out / "launchers_2gpu.json").read_text())["holds"] is False
 
 
+@pytest.mark.harness
 def test_the_auto_mode_runs_auto_from_an_empty_cache_and_says_what_the_probe_cost(tmp_path):
     """On this CPU there is nothing to probe: the run trains eagerly and says so; its run directory stays in $out,
     its result.json and output beside it as flat files."""
@@ -85,6 +91,7 @@ def test_the_auto_mode_runs_auto_from_an_empty_cache_and_says_what_the_probe_cos
     assert "auto chose none (no_cuda_device)" in log.read_text()
 
 
+@pytest.mark.harness
 def test_the_host_noise_mode_runs_the_harness_and_binding_to_every_cpu_runs_unbound_only_and_says_why(tmp_path):
     """gpu_check.sh host_noise reaches benchmarks/host_noise.py with its arguments and leaves the record in $out. A GPU
     whose NUMA-local CPUs are all the process's (one node) leaves binding nothing to change: half the runs would
@@ -115,6 +122,7 @@ def test_the_host_noise_mode_runs_the_harness_and_binding_to_every_cpu_runs_unbo
     assert record["modes"]["unbound"]["window_medians_ms"] == [host_noise.window_medians(steps_ms)]
 
 
+@pytest.mark.harness
 def test_host_noise_trains_a_variant_unbound_and_bound_turn_by_turn(tmp_path, monkeypatch, capsys):
     """One run of each mode, the bound one on CPU 0 (a GPU would name its own CPUs): both median step times and the
     CPUs bound are in the record. host_noise.py's main in this process (the command line above runs the script), on

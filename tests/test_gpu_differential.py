@@ -111,6 +111,7 @@ def test_the_harness_plans_trains_and_records_through_the_cli(tmp_path):
     assert len(run_lines) == len(record["runs"])  # a run a line, not an indented run's dozens
 
 
+@pytest.mark.harness
 def test_the_preloaded_launcher_trains_a_job_as_the_cli_would_and_says_why_one_fails(tmp_path):
     # On the CPU with the torch engine: the forkserver's child writes result.json as `python -m bridge.run` does,
     # and a run it cannot start leaves its last line as the error.
@@ -157,6 +158,7 @@ def test_the_footprint_tool_reads_its_variants_and_counts_the_processes_a_run_st
         parent.kill()
 
 
+@pytest.mark.harness
 def test_draws_at_two_gpus_take_every_parallel_layout_and_plan_on_a_cluster_gpu():
     from differential_draw import LAYOUTS
 
@@ -172,6 +174,7 @@ def test_draws_at_two_gpus_take_every_parallel_layout_and_plan_on_a_cluster_gpu(
     assert any(v["valid"] for v in verdicts) and not any(v["runnable_here"] for v in verdicts)
 
 
+@pytest.mark.harness
 def test_draws_at_four_gpus_combine_two_parallelisms_and_the_cli_takes_them():
     from differential_draw import TINY_RECIPES, layout
 

@@ -7,6 +7,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 SESSION = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "session.sh"
 
 
@@ -16,6 +18,7 @@ def session(*args: str, cwd: Path, state: Path, out: Path) -> subprocess.Complet
                           timeout=60)
 
 
+@pytest.mark.harness
 def test_a_job_runs_from_its_snapshot_and_collect_stops_it_and_returns_its_output(tmp_path):
     checkout, state, out = tmp_path / "checkout", tmp_path / "state", tmp_path / "out"
     (checkout / ".snap" / "abc1234").mkdir(parents=True)
@@ -50,6 +53,7 @@ def test_a_job_without_its_snapshot_is_refused_with_the_fix(tmp_path):
     assert "carry .snap" in refused.stdout
 
 
+@pytest.mark.harness
 def test_a_later_job_of_the_same_commit_runs_from_the_snapshot_already_here(tmp_path):
     checkout, state, out = tmp_path / "checkout", tmp_path / "state", tmp_path / "out"
     (checkout / ".snap" / "abc1234").mkdir(parents=True)

@@ -290,9 +290,11 @@ Within the estimate's error: the plan warns and does not refuse. No offloading r
 
 
 @pytest.fixture(scope="module")
-def preset_configs():
-    """Every recipe's every preset on its own GPU, composed as the command line composes it."""
-    return {key: prepare(cfg).config for key, cfg in composed_presets().items() if key[1]}
+def preset_configs(across_workers):
+    """Every recipe's every preset on its own GPU, composed as the command line composes it (once a session: the
+    composition test_presets.py and test_preset_graph_choices.py read)."""
+    return {key: prepare(cfg).config for key, cfg in across_workers("composed_presets", composed_presets).items()
+            if key[1]}
 
 
 def test_every_bridge_preset_is_estimated_to_fit_the_gpu_it_was_written_for(preset_configs):

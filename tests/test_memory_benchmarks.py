@@ -71,12 +71,14 @@ def test_re_estimating_a_record_keeps_its_peaks_and_names_the_commit(tmp_path):
     assert again["summary"]["commit"] == "0000000" and again["summary"]["estimated_at"]
 
 
+@pytest.mark.harness
 def test_the_memory_mode_needs_a_gpu_and_says_so_in_one_line(tmp_path):
     done = gpu_check(tmp_path, "memory", "llama32_1b_eager")
     log = (tmp_path / "out" / "mcore-0.19.2" / "memory_accuracy.log").read_text()
     assert "needs a CUDA GPU and --out" in log and "Traceback" not in log, done.stdout[-2000:]
 
 
+@pytest.mark.harness
 def test_the_holders_mode_trains_the_job_and_writes_its_record(tmp_path):
     """On the CPU there is no allocator to record: the job trains, and the record says what it ran."""
     done = gpu_check(tmp_path, "holders", "tiny", "recipe=llama/tiny", "model.num_layers=1", "train.train_iters=2")
