@@ -75,8 +75,8 @@ CASES: Dict[str, Case] = {
                                              "cuda_graph=none")),
     "llama32_1b_local_eager_seq_4096": Case((*LLAMA32_1B, "model.transformer_impl=local", "dataset.seq_length=4096",
                                              "model.masked_softmax_fusion=false", "cuda_graph=none")),
-    # the same at another width, heads and vocabulary-sized tensors alike: is what the torch softmax leaves cached one
-    # amount at every width (LOCAL_SOFTMAX_CACHED_BYTES), as it is at every depth and sequence?
+    # the same at another width, heads and vocabulary-sized tensors alike: does what the torch softmax leaves cached
+    # stop at the ceiling the 1B rows showed (LOCAL_SOFTMAX_CACHED_MAX_BYTES) at this width too?
     "llama3_8b_local_eager": Case((*LLAMA3_8B, *LOCAL, "cuda_graph=none")),
     "llama32_1b_selective_recompute": Case((*LLAMA32_1B, "cuda_graph=none", "dataset.seq_length=4096",
                                             "train.micro_batch_size=2", "model.recompute_granularity=selective")),

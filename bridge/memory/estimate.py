@@ -239,7 +239,8 @@ def estimate_memory(cfg, gpu_memory_gib: Optional[float] = None, gpu_name: Optio
         capacity_gib=GPU_MEMORY_GB[gpu] * 1e9 / GIB if gpu in GPU_MEMORY_GB else gpu_memory_gib,
         as_bridge_runs_it=regime.differences(),
     )
-    estimate.allocator_gib = (allocator_cache_bytes(estimate.allocated_gib * GIB) + local_softmax_cached_bytes(cfg)) / GIB
+    cached = allocator_cache_bytes(estimate.allocated_gib * GIB) + local_softmax_cached_bytes(cfg)
+    estimate.allocator_gib = cached / GIB
     if estimate.as_bridge_runs_it:
         estimate.engine_gib = estimate_memory(cfg, gpu_memory_gib, gpu_name, engine_regime(cfg)).total_gib
     return estimate
