@@ -110,8 +110,8 @@ def diagnosis_names():
                    for row in block["rows"]})
 
 
-ACCURACY = RESULTS / "h200" / "mcore-0.19.2" / "memory_accuracy.json"
-"""The memory record (benchmarks/memory_accuracy.py at 6c08afc, an H200; the H100's of 215edd0 keeps its commit):
+ACCURACY = RESULTS / "h100" / "mcore-0.19.2" / "memory_accuracy.json"
+"""The memory record (benchmarks/memory_accuracy.py at 116a67b, an H100; those of 215edd0 and 6c08afc keep their commit):
 every row with the estimate it was planned with or given since."""
 ACCURACY_ERROR, GRAPHED_OVER_EAGER = 0.10, 1.25
 """What the memory plan promises of the record's rows: the estimate within 10 % of the reserved peak, and a graphed
