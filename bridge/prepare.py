@@ -16,6 +16,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 
 from bridge.config.migration import migrate
+from bridge.config.plain import is_finished
 from bridge.config.schema import GraphBridgeConfig
 
 ConfigLike = Union[DictConfig, GraphBridgeConfig]
@@ -49,6 +50,10 @@ def resolve(cfg: ConfigLike) -> GraphBridgeConfig:
 
 def prepare(cfg: ConfigLike) -> Prepared:
     """Migrate, resolve, and say what was migrated and derived; ``cfg`` itself is left as it is."""
+    if isinstance(cfg, GraphBridgeConfig) and is_finished(cfg):
+        # nothing to resolve or convert, so nothing derived: OmegaConf would hand back the same object
+        done = copy.deepcopy(cfg)
+        return Prepared(done, migrate(done.model).notes)
     node = copy.deepcopy(structured(cfg))
     notes = migrate(node.model).notes
     derived = derived_values(node)

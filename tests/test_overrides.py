@@ -3,13 +3,18 @@ user set (on the command line, in a recipe or preset, in Python) stays as set an
 violation that names the fix. Then Bridge's override helper and the migration of the older
 CUDA-graph spellings."""
 
+import dataclasses
+
 import pytest
 from omegaconf import OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 import bridge
 from bridge.config.migration import legacy_conflict, migrate
+from bridge.config.plain import is_finished
 from bridge.config.schema import CudaGraphImpl, GraphBridgeConfig
 from bridge.overrides import set_cuda_graph_overrides
+from bridge.prepare import prepare
 from bridge.translate import cuda_graph_arguments
 
 DERIVED_BY_IMPL = ("rng.te_rng_tracker", "model.use_te_rng_tracker", "rerun_state_machine.check_for_nan_in_loss",
@@ -180,3 +185,25 @@ def test_the_0_16_scope_field_is_named_for_what_it_is():
     plan = bridge.plan(["model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope='attn,mlp'"])
     assert plan.notes == ["model.cuda_graph_scope=['attn', 'mlp'] (megatron-core 0.16.1's field) is "
                           "model.cuda_graph_modules=['attn', 'mlp'] here: migrated"]
+
+
+@pytest.mark.parametrize("fields", [
+    {}, {"enable_cuda_graph": True}, {"external_cuda_graph": True, "cuda_graph_scope": "attn"},
+    {"cuda_graph_scope": "full_iteration"}, {"cuda_graph_modules": ["full_iteration"]},
+    {"enable_cuda_graph": True, "external_cuda_graph": True},
+    {"num_layers": "4"}, {"hidden_size": "${model.ffn_hidden_size}"}, {"cuda_graph_scope": "???"}])
+def test_a_config_object_is_finished_as_its_omegaconf_twin_is(fields):
+    """prepare() leaves OmegaConf out for an object with nothing to convert or resolve (bridge.config.plain): it
+    migrates, notes and derives exactly as through OmegaConf, and a value to convert, an interpolation or a missing
+    value still goes through it."""
+    loaded = bridge.load(["recipe=llama/tiny"])
+    cfg = dataclasses.replace(loaded, model=dataclasses.replace(loaded.model, **fields))
+    assert is_finished(cfg) == (not set(fields) & {"num_layers", "hidden_size"} and "???" not in fields.values())
+    try:
+        twin = prepare(OmegaConf.structured(cfg))
+    except MissingMandatoryValue:
+        with pytest.raises(MissingMandatoryValue):
+            prepare(cfg)
+        return
+    prepared = prepare(cfg)
+    assert (prepared.config, prepared.notes, prepared.derived) == (twin.config, twin.notes, twin.derived)

@@ -7,10 +7,12 @@ import typing
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 import bridge
-from bridge.config.schema import GraphBridgeConfig
+from bridge.config.schema import Device, GraphBridgeConfig, LoraTarget
 from bridge.translate import build_megatron_configs
+from bridge.config.plain import plainly_typed
 from bridge.validation.value_rules import CHOICES, POSITIVE, RANGES
 
 # Numbers that mean something at any value (or whose range another rule owns), so value_ranges leaves
@@ -118,6 +120,36 @@ def test_a_nested_list_is_a_wrong_type_not_a_traceback_in_a_rule(planned):
     stderr = one_block(planned[NESTED_LIST])
     assert ("[config_types] model.cuda_graph_modules[0]: model.cuda_graph_modules[0] has a value of the wrong type"
             in stderr)
+
+
+SAMPLE_VALUES = (None, True, 3, 2.5, "attn", ["attn"], [3], [["attn"]], {"key": "value"}, {"key": 3},
+                 Device.cpu, LoraTarget.linear_qkv, [LoraTarget.linear_qkv])
+"""A value of each kind the schema's fields declare, and a few that none declares."""
+
+
+def sections(cfg, prefix=""):
+    """Each dataclass node of ``cfg`` with its dotted prefix."""
+    yield prefix, cfg
+    for item in dataclasses.fields(cfg):
+        if dataclasses.is_dataclass(getattr(cfg, item.name)):
+            yield from sections(getattr(cfg, item.name), f"{prefix}{item.name}.")
+
+
+def test_what_config_types_passes_without_omegaconf_omegaconf_accepts():
+    """config_types leaves OmegaConf's conversion out where every value is plainly of its declared type: put each
+    sample value in each field, and wherever that shortcut passes the section, OmegaConf must accept it too."""
+    cfg = bridge.load(["recipe=llama/tiny_lora"])
+    shortcuts = 0
+    for prefix, section in sections(cfg):
+        for item in dataclasses.fields(section):
+            if dataclasses.is_dataclass(getattr(section, item.name)):
+                continue
+            for value in SAMPLE_VALUES:
+                changed = dataclasses.replace(section, **{item.name: value})
+                if plainly_typed(changed, type(changed)):
+                    shortcuts += 1
+                    OmegaConf.structured(changed)  # raises where the shortcut passed a wrong type
+    assert plainly_typed(cfg, GraphBridgeConfig) and shortcuts >= 200
 
 
 def string_leaves(node=GraphBridgeConfig, prefix=""):
