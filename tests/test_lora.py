@@ -2,6 +2,7 @@
 adapters the memory estimate counts, and the base weights stay as they were drawn and frozen."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,8 +12,13 @@ from bridge.memory.params import lora_parameters
 from tests.rank_build import build_rank
 
 
+README_LINE = "graphbridge recipe=llama/tiny_lora train.train_iters=3"
+"""The README's LoRA line, which its own test leaves to this one."""
+
+
 def test_the_tiny_lora_recipe_trains_its_adapters_on_the_cpu(cli, tmp_path):
-    run = cli("recipe=llama/tiny_lora", "train.train_iters=3", "hydra.run.dir=run", cwd=tmp_path)
+    assert README_LINE in (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    run = cli(*README_LINE.split()[1:], "hydra.run.dir=run", cwd=tmp_path)
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert run.returncode == 0 and result["status"] == "completed", run.stderr[-2000:]
     parameters = result["parameters"]
