@@ -228,6 +228,22 @@ def composed_once(monkeypatch):
     monkeypatch.setattr(load, "compose", composed)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def system_temporary_directory(tmp_path_factory):
+    """The system's temporary directory, for the code under test and every command a test starts (tempfile and
+    $TMPDIR), is a folder of pytest's own: a harness whose runs a killed process still wrote to leaves what it could
+    not remove there (benchmarks/gpu_differential.py left empty gpu_differential_* folders in /tmp)."""
+    folder = tmp_path_factory.mktemp("system-tmp", numbered=False)
+    before = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = tempfile.tempdir = str(folder)
+    yield folder
+    if before[0] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before[0]
+    tempfile.tempdir = before[1]
+
+
 @pytest.fixture(autouse=True)
 def allocator_environment():
     """Every test leaves the allocator's variables as it found them: a graphed job that bridge.run.main trains in
