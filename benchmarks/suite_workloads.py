@@ -76,6 +76,12 @@ WORKLOADS: Dict[str, Workload] = {
         {EAGER: ("cuda_graph=none",), "full_iteration": ("cuda_graph=full_iteration",),
          "local_layer": ("cuda_graph=local_layer",), "te_attn_mlp": ("cuda_graph=te_attn_mlp",),
          AUTO: ("cuda_graph=auto",)}),
+    "llama_tiny_packed": Workload(
+        "llama/tiny as Bridge's packed SFT: several samples packed into each 256-token row (padded), one row a "
+        "micro-batch, two a step; attention takes megatron-core's packed-sequence parameters",
+        ("recipe=llama/tiny", "dataset.packed_sequence=true", "train.micro_batch_size=1", "workload.task=sft"),
+        # packed attention stays out of graphs (packed_sequence_scope): te_mlp is the scope Bridge's SFT presets use
+        {EAGER: ("cuda_graph=none",), "te_mlp": ("cuda_graph=te_mlp",), AUTO: ("cuda_graph=auto",)}),
     "llama3_70b_lora": Workload(
         "llama/llama3_70b_lora's H100 preset at one GPU: Llama 3 70B's widths, 2 layers, Bridge's rank-16 adapters "
         "on linear_qkv, without the preset's full recompute (two layers fit without it)",

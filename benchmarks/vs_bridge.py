@@ -183,7 +183,8 @@ def same_batches(cfg):
 
     seq, mock = cfg.model.seq_length, MockData(SimpleNamespace(
         rng=cfg.rng, model=SimpleNamespace(vocab_size=cfg.model.vocab_size),
-        dataset=SimpleNamespace(seq_length=cfg.model.seq_length), train=cfg.train))
+        dataset=SimpleNamespace(seq_length=cfg.model.seq_length, packed_sequence=False,
+                                pad_to_max_length=True), train=cfg.train))
 
     class Samples(torch.utils.data.Dataset):
         def __init__(self, count):

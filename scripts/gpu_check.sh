@@ -7,6 +7,7 @@
 #   bash scripts/gpu_check.sh tests      # every gpu-marked test that needs one GPU (or: tests <paths>)
 #   bash scripts/gpu_check.sh sweep      # the dense-scope sweep (profiled)
 #   bash scripts/gpu_check.sh suite W... # the benchmark suite's workloads W (python benchmarks/suite.py --list)
+#   bash scripts/gpu_check.sh workloads  # issue 83's workloads record (benchmarks/workloads.py)
 #   bash scripts/gpu_check.sh host_noise W [ARGS] # workload W's eager step over fresh processes, unbound and bound
 #                                        # to the GPU's own CPUs (benchmarks/host_noise.py)
 #   bash scripts/gpu_check.sh auto [OVERRIDES] # cuda_graph=auto's probe from an empty cache (default llama/tiny)
@@ -83,6 +84,10 @@ case "${1:-tests}" in
   suite)  # bash scripts/gpu_check.sh suite <workload>...: the benchmark suite's JSON into $out
     shift
     python3 benchmarks/suite.py "$@" --out "$out" 2>&1 | grep -v "step/s\|it/s" | tail -40
+    ;;
+  workloads)  # issue 83's record: LoRA, packed SFT and 70B LoRA eager and graphed, into $out/workloads.json
+    shift
+    python3 benchmarks/workloads.py --out "$out" "$@" 2>&1 | grep -v "step/s\|it/s" | tee "$out/workloads.log" | tail -20
     ;;
   auto)  # [OVERRIDES] (default recipe=llama/tiny): cuda_graph=auto from an empty decision cache, so that it probes;
     # its run directory (each probe run's log and result, result.json with the auto record) into $out/auto_<time>,

@@ -22,6 +22,7 @@ from tests.rule_case_kit import H100, ONE_H100, PACKAGES, PACKAGES_019, build, f
 
 FSDP8 = {"workload.megatron_fsdp": True, "train.num_gpus": 8, "train.global_batch_size": 8}
 LORA = {"peft.scheme": "lora"}
+PACKED = {"dataset.packed_sequence": True}
 
 # rule name -> (reject, accept)
 RULE_CASES = {
@@ -228,6 +229,13 @@ RULE_CASES = {
     "lora_targets": (Case({**MLA, **LORA, "peft.target_modules": ["linear_qkv", "linear_proj"]}),
                      Case({**MLA, **LORA, "peft.target_modules": ["linear_proj"]})),
     "lora_rank_tensor_parallel": (Case({**TP2_SP, **LORA, "peft.dim": 5}), Case({**TP2_SP, **LORA, "peft.dim": 6})),
+    "packed_sequence_micro_batch": (Case({**PACKED, "train.micro_batch_size": 2, "train.global_batch_size": 4}),
+                                    Case({**PACKED, "train.global_batch_size": 4})),
+    "packed_sequence_layer_spec": (Case({**PACKED, "model.transformer_impl": "local"}), Case(PACKED)),
+    "packed_sequence_context_parallel": (Case({**PACKED, "model.context_parallel_size": 2, "train.num_gpus": 2}),
+                                         Case({**PACKED, **DP2})),
+    "packed_sequence_unpadded_pipeline": (Case({**PACKED, **PP2, "dataset.pad_to_max_length": False}),
+                                          Case({**PACKED, **PP2})),
     "memory_capacity_here": (Case(LLAMA_8B, machine=H100_80GB), Case({**LLAMA_8B, "model.num_layers": 16},
                                                                       machine=H100_80GB)),
 }

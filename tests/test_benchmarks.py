@@ -400,3 +400,31 @@ def test_a_row_keeps_the_runs_first_and_last_loss_and_its_parameter_counts():
     row = suite.Measured(["graphbridge", "recipe=llama/tiny_lora"], result).row()
     assert row["loss"] == {"first": 8.49, "last": 8.42} and row["parameters"]["trainable"] == 1998848
     assert suite.Measured(["graphbridge"], {"status": "failed"}).row()["loss"] is None
+
+
+def test_the_workloads_record_keeps_a_row_a_variant_and_each_workloads_record(monkeypatch, tmp_path):
+    """benchmarks/workloads.py (issue 83's record): every workload it names, eager and graphed, a row a variant with
+    loss, step time, reserved peak and parameters; a workload this machine refuses is named with its reason."""
+    import workloads
+
+    refused = workloads.RECORDED[-1]
+
+    def run_variant(workload, overrides, job_dir, steps, timeout_s):
+        graphed = "cuda_graph=none" not in overrides
+        result = {"status": "completed", "step_time_ms": {"median": 5.0 if graphed else 50.0},
+                  "memory": {"peak_reserved_gb": 3.0}, "loss": [8.3, 4.2], "graph_count": 8 * graphed,
+                  "parameters": {"total": 30, "trainable": 2}, "env": H100_019}
+        return suite.Measured(["graphbridge", *overrides], result)
+
+    monkeypatch.setattr(suite, "run_variant", run_variant)
+    monkeypatch.setattr(suite, "cannot_run_here", lambda workload, steps: "too wide" if workload is suite.WORKLOADS[
+        refused] else None)
+    assert workloads.main(["--out", str(tmp_path), "--scratch", str(tmp_path / "scratch")]) == 1
+    record = json.loads((tmp_path / "workloads.json").read_text())
+    assert record["refused"] == {refused: "too wide"} and set(record["records"]) == set(workloads.RECORDED[:-1])
+    measured = {(row["workload"], row["variant"]): row for row in record["rows"]}
+    assert set(measured) == {(name, variant) for name in workloads.RECORDED[:-1]
+                             for variant in suite.WORKLOADS[name].variants}
+    graphed = measured["llama_tiny_packed", "te_mlp"]
+    assert graphed["loss"] == {"first": 8.3, "last": 4.2} and graphed["speedup"] == pytest.approx(10.0)
+    assert graphed["peak_reserved_gb"] == 3.0 and graphed["parameters"] == {"total": 30, "trainable": 2}

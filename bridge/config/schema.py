@@ -136,10 +136,12 @@ class DatasetConfig:
     mock: bool = True
     """Synthetic token data with static shapes (the embedded default dataset)."""
     packed_sequence: bool = False
-    """Bridge's SFT/LoRA packing (several sequences in one with cu_seqlens): the rules judge the graph
-    scope as Bridge would run it (TE scopes without attention); graphbridge's mock data stays unpacked."""
+    """Bridge's SFT/LoRA packing: the mock data packs several samples into each row, and the model gets them
+    as megatron-core's packed-sequence parameters (thd, cu_seqlens), so attention sees the path that decides what
+    can be graphed (TE scopes without attention). One row a micro-batch; megatron engine, Transformer Engine."""
     pad_to_max_length: bool = True
-    """Pad packed sequences to seq_length: static shapes for graphs."""
+    """Pad packed rows to seq_length (static shapes for graphs); false cuts a row after its last sample, rounded
+    up to 16 tokens."""
 
 
 class PeftScheme(str, Enum):

@@ -20,6 +20,7 @@ from bridge.validation import (  # noqa: F401  (importing registers the rules)
     moe_graph_rules,
     moe_quantization_rules,
     optimizer_rules,
+    packing_rules,
     parallel_split_rules,
     peft_rules,
     pipeline_layout_rules,

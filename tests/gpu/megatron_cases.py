@@ -32,6 +32,8 @@ HAVE_TE = importlib.util.find_spec("transformer_engine") is not None
 LOCAL_SPEC = "model.transformer_impl=local"
 OPTIMIZER_IN_GRAPH = "optimizer.optimizer_in_graph=true"
 DISTRIBUTED_OPTIMIZER = "ddp.use_distributed_optimizer=true"
+PACKED = ("dataset.packed_sequence=true", "train.micro_batch_size=1")
+"""llama/tiny's two samples a step as two packed rows (bridge.data packs several samples into each)."""
 
 # Every run trains at its recipe's default learning-rate warmup (a tenth of the steps).
 # - full_iteration and every TE per-layer scope replay eager's kernels in eager's order: bit-identical to
@@ -118,6 +120,8 @@ CASES = (
     # LoRA: adapters beside frozen weights, inside each kind of graph, on both layer specs
     + [TrainingCase("llama/tiny_lora", choice) for choice in ("none", "full_iteration", "local_layer", "te_attn_mlp")]
     + [TrainingCase("llama/tiny_lora", choice, (LOCAL_SPEC,)) for choice in ("none", "full_iteration")]
+    # Packed sequences: attention takes megatron-core's packed parameters eagerly, graphs hold the MLPs alone
+    + [TrainingCase(recipe, choice, PACKED) for recipe in ("llama/tiny", "llama/tiny_lora") for choice in ("none", "te_mlp")]
 )
 FROZEN = TrainingCase("llama/tiny", "none", ("optimizer.lr=0.0", "optimizer.min_lr=0.0"))
 TRAINED = TrainingCase("llama/tiny", "none")

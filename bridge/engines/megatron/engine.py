@@ -42,6 +42,7 @@ from megatron.core.num_microbatches_calculator import (
 )
 from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
@@ -64,6 +65,8 @@ from bridge.engines.megatron.model_build import build_model_chunks
 from bridge.engines.megatron.transformer_engine import TransformerEngineGraphs
 from bridge.translate import build_megatron_configs
 
+PACKING_KEYS = ("cu_seqlens", "max_seqlen")
+"""What a packed microbatch carries beside the model's inputs: it reaches the model as packed_seq_params."""
 OPTIMIZER_GRAPH = "the optimizer graph (megatron-core OptimizerCudaGraphWrapper)"
 RELEASE_TIMEOUT_S = 60.0
 """Longest wait for a half-built engine to release what it holds before its build's failure is reported."""
@@ -367,11 +370,25 @@ def forward_step(data_iterator, model, *, loss_factor: Optional[torch.Tensor] = 
     # Batches arrive on the CPU, as from a data loader: FullCudaGraphWrapper copies them into its
     # static buffers on a side stream that does not wait for work queued on ours. Tensors already
     # on the GPU (those static buffers) pass through unchanged.
-    batch = {key: value.cuda(non_blocking=True) for key, value in next(data_iterator).items()
-             if value is not None}
+    batch = next(data_iterator)
+    packed = packed_seq_params(batch)
+    batch = {key: value.cuda(non_blocking=True) for key, value in batch.items()
+             if value is not None and key not in PACKING_KEYS}
     output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"],
-                   loss_mask=batch["loss_mask"])
+                   loss_mask=batch["loss_mask"], packed_seq_params=packed)
     return output, partial(masked_mean_loss, batch["loss_mask"], loss_factor)
+
+
+def packed_seq_params(batch) -> Optional[PackedSeqParams]:
+    """megatron-core's parameters of a packed microbatch (bridge.data), as Megatron-Bridge builds them for its
+    packed SFT data: one thd sequence a sample, q and kv alike; None for an unpacked one. The bound on a
+    sequence's length stays on the host, where Transformer Engine's kernels read it."""
+    if batch.get("cu_seqlens") is None:
+        return None
+    boundaries = batch["cu_seqlens"].cuda(non_blocking=True)
+    longest = int(batch["max_seqlen"])
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=boundaries, cu_seqlens_kv=boundaries,
+                           max_seqlen_q=longest, max_seqlen_kv=longest)
 
 
 def masked_mean_loss(loss_mask: torch.Tensor, loss_factor: Optional[torch.Tensor], output: torch.Tensor):
