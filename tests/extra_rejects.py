@@ -8,7 +8,6 @@ from tests.rule_cases import (
 )
 
 EXTRA_REJECTS = {
-    "torch_engine_features": [Case({"engine": "torch", "dataset.packed_sequence": True})],
     "dropless_moe_capture": [Case({**MOE, **local()}), Case({**MOE, **te()})],
     # MoE fields whose layers are all dense (the dense first layer of a one-layer model)
     "moe_modules_need_moe_model": [Case({**MOE, "model.num_layers": 1, "model.moe_layer_freq": [0],

@@ -1,7 +1,11 @@
 """Packed sequences (dataset.packed_sequence): the mock data packs whole samples into each row as Megatron-Bridge's
 packed SFT data does, the megatron engine hands them to the model as megatron-core's packed-sequence parameters, and
-the plan refuses what cannot train packed, each with its fix. The training itself needs Transformer Engine
-(tests/gpu/megatron_cases.py's packed cases)."""
+the torch engine's native model keeps each sample to itself, and the plan refuses what cannot train packed, each
+with its fix. The megatron engine's packed training needs Transformer Engine (tests/gpu/megatron_cases.py's packed
+cases)."""
+
+import json
+import math
 
 import pytest
 import torch
@@ -84,7 +88,6 @@ def test_the_megatron_engine_gives_the_model_megatron_cores_packed_parameters(mo
     (("train.micro_batch_size=2",), "packed_sequence_micro_batch",
      "set train.micro_batch_size=1 train.global_batch_size=1 dataset.seq_length=512"),
     (("model.transformer_impl=local",), "packed_sequence_layer_spec", "set model.transformer_impl=transformer_engine"),
-    (("engine=torch",), "torch_engine_features", "set dataset.packed_sequence=false"),
 ])
 def test_the_plan_refuses_what_cannot_train_packed_with_its_fix(cli, tmp_path, overrides, rule, fix):
     run = cli("mode=plan", *PACKED, *overrides, cwd=tmp_path)
@@ -95,3 +98,30 @@ def test_bridges_packed_presets_plan_packed_as_they_are():
     cfg = bridge.load(["recipe=llama/llama3_70b_lora", "gpu=h100", "precision=bf16"])
     assert cfg.dataset.packed_sequence and cfg.train.micro_batch_size == 1
     assert not [v for v in bridge.validate(cfg) if v.rule.startswith("packed_sequence")]
+
+
+@pytest.mark.parametrize("recipe", ["llama/tiny", "gpt_oss/tiny", "deepseek/tiny"])  # GQA; sinks and windows; MLA
+def test_the_native_model_trains_a_packed_row_as_its_samples_one_by_one(recipe):
+    from bridge.engines.torch.native_model import build_native_model
+
+    cfg = bridge.load([f"recipe={recipe}", "engine=torch", "dataset.packed_sequence=true", "train.micro_batch_size=1",
+                       "model.num_layers=2", "model.hidden_dropout=0.0", "model.attention_dropout=0.0"])
+    model = build_native_model(cfg).eval()
+    row = MockData(cfg).microbatches(0)[0]
+    inputs = [row[key] for key in ("tokens", "labels", "loss_mask")]
+    packed = model(*inputs, row["position_ids"])
+    weighted, tokens = 0.0, 0
+    for sample_tokens, labels, _, mask in samples_of(row):
+        if mask.all():
+            alone = model(sample_tokens[None], labels[None], torch.ones(1, len(sample_tokens)))
+            weighted, tokens = weighted + alone * len(sample_tokens), tokens + len(sample_tokens)
+    assert packed.item() == pytest.approx((weighted / tokens).item(), rel=1e-6)
+    assert model(*inputs).item() != pytest.approx(packed.item(), rel=1e-5), "unpacked, samples would see each other"
+
+
+def test_a_packed_tiny_sft_trains_on_the_cpu(cli, tmp_path):
+    run = cli(*PACKED[:3], "engine=torch", "dataset.pad_to_max_length=false", "train.train_iters=3",
+              "hydra.run.dir=run", cwd=tmp_path)
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert run.returncode == 0 and result["status"] == "completed", run.stderr[-2000:]
+    assert all(math.isfinite(loss) for loss in result["loss"])

@@ -89,7 +89,7 @@ def torch_engine_precision(cfg, target):
 
 
 @rule("torch_engine_features", engine="torch",
-      rejects="architecture or optimizer choices the native model does not implement; packed sequences",
+      rejects="architecture or optimizer choices the native model does not implement",
       fix=f"a choice the message lists, or {MEGATRON_WHERE_IT_RUNS}")
 def torch_engine_features(cfg, target):
     model, found = cfg.model, []
@@ -98,10 +98,6 @@ def torch_engine_features(cfg, target):
             found.append(violation("torch_engine_features", [f"model.{name}"],
                                    f"the native model does not implement model.{name}; turn it off, "
                                    f"{or_megatron(target)}"))
-    if cfg.dataset.packed_sequence:
-        found.append(violation("torch_engine_features", ["dataset.packed_sequence"],
-                               "the native model's attention has no packed-sequence path (each packed sample needs its "
-                               f"own causal block and positions); set dataset.packed_sequence=false, {or_megatron(target)}"))
     choices = (("model.normalization", model.normalization, TORCH_NORMALIZATIONS),
                ("model.activation_func", model.activation_func, TORCH_ACTIVATIONS),
                ("model.position_embedding_type", model.position_embedding_type, TORCH_POSITION_EMBEDDINGS),

@@ -50,6 +50,8 @@ class TorchEngine:
         self.cfg = cfg
         self.effective_impl = effective_impl(cfg, self.device)
         self.data = MockData(cfg)
+        # The model's inputs, in its forward's order: packed rows add their positions.
+        self.batch_keys = (*BATCH_KEYS, "position_ids") if self.data.packed else BATCH_KEYS
         self.model = build_native_model(cfg).to(self.device)
         graphs_optimizer = self.effective_impl == CudaGraphImpl.full_iteration.value
         self.optimizer = build_optimizer(self.model, cfg.optimizer, self.device, capturable=graphs_optimizer)
@@ -126,14 +128,14 @@ class TorchEngine:
         """One optimizer step over the stacked microbatches; the full-iteration graph's body,
         so nothing here may read a device value on the host."""
         self.optimizer.zero_grad(set_to_none=True)
-        count = batch["tokens"].shape[0]
+        count = len(batch["tokens"])
         total = torch.zeros((), device=self.device)
         for index in range(count):
             if self.compile_mode == "reduce-overhead":
                 # The previous microbatch's graph outputs are dead; let cudagraph trees reuse them.
                 torch.compiler.cudagraph_mark_step_begin()
             with self._autocast():
-                loss = self.forward(*(batch[key][index] for key in BATCH_KEYS))
+                loss = self.forward(*(batch[key][index] for key in self.batch_keys))
             if self.loss_factor is not None:
                 loss = loss * self.loss_factor
             (loss / count).backward()
@@ -153,7 +155,11 @@ class TorchEngine:
 
     def _load_batch(self, step: int) -> Dict[str, torch.Tensor]:
         microbatches = self.data.microbatches(step)
-        return {key: torch.stack([mb[key] for mb in microbatches]).to(self.device) for key in BATCH_KEYS}
+        if self.data.packed:
+            # Unpadded packed rows have widths of their own: a list a key. Packed steps train eagerly
+            # (packed_sequence_scope), so no graph needs them stacked.
+            return {key: [mb[key].to(self.device) for mb in microbatches] for key in self.batch_keys}
+        return {key: torch.stack([mb[key] for mb in microbatches]).to(self.device) for key in self.batch_keys}
 
     def _set_learning_rate(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
