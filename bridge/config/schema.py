@@ -138,7 +138,8 @@ class DatasetConfig:
     packed_sequence: bool = False
     """Bridge's SFT/LoRA packing: the mock data packs several samples into each row, and the model gets them
     as megatron-core's packed-sequence parameters (thd, cu_seqlens), so attention sees the path that decides what
-    can be graphed (TE scopes without attention). One row a micro-batch; megatron engine, Transformer Engine."""
+    can be graphed (TE scopes without attention). One row a micro-batch; the megatron engine needs Transformer
+    Engine's attention for it, the torch engine keeps each sample to itself."""
     pad_to_max_length: bool = True
     """Pad packed rows to seq_length (static shapes for graphs); false cuts a row after its last sample, rounded
     up to 16 tokens."""
