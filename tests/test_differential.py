@@ -73,6 +73,13 @@ STRICTER = {
     "config_choices": "a name megatron-core's Literal annotations leave out but never check: it would train as "
                       "something else (bridge/validation/value_rules.py, CHOICES)",
     "static_shapes": "graphs capture one sequence length: the model's must be the data's (Bridge's rule)",
+    "packed_sequence_layer_spec": "the local spec's DotProductAttention asserts packed_seq_params is None in its first "
+                                  "forward, which a build does not reach",
+    "packed_sequence_micro_batch": "thd attention squeezes the batch away in the first forward; Bridge refuses it too",
+    "packed_sequence_context_parallel": "what the engine cannot split yet: its context-parallel slicing cuts packed "
+                                        "samples apart, which no config class sees",
+    "packed_sequence_unpadded_pipeline": "pipeline stages exchange seq_length activations in the schedule, which a "
+                                         "build does not run",
     "attention_heads": "Megatron-LM's arguments assert hidden_size % num_attention_heads == 0 without kv_channels; "
                        "megatron-core's classes floor-divide and build an attention narrower than the hidden size",
     "param_gather_with_optimizer_step": "the non-distributed optimizer fails on it at the step (\"no attribute "
