@@ -31,9 +31,8 @@ import threading
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from omegaconf import OmegaConf
-
 from bridge.atomic import WriteError, write_json_atomic, write_text_atomic
+from bridge.config.plain import to_yaml
 from bridge.config.schema import GraphBridgeConfig
 from bridge.result import RESULT_FILE, write_missing_result
 from perf.joblog import Tee
@@ -61,7 +60,7 @@ def job_record(choices: Dict[str, str], overrides: Sequence[str]) -> dict:
 
 def write_job(config: GraphBridgeConfig, job_dir: Path, job: dict) -> None:
     job_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(job_dir / RESOLVED, OmegaConf.to_yaml(OmegaConf.structured(config)))
+    write_text_atomic(job_dir / RESOLVED, to_yaml(config))
     write_json_atomic(job_dir / JOB, job)
 
 

@@ -11,7 +11,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 import bridge
 from bridge.config.migration import legacy_conflict, migrate
-from bridge.config.plain import is_finished
+from bridge.config.plain import is_finished, to_yaml
 from bridge.config.schema import CudaGraphImpl, GraphBridgeConfig
 from bridge.overrides import set_cuda_graph_overrides
 from bridge.prepare import prepare
@@ -207,3 +207,16 @@ def test_a_config_object_is_finished_as_its_omegaconf_twin_is(fields):
         return
     prepared = prepare(cfg)
     assert (prepared.config, prepared.notes, prepared.derived) == (twin.config, twin.notes, twin.derived)
+
+
+@pytest.mark.parametrize("overrides", [
+    ("recipe=llama/tiny",), ("recipe=deepseek/tiny", "cuda_graph=te_attn_moe_router"),
+    ("recipe=llama/llama3_70b_lora", "gpu=h100", "precision=fp8_cs"), ("recipe=gpt_oss/tiny", "model.window_size=null")])
+def test_a_run_writes_the_resolved_yaml_omegaconf_would(overrides):
+    """perf.launch writes resolved.yaml with bridge.config.plain.to_yaml, which skips OmegaConf's typed tree for a
+    finished config: the text is OmegaConf's, enums, lists, nulls and field order alike; an unfinished one goes
+    through OmegaConf itself."""
+    cfg = bridge.load(list(overrides))
+    assert is_finished(cfg) and to_yaml(cfg) == OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    unfinished = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, num_layers="4"))
+    assert to_yaml(unfinished) == OmegaConf.to_yaml(OmegaConf.structured(unfinished))

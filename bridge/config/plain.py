@@ -3,8 +3,11 @@ OmegaConf would read as an interpolation or a missing value. Such an object need
 (about 30 ms a conversion, most of a plan's time after composition) to be judged or finished."""
 
 import dataclasses
+import enum
 import typing
 from functools import lru_cache
+
+from omegaconf import OmegaConf
 
 PRIMITIVES = (bool, int, float, str)
 
@@ -53,3 +56,25 @@ def strings(value) -> typing.Iterator[str]:
 def is_finished(cfg) -> bool:
     """Plainly typed, with nothing left for OmegaConf to resolve: what OmegaConf.to_object would give back as it is."""
     return plainly_typed(cfg, type(cfg)) and not any("${" in text or text == "???" for text in strings(cfg))
+
+
+def to_yaml(cfg) -> str:
+    """``OmegaConf.to_yaml(OmegaConf.structured(cfg))``, the same text: a finished config goes to OmegaConf as plain
+    containers (enums by name, fields in order), which skips building its typed tree from the dataclasses (about
+    40 of 65 ms for a preset; every job's resolved.yaml, the auto probe's runs included)."""
+    if not is_finished(cfg):
+        return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    return OmegaConf.to_yaml(OmegaConf.create(as_container(cfg)))
+
+
+def as_container(value):
+    """A finished config's value as OmegaConf.to_container(..., enum_to_str=True) gives it: dicts in field order."""
+    if dataclasses.is_dataclass(value):
+        return {item.name: as_container(getattr(value, item.name)) for item in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, list):
+        return [as_container(item) for item in value]
+    if isinstance(value, dict):
+        return {key: as_container(item) for key, item in value.items()}
+    return value
