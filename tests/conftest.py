@@ -154,7 +154,14 @@ def read_result() -> Callable[[Path], dict]:
 
 
 @pytest.fixture(scope="session")
-def across_workers(tmp_path_factory, worker_id) -> Callable:
+def shared_tmp(tmp_path_factory, worker_id) -> Path:
+    """The temporary folder of this whole session, the same for every pytest-xdist worker (each worker's own
+    tmp_path_factory folders lie inside it)."""
+    return tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+
+
+@pytest.fixture(scope="session")
+def across_workers(shared_tmp) -> Callable:
     """``across_workers(name, make)``: ``make()``'s value, made once a session by the first pytest-xdist worker that
     asks and read back (pickled) by the others, which wait for it; for a costly value that tests on every worker
     read and none changes (composing every workload preset takes ~20 s). Without xdist, ``make()`` once."""
@@ -162,12 +169,11 @@ def across_workers(tmp_path_factory, worker_id) -> Callable:
 
     from filelock import FileLock
 
-    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
     made = {}
 
     def value(name: str, make: Callable):
         if name not in made:
-            path = shared / f"across_workers_{name}.pickle"
+            path = shared_tmp / f"across_workers_{name}.pickle"
             with FileLock(f"{path}.lock"):
                 if not path.is_file():
                     path.write_bytes(pickle.dumps(make()))
@@ -193,6 +199,21 @@ def cli_batch(cli, tmp_path_factory, across_workers) -> Callable:
         return across_workers(f"cli_batch_{name}", make)
 
     return results
+
+
+@pytest.fixture(scope="session")
+def prepared_presets(across_workers) -> dict:
+    """Every preset row of tests/preset_reference.py, (recipe, gpu, precision) -> its finished GraphBridgeConfig, as
+    the command line composes and prepares it: made once a session (across_workers) for test_presets.py and
+    test_memory.py, which prepared all 140 again on each worker (~5 s each time)."""
+    from bridge.prepare import prepare
+    from tests.preset_reference import ROWS, composed_presets
+
+    def make() -> dict:
+        composed = across_workers("composed_presets", composed_presets)
+        return {key: prepare(composed[key]).config for key in ROWS}
+
+    return across_workers("prepared_presets", make)
 
 
 COMPOSITIONS = {}

@@ -45,8 +45,49 @@ def test_auto_on_a_cpu_trains_eagerly_and_records_why(cli, tmp_path, cache_home)
     assert not (tmp_path / "run" / "auto").exists() and not cache_home.exists()  # no probe, nothing cached
 
 
-def test_the_plan_lists_the_candidates_and_how_they_are_measured(cli, tmp_path, cache_home):
-    result = cli("mode=plan", *AUTO, "gpu=h100", cwd=tmp_path, env=environment(cache_home))
+PLANNED = {
+    "default": (),
+    "local spec": ("model.transformer_impl=local",),
+    "distributed on 0.19.2": ("ddp.use_distributed_optimizer=true", "plan.megatron_core=0.19.2"),
+    "distributed on 0.16.1": ("ddp.use_distributed_optimizer=true", "plan.megatron_core=0.16.1"),
+    "optimizer kept out": ("optimizer.optimizer_in_graph=false",),
+    "again": ("train.train_iters=500",),
+    "tp2": ("model.tensor_model_parallel_size=2", "train.num_gpus=2"),
+    "dp2": ("train.num_gpus=2", "train.global_batch_size=4"),
+}
+"""The workloads whose JSON plan on an H100 node the tests below read: llama/tiny's auto with these overrides."""
+TEXT_PLAN = ("mode=plan", *AUTO, "gpu=h100")
+CPU_PLAN = ("mode=plan", *AUTO)
+
+
+def json_plan(overrides) -> tuple:
+    return ("mode=plan", "plan.format=json", *AUTO, "gpu=h100", *overrides)
+
+
+@pytest.fixture(scope="session")
+def plan_cache(shared_tmp) -> Path:
+    """The decision cache the plans below read, which none of them writes: one path for every pytest-xdist worker."""
+    return shared_tmp / "auto_plans_cache" / "graphbridge" / "cuda_graph_auto.json"
+
+
+@pytest.fixture(scope="session")
+def plans(cli_batch, plan_cache) -> dict:
+    """TEXT_PLAN, CPU_PLAN and each JSON plan of PLANNED -> its `graphbridge` result, all planned by one process a
+    session (conftest.py's cli_batch, which also checks that they write nothing): each auto plan composes a dozen
+    candidates, and a process of its own per plan added ~2 s to each."""
+    commands = [TEXT_PLAN, CPU_PLAN, *(json_plan(overrides) for overrides in PLANNED.values())]
+    return cli_batch("auto_plans", commands, env=environment(plan_cache.parents[1]))
+
+
+def planned_auto(plans, name: str) -> dict:
+    """The auto section of the JSON plan of PLANNED[name]."""
+    result = plans[json_plan(PLANNED[name])]
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)["auto"]
+
+
+def test_the_plan_lists_the_candidates_and_how_they_are_measured(plans, plan_cache):
+    result = plans[TEXT_PLAN]
     assert result.returncode == 0, result.stderr
     text = result.stdout
     for choice in DENSE_CANDIDATES:
@@ -64,62 +105,46 @@ def test_the_plan_lists_the_candidates_and_how_they_are_measured(cli, tmp_path, 
             "6 pairs)") in text
     assert (f"\n    {OPTIMIZER_IN_GRAPH}  cuda_graph=full_iteration optimizer.optimizer_in_graph=true: forward and "
             "backward of the whole iteration") in text and "(optimizer step inside the graph)" in text
-    cache = cache_home / "graphbridge" / "cuda_graph_auto.json"
-    assert f"cache:     {cache} (0 decision(s)): none for this workload" in text
-    assert list(tmp_path.iterdir()) == []  # a plan writes nothing, and probes nothing
+    assert f"cache:     {plan_cache} (0 decision(s)): none for this workload" in text
+    # a plan writes nothing, and probes nothing: cli_batch checked that the plans left their directory empty
 
-    planned = json.loads(cli("mode=plan", "plan.format=json", *AUTO, "gpu=h100", cwd=tmp_path,
-                             env=environment(cache_home)).stdout)["auto"]
+    planned = planned_auto(plans, "default")
     assert [c["choice"] for c in planned["candidates"] if c["accepted"]] == DENSE_CANDIDATES
     assert planned["probe"]["runs"] == ["none", *DENSE_CANDIDATES[1:], "none"]
     assert planned["probe"]["confirming"] == {"first_runs": 4, "most_runs": 12, "timed_steps": 30,
                                                   "gain_over": 0.03}
 
 
-def planned_auto(cli, tmp_path, cache_home, *overrides: str) -> dict:
-    """The auto section of ``graphbridge mode=plan plan.format=json <AUTO> gpu=h100 <overrides>``."""
-    result = cli("mode=plan", "plan.format=json", *AUTO, "gpu=h100", *overrides, cwd=tmp_path,
-                 env=environment(cache_home))
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)["auto"]
-
-
-def test_on_the_local_spec_auto_weighs_transformer_engines_graphs_too(cli, tmp_path, cache_home):
+def test_on_the_local_spec_auto_weighs_transformer_engines_graphs_too(plans):
     # They replay the causal mask their attention was captured with (transformer_engine.causal_replays), so they
     # train as eager there: gpu_witnesses_6e4647f.json, both releases.
-    local = planned_auto(cli, tmp_path, cache_home, "model.transformer_impl=local")
+    local = planned_auto(plans, "local spec")
     assert [c["choice"] for c in local["candidates"] if c["accepted"]] == DENSE_CANDIDATES
 
 
-def test_the_optimizer_in_the_graph_is_a_candidate_unless_the_user_chose_where_it_runs(cli, tmp_path, cache_home):
-    by_choice = {c["choice"]: c for c in planned_auto(cli, tmp_path, cache_home)["candidates"]}
+def test_the_optimizer_in_the_graph_is_a_candidate_unless_the_user_chose_where_it_runs(plans):
+    by_choice = {c["choice"]: c for c in planned_auto(plans, "default")["candidates"]}
     assert by_choice[OPTIMIZER_IN_GRAPH]["overrides"] == ["cuda_graph=full_iteration",
                                                           "optimizer.optimizer_in_graph=true"]
     assert by_choice[OPTIMIZER_IN_GRAPH]["graphed"].endswith("(optimizer step inside the graph)")
-    distributed = ("ddp.use_distributed_optimizer=true",)
-    on_019 = {c["choice"]: c for c in planned_auto(cli, tmp_path, cache_home, *distributed,
-                                                   "plan.megatron_core=0.19.2")["candidates"]}
+    on_019 = {c["choice"]: c for c in planned_auto(plans, "distributed on 0.19.2")["candidates"]}
     assert on_019[OPTIMIZER_IN_GRAPH]["accepted"]
     assert "megatron-core's optimizer graph" in on_019[OPTIMIZER_IN_GRAPH]["graphed"]
-    on_016 = {c["choice"]: c for c in planned_auto(cli, tmp_path, cache_home, *distributed,
-                                                   "plan.megatron_core=0.16.1")["candidates"]}
+    on_016 = {c["choice"]: c for c in planned_auto(plans, "distributed on 0.16.1")["candidates"]}
     assert on_016[OPTIMIZER_IN_GRAPH]["refused_by"] == ["optimizer_graph_distributed"]
-    kept_out = planned_auto(cli, tmp_path, cache_home, "optimizer.optimizer_in_graph=false")  # the user's value holds
+    kept_out = planned_auto(plans, "optimizer kept out")  # the user's value holds
     assert OPTIMIZER_IN_GRAPH not in [c["choice"] for c in kept_out["candidates"]]
 
 
-def test_the_cache_key_holds_the_layout_and_the_optimizer_switch(cli, tmp_path, cache_home):
-    keys = {name: planned_auto(cli, tmp_path, cache_home, *overrides)["cache"]["key"] for name, overrides in {
-        "default": (), "again": ("train.train_iters=500",), "tp2": ("model.tensor_model_parallel_size=2",
-                                                                      "train.num_gpus=2"),
-        "dp2": ("train.num_gpus=2", "train.global_batch_size=4"),
-        "optimizer kept out": ("optimizer.optimizer_in_graph=false",)}.items()}
+def test_the_cache_key_holds_the_layout_and_the_optimizer_switch(plans):
+    keys = {name: planned_auto(plans, name)["cache"]["key"]
+            for name in ("default", "again", "tp2", "dp2", "optimizer kept out")}
     assert keys["again"] == keys["default"]  # the run's length is not the workload
     assert len({keys[name] for name in ("default", "tp2", "dp2", "optimizer kept out")}) == 4, keys
 
 
-def test_the_plan_on_a_cpu_says_the_run_trains_eagerly(cli, tmp_path, cache_home):
-    result = cli("mode=plan", *AUTO, cwd=tmp_path, env=environment(cache_home))
+def test_the_plan_on_a_cpu_says_the_run_trains_eagerly(plans):
+    result = plans[CPU_PLAN]
     assert result.returncode == 0, result.stderr
     assert "graphed:   nothing (eager): cuda_graph=auto measures graphs on a CUDA device" in result.stdout
     assert "without a probe or graph candidates; gpu=<preset> (e.g. gpu=h100) plans for a GPU node" in result.stdout

@@ -95,8 +95,19 @@ def test_a_training_run_the_catalogue_refuses_is_not_asked_again(cli, tmp_path):
     assert f"[{gate.RULE}]" not in result.stderr
 
 
-def test_a_plan_that_asks_shows_the_refusal_in_its_violations(cli, tmp_path):
-    result = cli(*SOFTMAX, "mode=plan", "plan.format=json", "plan.check_megatron=true", cwd=tmp_path)
+REFUSED_PLAN = (*SOFTMAX, "mode=plan", "plan.format=json", "plan.check_megatron=true")
+ACCEPTED_PLAN = ("mode=plan", "recipe=qwen/tiny", "gpu=h100", "plan.check_megatron=true")
+
+
+@pytest.fixture(scope="session")
+def asked(cli_batch) -> dict:
+    """REFUSED_PLAN and ACCEPTED_PLAN -> their `graphbridge` results, planned by one process a session (conftest.py's
+    cli_batch): each process of its own imported megatron-core's config classes again (~8 s)."""
+    return cli_batch("megatron_gate_plans", [REFUSED_PLAN, ACCEPTED_PLAN])
+
+
+def test_a_plan_that_asks_shows_the_refusal_in_its_violations(asked):
+    result = asked[REFUSED_PLAN]
     assert result.returncode == 2, result.stderr
     plan = json.loads(result.stdout)
     refused = [v for v in plan["violations"] if v["rule"] == gate.RULE]
@@ -105,8 +116,8 @@ def test_a_plan_that_asks_shows_the_refusal_in_its_violations(cli, tmp_path):
     assert plan["megatron_core_check"] == f"megatron-core {INSTALLED}'s config classes refuse it"
 
 
-def test_a_plan_that_asks_says_megatron_core_accepts_it(cli, tmp_path):
-    result = cli("mode=plan", "recipe=qwen/tiny", "gpu=h100", "plan.check_megatron=true", cwd=tmp_path)
+def test_a_plan_that_asks_says_megatron_core_accepts_it(asked):
+    result = asked[ACCEPTED_PLAN]
     assert result.returncode == 0, result.stderr
     assert f"  checked:   megatron-core {INSTALLED}'s config classes accept it" in result.stdout
 

@@ -14,14 +14,14 @@ from bridge.allocator import CAPTURE_REUSE, graph_allocator_settings
 from bridge.auto.candidates import option_named, without_graph_choice
 from bridge.config.graphs import graph_impl
 from bridge.memory import ESTIMATE_ERROR, GPU_MEMORY_GB, engine_regime, estimate_memory
-from bridge.prepare import prepare
-from tests.preset_reference import composed_presets
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import memory_accuracy  # noqa: E402  (the cases' overrides, by name)
 import memory_table  # noqa: E402  (scripts/, on pytest's pythonpath)
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+# The measured rows repeat their configurations (91 distinct of 149 rows): each is composed once a process.
+pytestmark = pytest.mark.usefixtures("composed_once")
 H200_LOCAL = "benchmarks/megatron_graphs.py on one H200, 2026-11-21, peak MiB / 1024 (docs/benchmarks.md at c483bbc)"
 
 
@@ -289,28 +289,20 @@ LIKELY_BEYOND_THEIR_GPU = {("llama/llama3_70b", "gb200", "fp8_cs")}
 Within the estimate's error: the plan warns and does not refuse. No offloading run has been measured (issue 83)."""
 
 
-@pytest.fixture(scope="module")
-def preset_configs(across_workers):
-    """Every recipe's every preset on its own GPU, composed as the command line composes it (once a session: the
-    composition test_presets.py and test_preset_graph_choices.py read)."""
-    return {key: prepare(cfg).config for key, cfg in across_workers("composed_presets", composed_presets).items()
-            if key[1]}
-
-
-def test_every_bridge_preset_is_estimated_to_fit_the_gpu_it_was_written_for(preset_configs):
+def test_every_bridge_preset_is_estimated_to_fit_the_gpu_it_was_written_for(prepared_presets):
     """Bridge runs them there: with Megatron-FSDP, LoRA and low-precision weights and activations counted as Bridge
     runs them. Llama 3.1 405B's B300 presets fit with the recompute their files add (the estimate's terms there); the
     exception is likely beyond its GPU, and the plan says so."""
-    estimates = {key: estimate_memory(cfg) for key, cfg in preset_configs.items()}
+    estimates = {key: estimate_memory(cfg) for key, cfg in prepared_presets.items()}
     beyond = {key: estimate.to_text() for key, estimate in estimates.items()
               if estimate.verdict not in ("fits", "tight")}
     assert set(beyond) == LIKELY_BEYOND_THEIR_GPU, beyond
     assert {estimates[key].verdict for key in LIKELY_BEYOND_THEIR_GPU} == {"does not fit"}
 
 
-def test_the_405b_b300_presets_fit_with_the_recompute_they_add_and_not_as_bridge_ships_them(preset_configs):
+def test_the_405b_b300_presets_fit_with_the_recompute_they_add_and_not_as_bridge_ships_them(prepared_presets):
     for precision in ("bf16", "fp8_cs", "fp8_mx"):
-        cfg = preset_configs[("llama/llama31_405b", "b300", precision)]
+        cfg = prepared_presets[("llama/llama31_405b", "b300", precision)]
         assert (cfg.model.recompute_granularity, cfg.model.recompute_modules) == ("selective", ["core_attn", "mlp"])
         shipped = bridge.load(["recipe=llama/llama31_405b", "gpu=b300", f"precision={precision}",
                                "model.recompute_granularity=null", "model.recompute_modules=null"])

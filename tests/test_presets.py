@@ -27,11 +27,6 @@ def composed(across_workers):
     return across_workers("composed_presets", composed_presets)
 
 
-@pytest.fixture(scope="session")
-def prepared(composed, across_workers):
-    return across_workers("prepared_presets", lambda: {key: prepare(composed[key]).config for key in ROWS})
-
-
 def test_preset_files_are_exactly_the_reference_rows():
     found = {(recipe, gpu, precision) for recipe in recipe_names() for gpu, precision in presets(recipe)
              if gpu != "h200"}
@@ -63,8 +58,8 @@ def test_a_presets_stream_connections_win_over_the_gpus(composed, key, connectio
 
 
 @pytest.mark.parametrize("key", sorted(ROWS), ids="-".join)
-def test_effective_values_match_the_reference(prepared, key):
-    row, cfg = ROWS[key], prepared[key]
+def test_effective_values_match_the_reference(prepared_presets, key):
+    row, cfg = ROWS[key], prepared_presets[key]
     model, train = cfg.model, cfg.train
     assert (model.tensor_model_parallel_size, model.pipeline_model_parallel_size, model.context_parallel_size,
             model.virtual_pipeline_model_parallel_size, model.expert_model_parallel_size) == (
@@ -107,8 +102,8 @@ def test_effective_values_match_the_reference(prepared, key):
 
 
 @pytest.mark.parametrize("key", sorted(ROWS), ids="-".join)
-def test_bridge_perf_defaults_apply(prepared, key):
-    cfg = prepared[key]
+def test_bridge_perf_defaults_apply(prepared_presets, key):
+    cfg = prepared_presets[key]
     assert cfg.train.train_iters == 50
     assert cfg.rerun_state_machine.check_for_nan_in_loss is False
     assert cfg.ddp.check_for_nan_in_grad is False
