@@ -145,8 +145,9 @@ def test_the_catalogue_accepts_nothing_megatron_core_refuses_at_scale(release_pa
                                           world_size=world_size, first_role_only=False)]
     check(records)
     accepted = [record for record in records if record["class"] == "both accept"]
-    # 395 of 1200 at fb59268: each rule the catalogue gains leaves a few draws fewer to build
-    assert len(accepted) >= 0.3 * len(records), f"{len(accepted)} of {len(records)} accepted"
+    # 395 of 1200 at fb59268, 345 at 2b3a8a0: each rule the catalogue gains leaves a few draws fewer to build (the
+    # packing rules refuse a drawn packed_sequence beside the recipes' micro-batches of 2 and more)
+    assert len(accepted) >= 0.25 * len(records), f"{len(accepted)} of {len(records)} accepted"
     # Half of them build here: the rest need Transformer Engine, fp8 or a GPU's kernels (the schema draws them).
     assert sum(record["built"] for record in accepted) >= 0.5 * len(accepted)
     fields = coverage((record["varied"], record["class"] == "both accept") for record in records)
