@@ -93,14 +93,14 @@ class MockData:
 
     def packed_lengths(self, row: int) -> List[int]:
         """The lengths of the samples packed into row ``row`` of the run: drawn from its own generator until the
-        next would not fit (at least one sample a row)."""
+        next would not fit (the first always fits: a sample is at most half the row)."""
         generator = self._generator("lengths", row)
         shortest, longest = (max(1, int(self.seq_length * share)) for share in PACKED_LENGTHS)
         lengths: List[int] = []
         while True:
             length = int(torch.randint(shortest, longest + 1, (), generator=generator))
             if sum(lengths) + length > self.seq_length:
-                return lengths or [self.seq_length]
+                return lengths
             lengths.append(length)
 
     def _packed_row(self, row: int) -> Microbatch:

@@ -13,7 +13,8 @@ import bridge
 from bridge.config import engines
 from bridge.data import MockData
 from bridge.engines.torch.engine import TorchEngine, learning_rate
-from bridge.engines.torch.native_model import ACTIVATIONS, NORMS, Router, build_native_model
+from bridge.engines.torch.native_model import ACTIVATIONS, Router, build_native_model
+from bridge.engines.torch.norms import NORMS
 from bridge.machine import Machine
 from bridge.validation import resolve_target
 

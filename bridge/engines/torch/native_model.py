@@ -31,7 +31,7 @@ from bridge.config.peft import lora_targets
 from bridge.config.schema import GraphBridgeConfig, ModelConfig
 from bridge.engines.torch.attention import GroupedQueryAttention, MultiLatentAttention, Packing, packing_of
 from bridge.engines.torch.lora import add_lora
-from bridge.engines.torch.norms import NORMS, make_norm  # noqa: F401  (NORMS: the choices tests read here)
+from bridge.engines.torch.norms import make_norm
 
 
 def _quick_gelu(x: torch.Tensor) -> torch.Tensor:
@@ -43,6 +43,8 @@ def _squared_relu(x: torch.Tensor) -> torch.Tensor:
 
 
 ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "quick_gelu": _quick_gelu, "squared_relu": _squared_relu}
+
+
 class Activation(nn.Module):
     """Plain or gated (GLU) activation; the gated form follows megatron-core's MLP."""
 
