@@ -11,6 +11,8 @@ TWO_GPUS = ("train.num_gpus=2",)
 TP2, SP = "model.tensor_model_parallel_size=2", "model.sequence_parallel=true"
 CP2 = "model.context_parallel_size=2"
 DP2 = ("recipe=llama/tiny", "train.global_batch_size=4")
+PACKED = ("recipe=llama/tiny", "dataset.packed_sequence=true")
+ONE_ROW_A_MICRO_BATCH = ("train.micro_batch_size=1", "train.global_batch_size=2")
 WITNESS_CASES = {
     "fp8_mx": ("recipe=llama/tiny", "precision=fp8_mx"),
     "fp8_sc": ("recipe=llama/tiny", "precision=fp8_sc"),
@@ -235,6 +237,21 @@ WITNESS_CASES = {
                                                  "model.transformer_impl=local", *layout)
        for name, layout in (("tp2", (TP2,)), ("pp2", ("model.pipeline_model_parallel_size=2",
                                                        "train.global_batch_size=4")))},
+    # Packed sequences (packing_rules.py, packed_sequence_scope, static_shapes): what each rule refuses beside its
+    # control, which the catalogue accepts. megatron-core's thd attention squeezes the batch dimension (micro-batch
+    # 2), the local spec's attention asserts no packed parameters; graphs that hold attention, or a whole layer or
+    # step, would capture the packed parameters of one micro-batch; unpadded rows change shape from step to step.
+    "packed_micro_batch_2": (*PACKED, "cuda_graph=none", "train.micro_batch_size=2", "train.global_batch_size=4"),
+    "packed_local_spec": (*PACKED, *ONE_ROW_A_MICRO_BATCH, "cuda_graph=none", "model.transformer_impl=local"),
+    **{f"packed_{graph}": (*PACKED, *ONE_ROW_A_MICRO_BATCH, f"cuda_graph={graph}")
+       for graph in ("none", "te_mlp", "te_attn", "te_layer", "local_layer", "full_iteration")},
+    "packed_unpadded_te_mlp": (*PACKED, *ONE_ROW_A_MICRO_BATCH, "cuda_graph=te_mlp", "dataset.pad_to_max_length=false"),
+    "packed_unpadded_eager": (*PACKED, *ONE_ROW_A_MICRO_BATCH, "cuda_graph=none", "dataset.pad_to_max_length=false"),
+    "packed_cp2": (*TWO_GPUS, *PACKED, *ONE_ROW_A_MICRO_BATCH, "cuda_graph=none", CP2),
+    **{f"packed_{name}_pp2": (*TWO_GPUS, *PACKED, "cuda_graph=none", "model.pipeline_model_parallel_size=2",
+                              "train.micro_batch_size=1", "train.global_batch_size=4",
+                              f"dataset.pad_to_max_length={padded}")
+       for name, padded in (("unpadded", "false"), ("padded", "true"))},
     "te_attn_embedding_stage": (*TWO_GPUS, "recipe=llama/tiny", "cuda_graph=te_attn",
                                 "model.pipeline_model_parallel_size=2", "model.pipeline_model_parallel_layout='E|t*8L'",
                                 "train.global_batch_size=4"),
