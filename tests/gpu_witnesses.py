@@ -56,6 +56,9 @@ SCHEMA_DRAW_E6AA918_0161 = "h100/mcore-0.16.1/gpu_differential_schema_e6aa918.js
 SCHEMA_DRAW_B0CCB80_0161 = "h100/mcore-0.16.1/gpu_differential_schema_b0ccb80.json"
 SCHEMA_DRAW_B0CCB80_0192 = "h100/mcore-0.19.2/gpu_differential_schema_b0ccb80.json"
 """The third one-GPU differential with the schema-wide draw (seed 81), at b0ccb80 on an H100."""
+PACKED_0161 = "h100/mcore-0.16.1/gpu_witnesses.json"
+PACKED_0192 = "h100/mcore-0.19.2/gpu_witnesses.json"
+"""The packed-sequence witness cases at eae46ab on an H100 (benchmarks/differential_witnesses.py, packed_*)."""
 GPU_WITNESSES = {
     "mla_query_groups": GpuWitness(SCHEMA_DRAW_0192, 1700, "Keys and values must have num_gqa_group = 2 heads"),
     "quantized_gemm_widths": GpuWitness(SCHEMA_DRAW_0192, 7, "Leading dimension requirement on A for FP8 GEMM"),
@@ -96,6 +99,9 @@ GPU_WITNESSES = {
     "local_spec_attention_dropout_in_te_graphs": GpuWitness(TWO_GPU_RUNS_6C7A53D_0161, 594,
                                                             "CUDA generator not in capture mode"),
     "local_spec_forced_balance_in_te_graphs": GpuWitness(H200_0DCDB17_0161, 1733, "CUDA generator not in capture mode"),
+    "packed_sequence_layer_spec": GpuWitness(PACKED_0161, 1, "Packed sequence is not supported by DotProductAttention"),
+    "packed_sequence_scope": GpuWitness(PACKED_0192, 4, "CUDA graph accepts only Tensor inputs"),
+    "static_shapes": GpuWitness(PACKED_0192, 8, "The size of tensor a (256) must match the size of tensor b (224)"),
 }
 
 

@@ -60,6 +60,11 @@ REFUSES_WHAT_TRAINS = {
              "h200/mcore-0.19.2/gpu_differential_schema_9901178.json), which inference_block_training refuses; "
              "wherever a graph holds the dispatch the capture fails (their witnesses)"
        for rule in ("allgather_dispatch_capture", "dropless_moe_capture")},
+    "packed_sequence_micro_batch": "graphbridge's packed data makes each micro-batch one row whatever "
+                                   "train.micro_batch_size says (bridge.data), so packed_micro_batch_2 trained on "
+                                   "both releases (h100 gpu_witnesses.json at eae46ab) on half the tokens its config "
+                                   "names; Megatron-Bridge 0.3.1 refuses the same configuration, and the fix trains "
+                                   "those tokens",
     "legacy_flags": "an older spelling beside the canonical one is refused rather than one of them picked silently "
                     "(the config model); deepseek/tiny with te_attn and model.external_cuda_graph=true trained on the "
                     "canonical fields (run 1729 of h200/mcore-0.16.1/gpu_differential_schema_9901178.json)",

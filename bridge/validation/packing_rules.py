@@ -14,7 +14,9 @@ PACKED = "dataset.packed_sequence"
 def packed_sequence_micro_batch(cfg, target):
     # megatron-core's thd attention squeezes the batch dimension away (attention.py, "query.squeeze(1)" under
     # qkv_format == 'thd', 0.16.1 and 0.19.2), and Megatron-Bridge 0.3.1 refuses the same (ConfigContainer.validate:
-    # "Micro batch size should be 1 when training with packed sequence"), naming the same equivalent.
+    # "Micro batch size should be 1 when training with packed sequence"), naming the same equivalent. graphbridge's
+    # packed data gives one row a micro-batch whatever the size, so the witness (packed_micro_batch_2, h100
+    # gpu_witnesses.json at eae46ab, both releases) trained, on half the tokens its config names.
     train, seq = cfg.train, cfg.dataset.seq_length
     if not cfg.dataset.packed_sequence or train.micro_batch_size <= 1:
         return None
@@ -31,7 +33,8 @@ def packed_sequence_micro_batch(cfg, target):
       fix="`model.transformer_impl=transformer_engine`")
 def packed_sequence_layer_spec(cfg, target):
     # The local spec's DotProductAttention.forward asserts packed_seq_params is None ("Packed sequence is not
-    # supported by DotProductAttention. Please use TEDotProductAttention instead."), 0.16.1 and 0.19.2.
+    # supported by DotProductAttention. Please use TEDotProductAttention instead."), 0.16.1 and 0.19.2: witness
+    # packed_local_spec (tests/gpu_witnesses.py).
     if not cfg.dataset.packed_sequence or cfg.model.transformer_impl != "local":
         return None
     return violation(

@@ -194,5 +194,16 @@ def assert_matches_eager(case: TrainingCase, result: dict, eager: dict) -> None:
         assert worst <= EXACT_TOLERANCE, f"max |loss - eager loss| = {worst:.2e} > {EXACT_TOLERANCE:.0e}"
 
 
-def assert_memory_flat(allocated) -> None:
-    assert max(allocated) - min(allocated) == 0, f"allocated memory moved while replaying: {allocated}"
+PACKED_SPREAD = 4 * 2**20
+"""How far allocated memory may move from step to step on packed rows: each row packs another number of samples,
+and the attention's per-sequence tensors follow (0.73 MB over 100 steps of llama/tiny, eager and te_mlp, on an H100
+at eae46ab). A leak of one layer's activation a step (256 KB on llama/tiny) passes it within 20 steps."""
+
+
+def memory_spread(case: TrainingCase) -> int:
+    """How far a case's allocated memory may move once it trains (or replays): 0, or PACKED_SPREAD on packed rows."""
+    return PACKED_SPREAD if PACKED[0] in case.extra else 0
+
+
+def assert_memory_flat(allocated, spread: int = 0) -> None:
+    assert max(allocated) - min(allocated) <= spread, f"allocated memory moved while replaying: {allocated}"
