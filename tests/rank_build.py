@@ -97,6 +97,8 @@ _MISSING = object()
 
 
 def _on_cuda(device) -> bool:
+    if isinstance(device, int) and not isinstance(device, bool):  # an index is a CUDA device (current_device's 0)
+        return True
     try:
         return device is not None and torch.device(device).type == "cuda"
     except (RuntimeError, TypeError):
@@ -137,7 +139,7 @@ def cuda_on_cpu(capability=HOPPER) -> Iterator[None]:
 
     stream = _Stream()
     stand_ins = [
-        (torch.cuda, "current_device", lambda: "cpu"), (torch.cuda, "Stream", _Stream), (torch.cuda, "Event", _Event),
+        (torch.cuda, "current_device", lambda: 0), (torch.cuda, "Stream", _Stream), (torch.cuda, "Event", _Event),
         # torch.compile'd fusions (megatron-core's jit_fuser) would trace the function mode below: run them eagerly
         (torch._dynamo.config, "disable", True),
         (torch.cuda, "stream", lambda s: contextlib.nullcontext()), (torch.cuda, "default_stream", lambda *a: stream),
@@ -304,8 +306,7 @@ def _build_and_step(cfg, result: RankBuild, step: bool) -> None:
                                 overlap_param_gather_with_optimizer_step=cfg.optimizer.
                                 overlap_param_gather_with_optimizer_step, peft=cfg.peft)
     result.parameters = count_parameters(chunks)
-    result.gradient_buffer = sum(buffer.numel_unpadded for chunk in chunks
-                                 for buffer in chunk.buffers + chunk.expert_parallel_buffers)
+    result.gradient_buffer = sum(count for count, _ in gradient_buffers(chunks))
     result.stage = "optimizer"
     optimizer = get_megatron_optimizer(configs["optimizer_config"], chunks)
     engine.set_model_config_hooks(transformer_config, chunks, cfg.ddp.overlap_grad_reduce)
@@ -322,9 +323,23 @@ def _build_and_step(cfg, result: RankBuild, step: bool) -> None:
         return
     result.stage = "step"
     _train_one_step(cfg, chunks, optimizer)
-    result.gradient_sum = sum(buffer.grad_data.abs().sum().item() for chunk in chunks
-                              for buffer in chunk.buffers + chunk.expert_parallel_buffers)
+    result.gradient_sum = sum(grads.abs().sum().item() for _, grads in gradient_buffers(chunks))
     result.stage, result.stepped = "stepped", True
+
+
+def gradient_buffers(chunks) -> List[Tuple[int, torch.Tensor]]:
+    """(parameters, gradient tensor) of each gradient buffer this rank holds: DDP's dense and expert buffers
+    (unpadded), or Megatron-FSDP's shard of each parameter group's (ddp.use_megatron_fsdp)."""
+    buffers = []
+    for chunk in chunks:
+        if chunk.ddp_config.use_megatron_fsdp:
+            grads = [group.main_grad_buffer.data for group in chunk.param_and_grad_buffer.parameter_groups
+                     if group.main_grad_buffer is not None]
+            buffers += [(tensor.numel(), tensor) for tensor in grads]
+        else:
+            buffers += [(buffer.numel_unpadded, buffer.grad_data)
+                        for buffer in chunk.buffers + chunk.expert_parallel_buffers]
+    return buffers
 
 
 def graphed_layers(chunks, transformer_config) -> int:

@@ -19,6 +19,7 @@ from bridge.config.model_schema import CUDA_GRAPH_MODULES, CudaGraphImpl, Infere
 __all__ = ["CUDA_GRAPH_MODULES", "CudaGraphImpl", "DDPConfig", "DatasetConfig", "Device", "EngineChoice",
            "GraphBridgeConfig", "InferenceCudaGraphScope", "LoraTarget", "Mode", "ModelConfig", "OptimizerConfig",
            "PeftConfig", "PeftScheme", "PerfConfig", "PlanConfig", "PlanFormat", "RNGConfig", "RerunStateMachineConfig",
+           "ShardingStrategy",
            "TrainConfig", "WorkloadConfig", "profiling_window"]
 
 
@@ -37,6 +38,14 @@ class Device(str, Enum):
 class Mode(str, Enum):
     train = "train"
     plan = "plan"
+
+
+class ShardingStrategy(str, Enum):
+    """What Megatron-FSDP shards over the data-parallel ranks (megatron-core's data_parallel_sharding_strategy)."""
+    no_shard = "no_shard"
+    optim = "optim"
+    optim_grads = "optim_grads"
+    optim_grads_params = "optim_grads_params"
 
 
 class PlanFormat(str, Enum):
@@ -77,6 +86,16 @@ class DDPConfig:
     """Reduce gradients in fp32."""
     average_in_collective: bool = False
     """Average gradients inside the collective instead of scaling before it."""
+    use_megatron_fsdp: bool = False
+    """Megatron-FSDP: megatron-core's FullyShardedDataParallel in place of DDP, sharding what
+    ddp.data_parallel_sharding_strategy names over the data-parallel ranks (Bridge's FSDP presets set it)."""
+    data_parallel_sharding_strategy: ShardingStrategy = ShardingStrategy.optim_grads_params
+    """What Megatron-FSDP shards: optim, optim_grads or optim_grads_params (optimizer state, then gradients, then
+    weights: each layer's weights are gathered for its forward and backward), or no_shard. Bridge's FSDP presets
+    shard all three; read only with ddp.use_megatron_fsdp."""
+    fsdp_double_buffer: bool = False
+    """Megatron-FSDP gathers weights and reduces gradients through two persistent buffers of the largest layer
+    (Bridge sets it for Llama 3 70B and 405B) instead of buffers allocated as it goes."""
 
 
 @dataclass

@@ -14,6 +14,7 @@ Modules parked behind impl none are not passed on.
 """
 
 import dataclasses
+from enum import Enum
 from typing import Any, Dict, Optional
 
 from bridge.config.model_facts import padded_vocab_size
@@ -133,7 +134,8 @@ def megatron_arguments(cfg: GraphBridgeConfig, version: Optional[str] = None) ->
         # A capturable Adam (learning rate and step count as device tensors) for OptimizerCudaGraphWrapper;
         # given only then, so that every other configuration is spelled as before.
         optimizer["optimizer_cuda_graph"] = True
-    ddp = dataclasses.asdict(cfg.ddp)
+    # megatron-core takes the sharding strategy as a plain string
+    ddp = {name: value.value if isinstance(value, Enum) else value for name, value in dataclasses.asdict(cfg.ddp).items()}
     return {
         "transformer_config": transformer_config_arguments(cfg, version),
         "gpt_model": gpt_model_arguments(cfg),

@@ -49,9 +49,19 @@ def build_model_chunks(transformer_config, gpt_model_args, ddp_config, use_trans
         if transformer_config.bf16 or transformer_config.fp16:
             model = Float16Module(transformer_config, model)
         chunks.append(model)
-    return [DistributedDataParallel(config=transformer_config, ddp_config=ddp_config, module=chunk,
-                                    disable_bucketing=index > 0 or overlap_param_gather_with_optimizer_step)
+    wrapper = data_parallel_wrapper(ddp_config)
+    return [wrapper(config=transformer_config, ddp_config=ddp_config, module=chunk,
+                    disable_bucketing=index > 0 or overlap_param_gather_with_optimizer_step)
             for index, chunk in enumerate(chunks)]
+
+
+def data_parallel_wrapper(ddp_config):
+    """megatron-core's DDP, or its Megatron-FSDP adapter (ddp.use_megatron_fsdp), as Megatron-Bridge chooses."""
+    if not ddp_config.use_megatron_fsdp:
+        return DistributedDataParallel
+    from megatron.core.distributed.fsdp.mcore_fsdp_adapter import FullyShardedDataParallel
+
+    return FullyShardedDataParallel
 
 
 def zero_attention_sinks(model: torch.nn.Module) -> int:
