@@ -12,6 +12,7 @@ TP2, SP = "model.tensor_model_parallel_size=2", "model.sequence_parallel=true"
 CP2 = "model.context_parallel_size=2"
 DP2 = ("recipe=llama/tiny", "train.global_batch_size=4")
 PACKED = ("recipe=llama/tiny", "dataset.packed_sequence=true")
+FSDP_TINY = ("recipe=llama/tiny", "ddp.use_megatron_fsdp=true", "ddp.use_distributed_optimizer=true")
 ONE_ROW_A_MICRO_BATCH = ("train.micro_batch_size=1", "train.global_batch_size=2")
 WITNESS_CASES = {
     "fp8_mx": ("recipe=llama/tiny", "precision=fp8_mx"),
@@ -252,6 +253,15 @@ WITNESS_CASES = {
                               "train.micro_batch_size=1", "train.global_batch_size=4",
                               f"dataset.pad_to_max_length={padded}")
        for name, padded in (("unpadded", "false"), ("padded", "true"))},
+    # Megatron-FSDP (fsdp_rules.py; first runs in h100/megatron_fsdp_probe_83411eb.log): each graph mechanism and
+    # the plain optimizer, refused, beside eager; the lighter sharding strategies and the fused weight-gradient
+    # accumulation Bridge turns off with FSDP, which the catalogue accepts and no GPU has trained yet.
+    **{f"fsdp_{graph}": (*FSDP_TINY, f"cuda_graph={graph}")
+       for graph in ("none", "te_mlp", "local_layer", "full_iteration")},
+    "fsdp_without_distributed_optimizer": (*FSDP_TINY[:-1], "ddp.use_distributed_optimizer=false", "cuda_graph=none"),
+    **{f"fsdp_{strategy}": (*FSDP_TINY, "cuda_graph=none", f"ddp.data_parallel_sharding_strategy={strategy}")
+       for strategy in ("no_shard", "optim", "optim_grads")},
+    "fsdp_gradient_accumulation_fusion": (*FSDP_TINY, "cuda_graph=none", "model.gradient_accumulation_fusion=true"),
     "te_attn_embedding_stage": (*TWO_GPUS, "recipe=llama/tiny", "cuda_graph=te_attn",
                                 "model.pipeline_model_parallel_size=2", "model.pipeline_model_parallel_layout='E|t*8L'",
                                 "train.global_batch_size=4"),

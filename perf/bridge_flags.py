@@ -304,10 +304,10 @@ FLAGS: List[Flag] = [
            "true: capacity factor 1.0 + padding; false: dropless with forced balancing", type=bool_arg),
     mapped(["--moe_a2a_overlap"], PERFORMANCE,
            "true: EP all-to-all overlap + delayed wgrad, no shared-expert overlap", type=bool_arg),
-    refused(["--use_megatron_fsdp"], PERFORMANCE,
-            "Megatron FSDP is not supported; ddp.use_distributed_optimizer=true shards the optimizer state",
-            keeps=is_false, type=bool_arg),
-    refused(["--nccl_ub"], PERFORMANCE, "NCCL user buffers go with Megatron FSDP, which graphbridge does not support",
+    mapped(["--use_megatron_fsdp"], PERFORMANCE,
+           "true: Megatron-FSDP as Bridge sets it (ddp.use_megatron_fsdp, optim_grads_params, the distributed "
+           "optimizer, no average_in_collective or gradient_accumulation_fusion)", type=bool_arg),
+    refused(["--nccl_ub"], PERFORMANCE, "NCCL user buffers (Megatron-FSDP's registered buffers) are not supported",
             keeps=is_false, type=bool_arg),
 
     mapped(["-l", "--log_dir"], LOGGING, "-> hydra.run.dir and hydra.sweep.dir under this directory"),

@@ -63,7 +63,7 @@ def flag_overrides(given: Given) -> List[str]:
         # Quoted: Hydra's override grammar does not take a resolver call with arguments unquoted.
         dense_first = f"${{graphbridge.dense_first:{given['first_k_dense_replace']},${{model.num_layers}}}}"
         overrides.append(f"model.moe_layer_freq={quoted(dense_first, literal_text=False)}")
-    for part in (_data, _nodes, _slurm, _profiling, _graphs, _recompute, _moe, _log_dir):
+    for part in (_data, _nodes, _slurm, _profiling, _graphs, _recompute, _moe, _megatron_fsdp, _log_dir):
         overrides += part(given)
     if given.get("dryrun"):
         overrides.append("mode=plan")
@@ -209,6 +209,17 @@ def _moe(given: Given) -> List[str]:
             # megatron-core refuses shared-expert overlap together with the EP A2A overlap.
             overrides.append("model.moe_shared_expert_overlap=false")
     return overrides
+
+
+def _megatron_fsdp(given: Given) -> List[str]:
+    """--use_megatron_fsdp true: what Bridge's _set_megatron_fsdp_overrides and its config check set with it."""
+    if "use_megatron_fsdp" not in given:
+        return []
+    if not given["use_megatron_fsdp"]:
+        return ["ddp.use_megatron_fsdp=false"]
+    return ["ddp.use_megatron_fsdp=true", "ddp.data_parallel_sharding_strategy=optim_grads_params",
+            "ddp.use_distributed_optimizer=true", "ddp.average_in_collective=false",
+            "model.gradient_accumulation_fusion=false"]
 
 
 def _log_dir(given: Given) -> List[str]:

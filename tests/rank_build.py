@@ -133,6 +133,8 @@ class _CudaOnCpu(TorchFunctionMode):
 def cuda_on_cpu(capability=HOPPER) -> Iterator[None]:
     """CUDA's streams, device, RNG and tensors stood in by the CPU's, a GPU of ``capability``, and megatron-core's
     Gloo groups made fake (a fake store cannot rendezvous Gloo)."""
+    from megatron.core.distributed.fsdp import mcore_fsdp_adapter
+    from megatron.core.distributed.fsdp.src.megatron_fsdp import param_and_grad_buffer as fsdp_buffer
     from megatron.core.fusions import fused_softmax
     from megatron.core.tensor_parallel import random as megatron_random
     from megatron.core.transformer.moe import moe_utils
@@ -149,6 +151,9 @@ def cuda_on_cpu(capability=HOPPER) -> Iterator[None]:
         (megatron_random, "_get_cuda_rng_state", _rng_state), (megatron_random, "_set_cuda_rng_state", _set_rng_state),
         (dist, "new_group", _fake_instead_of_gloo(dist.new_group)),
         (dist, "batch_isend_irecv", _received_as_activations(dist.batch_isend_irecv)),
+        # Megatron-FSDP's adapter broadcasts the first tensor-parallel rank's RNG states as pickled objects, which a
+        # fake broadcast leaves unsent: each rank keeps its own
+        (mcore_fsdp_adapter.FullyShardedDataParallel, "sync_rng_states_across_tp_group", lambda self: None),
         # what megatron-core's graph-safe RNG tracker asks of PyTorch (a CPU build of PyTorch has no CUDA graphs)
         (torch.cuda.CUDAGraph, "register_generator_state", lambda *a: None),
         (torch.cuda, "graph_pool_handle", lambda: (0, 0)),  # CudaGraphManager takes its memory pool at model build
@@ -158,6 +163,13 @@ def cuda_on_cpu(capability=HOPPER) -> Iterator[None]:
         # megatron-core 0.16.1's router names Transformer Engine's GEMM unguarded where TE is missing (NameError);
         # the GPU node the plan is for has TE, and without it the router computes the same GEMM in torch
         (moe_utils, "te_general_gemm", getattr(moe_utils, "te_general_gemm", None)),
+        # Megatron-FSDP's adapter marks TP parameters by their module's class, TELinear, unguarded where TE is
+        # missing (not a class then); no module of the CPU's local spec is one
+        (mcore_fsdp_adapter, "TELinear", mcore_fsdp_adapter.TELinear if isinstance(mcore_fsdp_adapter.TELinear, type)
+         else _NoSuchModule),
+        # Megatron-FSDP checks that the ranks' chunks of each sharded parameter tile it by gathering them and
+        # all-reducing boundary flags, which a fake process group leaves unsent: the GPU checks it
+        (fsdp_buffer, "validate_uneven_dtensor", lambda dtensor: None),
     ]
     saved = [(owner, name, getattr(owner, name, _MISSING)) for owner, name, _ in stand_ins]
     for owner, name, value in stand_ins:
@@ -171,6 +183,10 @@ def cuda_on_cpu(capability=HOPPER) -> Iterator[None]:
                 delattr(owner, name)
             else:
                 setattr(owner, name, value)
+
+
+class _NoSuchModule:
+    """A class no module is an instance of."""
 
 
 def _causal_mask(sq: int) -> torch.Tensor:

@@ -20,7 +20,10 @@ from tests.rule_case_kit import (
 # Re-exported: tests and scripts/megatron_fixture.py import these from here.
 from tests.rule_case_kit import H100, ONE_H100, PACKAGES, PACKAGES_019, build, fired  # noqa: F401
 
-FSDP8 = {"workload.megatron_fsdp": True, "train.num_gpus": 8, "train.global_batch_size": 8}
+FSDP = {"ddp.use_megatron_fsdp": True, "ddp.use_distributed_optimizer": True}
+FP8_PRIMARY_EIGHT = {"workload.precision": "fp8_cs", "model.fp8": "e4m3", "model.fp8_recipe": "tensorwise",
+                     "ddp.use_distributed_optimizer": True, "model.num_layers": 68, "train.num_gpus": 8,
+                     "train.global_batch_size": 8}
 LORA = {"peft.scheme": "lora"}
 PACKED = {"dataset.packed_sequence": True}
 
@@ -223,8 +226,10 @@ RULE_CASES = {
     # An 8B model on one GPU: its weights, gradients and Adam state alone are beyond 80 GB.
     "memory_capacity": (Case({**LLAMA_8B, "workload.gpu": "h100"}), Case({**LLAMA_8B, "workload.gpu": "b300"})),
     # The same 8B model on 8 GPUs with Megatron-FSDP: Bridge's shards fit an H100, graphbridge's DDP keeps it whole.
-    "engine_memory": (Case({**LLAMA_8B, **FSDP8, "workload.gpu": "h100"}),
-                      Case({**LLAMA_8B, **FSDP8, "workload.gpu": "b300"})),
+    # Bridge's fp8 primary weights fit 68 of Llama 3 8B's layers a B200 (~172 GiB, within the estimate's error);
+    # the engine's bf16 weights with their fp8 copies cannot (~203 GiB). A B300 holds both.
+    "engine_memory": (Case({**LLAMA_8B, **FP8_PRIMARY_EIGHT, "workload.gpu": "b200"}),
+                      Case({**LLAMA_8B, **FP8_PRIMARY_EIGHT, "workload.gpu": "b300"})),
     # LoRA: multi-latent attention has no linear_qkv; an adapter's rank splits over TP at column-parallel layers.
     "lora_targets": (Case({**MLA, **LORA, "peft.target_modules": ["linear_qkv", "linear_proj"]}),
                      Case({**MLA, **LORA, "peft.target_modules": ["linear_proj"]})),
@@ -236,6 +241,8 @@ RULE_CASES = {
                                          Case({**PACKED, **DP2})),
     "packed_sequence_unpadded_pipeline": (Case({**PACKED, **PP2, "dataset.pad_to_max_length": False}),
                                           Case({**PACKED, **PP2})),
+    "megatron_fsdp_graphs": (Case({**FSDP, **te("mlp")}), Case({**FSDP, **te("mlp"), "ddp.use_megatron_fsdp": False})),
+    "megatron_fsdp_distributed_optimizer": (Case({**FSDP, "ddp.use_distributed_optimizer": False}), Case(FSDP)),
     "memory_capacity_here": (Case(LLAMA_8B, machine=H100_80GB), Case({**LLAMA_8B, "model.num_layers": 16},
                                                                       machine=H100_80GB)),
 }
@@ -259,6 +266,7 @@ RULE_CASES.update({
     "torch_compile_graphs": (Case({**TORCH, **FULL_ITERATION, "torch_compile": "default"}),
                              Case({**TORCH, "torch_compile": "default"})),
     "torch_compile_megatron": (Case({"torch_compile": "default"}), Case({**TORCH, "torch_compile": "default"})),
+    "torch_engine_fsdp": (Case({**TORCH, **FSDP}), Case(FSDP)),
     "optimizer_in_graph_megatron": (
         Case({**FULL_ITERATION, "optimizer.optimizer_in_graph": True, "optimizer.optimizer": "sgd"}),
         Case({**FULL_ITERATION, "optimizer.optimizer_in_graph": True})),

@@ -80,6 +80,11 @@ STRICTER = {
                                         "samples apart, which no config class sees",
     "packed_sequence_unpadded_pipeline": "pipeline stages exchange seq_length activations in the schedule, which a "
                                          "build does not run",
+    "megatron_fsdp_graphs": "every graph mechanism failed with Megatron-FSDP on an H100 (FSDP's hooks, DTensor "
+                            "parameters and streams at capture), which a CPU build does not capture",
+    "megatron_fsdp_distributed_optimizer": "the other optimizers read main_grad, which FSDP's DTensor parameters lack, "
+                                           "in the step: a GPU step failed so",
+    "torch_engine_fsdp": "the torch engine trains one GPU without megatron-core: no FSDP for its classes to judge",
     "attention_heads": "Megatron-LM's arguments assert hidden_size % num_attention_heads == 0 without kv_channels; "
                        "megatron-core's classes floor-divide and build an attention narrower than the hidden size",
     "param_gather_with_optimizer_step": "the non-distributed optimizer fails on it at the step (\"no attribute "

@@ -115,9 +115,9 @@ def test_bridge_perf_defaults_apply(prepared_presets, key):
 # --- every preset as shipped, on its own GPU ----------------------------------------------------
 
 ENGINE_LIMITS = {"engine_memory"}
-"""Refusals of graphbridge's own engine, documented in the README and docs/recipes.md: it has no Megatron-FSDP and
-no fp8 primary weights, so the Llama 3 70B and 405B presets Bridge runs with FSDP on Blackwell, and the 70B LoRA B200
-MXFP8 one (Bridge keeps its frozen base in MXFP8), do not fit it; their plans say so and name Megatron-Bridge."""
+"""Refusals of graphbridge's own engine, documented in the README and docs/recipes.md: it has no fp8 primary weights,
+so the 70B LoRA B200 MXFP8 preset (Bridge keeps its frozen base in MXFP8) does not fit it; its plan says so and names
+Megatron-Bridge. (The Llama 3 70B and 405B presets Bridge runs with Megatron-FSDP train with it here too.)"""
 ESTIMATE_REFUSES = {("llama/llama31_405b", "b300", precision): "the memory estimate puts Bridge's TP2 PP8 VP8 layout "
                     "at ~391 GiB a GPU of the B300's 268 (it names full recompute, ~169 GiB); no GPU run has measured "
                     "it, Bridge 0.3.1's performance summary lists no B300 405B run, and Bridge's later B300 405B "

@@ -122,6 +122,10 @@ FLAG_CASES = [
                                "hydra.sweep.dir=runs/multirun/${now:%Y-%m-%d}/${now:%H-%M-%S-%f}"]),
     (["--multirun", "cuda_graph=none,full_iteration"], ["cuda_graph=none,full_iteration", "hydra.mode=MULTIRUN"]),
     (["model.num_layers=4", "+env_vars.X=1"], ["model.num_layers=4", "+env_vars.X=1"]),
+    (["--use_megatron_fsdp", "true"], ["ddp.use_megatron_fsdp=true", "ddp.data_parallel_sharding_strategy=optim_grads_params",
+                                       "ddp.use_distributed_optimizer=true", "ddp.average_in_collective=false",
+                                       "model.gradient_accumulation_fusion=false"]),
+    (["--use_megatron_fsdp", "false"], ["ddp.use_megatron_fsdp=false"]),
     ([], []),
 ]
 
@@ -132,13 +136,13 @@ REFUSED_CASES = {flag.label: [flag.names[-1]] + ([] if flag.parse.get("action") 
 REFUSED_CASES.update({"--optimizer_type": ["--optimizer_type", "muon"], "--tokenizer_type": ["--tokenizer_type", "HuggingFaceTokenizer"],
                       "-cv/--config_variant": ["-cv", "v2"], "--profiling_ranks": ["--profiling_ranks", "0,1"],
                       "--detach": ["--detach", "true"], "-mh/--record_memory_history": ["-mh", "true"],
-                      "-vb/--enable_vboost": ["-vb", "true"], "--use_megatron_fsdp": ["--use_megatron_fsdp", "true"],
+                      "-vb/--enable_vboost": ["-vb", "true"],
                       "--nccl_ub": ["--nccl_ub", "true"],
                       "-cm/--custom_mounts": ["-cm", "/a:/b"],
                       "-cs/--custom_srun_args": ["--custom_srun_args=--mpi=pmix"]})
 # Refused flags accept graphbridge's own behaviour, so a pasted Bridge command line keeps working.
 KEPT = [["-cv", "v1"], ["--optimizer_type", "adam"], ["--tokenizer_type", "NullTokenizer"], ["--detach", "false"],
-        ["-mh", "false"], ["-vb", "False"], ["--use_megatron_fsdp", "false"], ["--nccl_ub", "0"]]
+        ["-mh", "false"], ["-vb", "False"], ["--nccl_ub", "0"]]
 
 
 @pytest.mark.parametrize("argv,expected", FLAG_CASES, ids=[" ".join(argv) or "nothing" for argv, _ in FLAG_CASES])

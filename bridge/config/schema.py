@@ -205,9 +205,6 @@ class WorkloadConfig:
 
     task: str = "pretrain"
     """pretrain, sft or lora: the Bridge task of the recipe (recorded; LoRA's adapters themselves are peft=lora)."""
-    megatron_fsdp: bool = False
-    """Bridge runs the preset with Megatron-FSDP (use_megatron_fsdp, optim_grads_params): the memory estimate
-    shards weights, gradients and Adam state over the data-parallel ranks; graphbridge's engine trains it with DDP."""
     gpu: Optional[str] = None
     """h100, h200 (the H100 presets), b200, b300, gb200 or gb300; None when the recipe has no preset."""
     precision: Optional[str] = None

@@ -46,5 +46,19 @@ def count_parameters(modules: Iterable[torch.nn.Module]) -> Tuple[int, int]:
     """(every parameter, those that train) of ``modules``, each parameter once: under LoRA the trainable ones are
     the adapters."""
     seen = {id(parameter): parameter for module in modules for parameter in module.parameters()}
-    return (sum(parameter.numel() for parameter in seen.values()),
-            sum(parameter.numel() for parameter in seen.values() if parameter.requires_grad))
+    return (sum(rank_numel(parameter) for parameter in seen.values()),
+            sum(rank_numel(parameter) for parameter in seen.values() if parameter.requires_grad))
+
+
+def rank_numel(parameter: torch.Tensor) -> int:
+    """Elements of ``parameter`` as this model-parallel rank holds it before any data-parallel sharding: the global
+    shape of a Megatron-FSDP DTensor spans the tensor-parallel ranks ("tp" in its device mesh) too, where megatron-core
+    DDP's parameters are this rank's tensor-parallel shard."""
+    mesh = getattr(parameter, "device_mesh", None)
+    if mesh is None:
+        return parameter.numel()
+    split = 1
+    for dim, (name, placement) in enumerate(zip(mesh.mesh_dim_names or (), parameter.placements)):
+        if name == "tp" and placement.is_shard():
+            split *= mesh.size(dim)
+    return parameter.numel() // split

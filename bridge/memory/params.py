@@ -18,7 +18,7 @@ Per GPU of the pipeline stage with the most layers, in bytes per parameter:
 - optimizer: Adam's two fp32 moments, plus fp32 master weights for a bf16/fp16 model: 12 bytes
   per parameter (8 in fp32); ``ddp.use_distributed_optimizer`` shards it over the data- and
   context-parallel ranks (the expert-data-parallel ranks for experts).
-- Megatron-FSDP (Bridge's ``use_megatron_fsdp`` with ``optim_grads_params``, workload.megatron_fsdp)
+- Megatron-FSDP (``ddp.use_megatron_fsdp`` with ``optim_grads_params``, as Bridge's FSDP presets set it)
   shards weights and gradients as well as the optimizer state; a layer's weights are gathered for
   its forward and backward and its gradients reduce-scattered after, through two buffers
   (``fsdp_double_buffer``): two of the largest gather unit (a layer, or the embedding) of
@@ -52,7 +52,8 @@ FP8_PRIMARY_PRECISIONS = ("fp8_cs", "fp8_mx")
 @dataclass(frozen=True)
 class Regime:
     """How the job holds its weights: as Bridge runs the preset, or as graphbridge's engine trains it
-    (engine_regime: megatron-core DDP, LoRA as configured, bf16 weights with Transformer Engine's copies)."""
+    (engine_regime: megatron-core DDP or Megatron-FSDP and LoRA as configured, bf16 weights with Transformer
+    Engine's copies)."""
 
     megatron_fsdp: bool = False
     adapted: Optional[Tuple[str, ...]] = None
@@ -62,24 +63,30 @@ class Regime:
     """Transformer Engine keeps its quantized copy of each weight (off: disable_parameter_transpose_cache)."""
 
     def differences(self) -> list:
-        """What graphbridge's engine does not do of this regime (it trains every weight, with DDP, from
-        bf16 weights and Transformer Engine's cached copies), in words."""
-        named = [(self.megatron_fsdp, "Megatron-FSDP"), (self.fp8_primary_weights, "fp8 primary weights"),
+        """What graphbridge's engine does not do of this regime (it trains from bf16 weights and Transformer
+        Engine's cached copies), in words."""
+        named = [(self.fp8_primary_weights, "fp8 primary weights"),
                  (not (self.weight_copies or self.fp8_primary_weights), "no cached low-precision weights")]
         return [words for differs, words in named if differs]
 
 
 def engine_regime(cfg) -> Regime:
-    """The regime of ``cfg`` as graphbridge's engine trains it: DDP, its own LoRA, bf16 weights."""
-    return Regime(adapted=lora_targets(cfg.peft))
+    """The regime of ``cfg`` as graphbridge's engine trains it: DDP or Megatron-FSDP, its own LoRA, bf16 weights."""
+    return Regime(megatron_fsdp=fsdp_shards_weights(cfg), adapted=lora_targets(cfg.peft))
 
 
 def bridge_regime(cfg) -> Regime:
-    """The regime of ``cfg`` as Bridge runs it: its FSDP, LoRA and precision settings (workload.*, peft)."""
+    """The regime of ``cfg`` as Bridge runs it: its FSDP, LoRA and precision settings (ddp, workload.*, peft)."""
     workload = cfg.workload
-    return Regime(megatron_fsdp=workload.megatron_fsdp, adapted=lora_targets(cfg.peft),
+    return Regime(megatron_fsdp=fsdp_shards_weights(cfg), adapted=lora_targets(cfg.peft),
                   fp8_primary_weights=workload.precision in FP8_PRIMARY_PRECISIONS,
                   weight_copies=workload.task == "pretrain" or low_precision_bytes(cfg.model) is None)
+
+
+def fsdp_shards_weights(cfg) -> bool:
+    """Megatron-FSDP sharding weights, gradients and optimizer state (optim_grads_params, what Bridge's presets set);
+    its lighter strategies are counted as the distributed optimizer shards."""
+    return cfg.ddp.use_megatron_fsdp and cfg.ddp.data_parallel_sharding_strategy == "optim_grads_params"
 
 
 def model_dtype_bytes(cfg) -> int:
@@ -199,7 +206,7 @@ def state_bytes(cfg, regime: Regime) -> StateBytes:
     weight_bytes = model_dtype_bytes(cfg)
     grad_bytes = weight_bytes if half_gradients(cfg) else FP32_BYTES
     optimizer_bytes = ADAM_STATE_BYTES + (MASTER_BYTES if cfg.model.bf16 or cfg.model.fp16 else 0)
-    optimized = sharded if cfg.ddp.use_distributed_optimizer or regime.megatron_fsdp else trainable
+    optimized = sharded if cfg.ddp.use_distributed_optimizer or cfg.ddp.use_megatron_fsdp else trainable
     weights, gradients = held, trainable
     if regime.megatron_fsdp:
         unit = FSDP_BUFFERS * gather_unit(cfg, params)

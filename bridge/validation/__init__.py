@@ -12,6 +12,7 @@ from bridge.validation import (  # noqa: F401  (importing registers the rules)
     cuda_graph_rules,
     engine_rules,
     environment_rules,
+    fsdp_rules,
     legacy_rules,
     local_spec_rules,
     measurement_rules,

@@ -6,8 +6,8 @@ says so, and the job may run.
 memory_capacity judges the GPU the config names (workload.gpu, a preset GPU: its fault, wherever it
 is planned); memory_capacity_here judges this machine's GPU for a config that names none (another,
 larger GPU could run it). Both judge the job as Megatron-Bridge runs it (Megatron-FSDP, LoRA, fp8
-weights); engine_memory judges the same GPU for graphbridge's engine, which trains every weight with
-DDP from bf16 weights, where that is what does not fit.
+weights); engine_memory judges the same GPU for graphbridge's engine, which trains from bf16 weights
+(with Transformer Engine's quantized copies), where that is what does not fit.
 """
 
 from dataclasses import replace
@@ -43,7 +43,7 @@ def memory_capacity_here(cfg, target):
 
 
 @rule("engine_memory", engine="megatron",
-      rejects="a preset that fits its GPU as Megatron-Bridge runs it (Megatron-FSDP, fp8 primary weights) "
+      rejects="a preset that fits its GPU as Megatron-Bridge runs it (fp8 primary weights) "
               f"but not as graphbridge's engine, which does none of them, trains it (even {ESTIMATE_ERROR:.0%} lower)",
       fix="more GPUs (higher TP or PP with train.num_gpus), or train the preset with Megatron-Bridge itself")
 def engine_memory(cfg, target):
@@ -52,7 +52,7 @@ def engine_memory(cfg, target):
     estimate = estimate_memory(cfg)
     if estimate.engine_verdict != "cannot fit" or estimate.verdict == "cannot fit":
         return None  # it fits the engine, or memory_capacity refuses it as Bridge runs it already
-    return violation("engine_memory", ["workload.task", "workload.megatron_fsdp", "workload.precision", "workload.gpu"],
+    return violation("engine_memory", ["workload.task", "workload.precision", "workload.gpu"],
                      f"graphbridge's engine trains it without {' and '.join(estimate.as_bridge_runs_it)} (as "
                      f"Megatron-Bridge runs it) and would need "
                      f"~{estimate.engine_gib:.0f} GiB per GPU, beyond the {estimate.capacity_gib:.0f} GiB of the "
@@ -84,7 +84,7 @@ def fitting_changes(cfg, gpu_gib: Optional[float], gpu_name: Optional[str]) -> L
     candidates = []
     if cfg.train.micro_batch_size > 1:
         candidates.append(("train.micro_batch_size=1", replace(cfg, train=replace(cfg.train, micro_batch_size=1))))
-    if not cfg.ddp.use_distributed_optimizer and not cfg.workload.megatron_fsdp:
+    if not cfg.ddp.use_distributed_optimizer and not cfg.ddp.use_megatron_fsdp:
         candidates.append(("ddp.use_distributed_optimizer=true",
                            replace(cfg, ddp=replace(cfg.ddp, use_distributed_optimizer=True))))
     if model.recompute_granularity != "full":

@@ -5,7 +5,7 @@
 #   bash scripts/gpu/fetch-wheels.sh                 # megatron-core 0.16.1 and 0.19.2, TE 2.10.0
 #   bash scripts/gpu/fetch-wheels.sh 2.10.0 2.20.2   # and TE 2.20.2 (its extension is built there)
 #
-#   .gpu/base             hydra-core, omegaconf, antlr4 (built here), pydantic & co. (TE's)
+#   .gpu/base             hydra-core, omegaconf, antlr4 (built here), pydantic & co. (TE's), einops (Megatron-FSDP)
 #   .gpu/mcore-<v>        one megatron-core release (2.4 MB for 0.19.2; it needs only torch, numpy,
 #                         packaging and triton, which the GPU image has)
 #   .gpu/te-<v>           Transformer Engine's Python package, and its PyTorch extension: the wheel
@@ -27,7 +27,7 @@ plat=(--only-binary=:all: --python-version 3.12 --implementation cp
       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
 dl() { python3 -m pip download -q --no-deps "${plat[@]}" -d "$1" "${@:2}"; }
 
-dl .gpu/base hydra-core==1.3.2 omegaconf==2.3.0 pydantic==2.14.3 pydantic-core==2.50.4 \
+dl .gpu/base hydra-core==1.3.2 omegaconf==2.3.0 pydantic==2.14.3 pydantic-core==2.50.4 einops==0.8.2 \
    annotated-types==0.8.0 typing-inspection==0.4.5
 # antlr4 4.9.3 (omegaconf's parser runtime) ships only as a source archive: make a wheel.
 if ! ls .gpu/base/antlr4_python3_runtime-4.9.3-*.whl >/dev/null 2>&1; then

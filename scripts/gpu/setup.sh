@@ -16,7 +16,7 @@ export PYTHONPATH=/tmp/mcore/\${1:?megatron-core version, e.g. 0.19.2}\${2:+:/tm
 ENV
 
 if [ -d .gpu/base ] && [ ! -d /tmp/site/hydra ]; then
-  install /tmp/site .gpu/base/*.whl && echo "installed: hydra-core, omegaconf, pydantic"
+  install /tmp/site .gpu/base/*.whl && echo "installed: hydra-core, omegaconf, pydantic, einops"
 fi
 for dir in .gpu/mcore-*; do
   [ -d "$dir" ] || continue
