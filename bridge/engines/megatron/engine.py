@@ -142,9 +142,10 @@ class MegatronEngine:
         self.scheduler = build_scheduler(cfg, schedule_target)
         set_model_config_hooks(self.transformer_config, self.model_chunks, cfg.ddp.overlap_grad_reduce)
 
-        # Megatron-Bridge train.py: with the distributed optimizer gathering params behind the
-        # forward, the pre-hooks stay off for the first step (nothing to wait for yet).
-        self.toggle_forward_pre_hook = cfg.ddp.use_distributed_optimizer and cfg.ddp.overlap_param_gather
+        # Megatron-Bridge train.py: with the distributed optimizer gathering params behind the forward, the pre-hooks
+        # stay off for the first step (nothing to wait for yet); Megatron-FSDP gathers through hooks of its own.
+        self.toggle_forward_pre_hook = (cfg.ddp.use_distributed_optimizer and cfg.ddp.overlap_param_gather
+                                        and not cfg.ddp.use_megatron_fsdp)
         if self.toggle_forward_pre_hook:
             for chunk in self.model_chunks:
                 chunk.disable_forward_pre_hook(param_sync=False)
