@@ -1,11 +1,10 @@
 """The megatron engine: megatron-core GPTModel, DDP, optimizer and schedule, graphed as configured.
-
 Built the way Megatron-LM / Megatron-Bridge build a job: process group, a dedicated CUDA stream,
 model-parallel groups, microbatch calculator, RNG tracker, GPTModel (Transformer Engine or
-local layer spec) in Float16Module and megatron DDP, megatron optimizer and
-OptimizerParamScheduler, ``get_forward_backward_func``. The CUDA-graph mechanism is one lifecycle
-object per impl (full_iteration.py, local.py, transformer_engine.py beside this module) behind one
-protocol (lifecycle.py). What the engine can run, the catalogue decided before it was built.
+local layer spec) in Float16Module and megatron DDP (or Megatron-FSDP), megatron optimizer and
+OptimizerParamScheduler, ``get_forward_backward_func``. The CUDA-graph mechanism is one lifecycle object per
+impl (full_iteration.py, local.py, transformer_engine.py) behind one protocol (lifecycle.py). What the engine can
+run, the catalogue decided before it was built.
 
 Same seed, same weights and same data for every graph impl: the model is built before any graph
 machinery runs, from RNG trackers seeded identically (Transformer Engine's attention sinks, which TE
