@@ -90,6 +90,19 @@ WORKLOADS: Dict[str, Workload] = {
          "model.recompute_num_layers=null"),
         # Bridge's LoRA recipe packs sequences, so graphs may not hold attention (packed_sequence_scope): te_mlp
         {EAGER: ("cuda_graph=none",), "te_mlp": ("cuda_graph=te_mlp",)}),
+    "llama_tiny_fsdp": Workload(
+        "llama/tiny with Megatron-FSDP (weights, gradients and Adam state sharded; one rank here) beside DDP with the "
+        "distributed optimizer; graphs are refused with FSDP (megatron_fsdp_graphs)",
+        ("recipe=llama/tiny", "ddp.use_distributed_optimizer=true", "cuda_graph=none"),
+        {EAGER: ("ddp.use_megatron_fsdp=true",), "ddp": ("ddp.use_megatron_fsdp=false",)}),
+    "llama3_70b_gb200_fsdp": Workload(
+        "llama/llama3_70b's GB200 BF16 preset at one GPU: Llama 3 70B's layer widths, 2 layers, a 32k vocabulary (one "
+        "GPU holds all of the Adam state: ~51 GiB planned), Megatron-FSDP as Bridge runs it and one layer's "
+        "activations offloaded to the host (the preset offloads 20 of 80)",
+        ("recipe=llama/llama3_70b", "gpu=gb200", "precision=bf16", *ONE_GPU, "model.num_layers=2",
+         "model.vocab_size=32000", "model.cpu_offloading_num_layers=1", "train.micro_batch_size=1",
+         "train.global_batch_size=2"),
+        {EAGER: ()}),
     "qwen3_moe_dropless": Workload(
         "Qwen3-30B-A3B layer shapes, 2 layers, 1 GPU, dropless alltoall",
         moe_proxy("qwen/qwen3_30b_a3b", "h100"),

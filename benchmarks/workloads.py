@@ -17,8 +17,9 @@ from typing import Dict, List
 import suite
 from suite_workloads import WORKLOADS
 
-RECORDED = ("llama_tiny_lora", "llama_tiny_packed", "llama3_70b_lora")
-"""The workloads of the record: tiny LoRA, packed tiny SFT and Llama 3 70B LoRA's H100 preset at one GPU."""
+RECORDED = ("llama_tiny_lora", "llama_tiny_packed", "llama_tiny_fsdp", "llama3_70b_lora", "llama3_70b_gb200_fsdp")
+"""The workloads of the record: tiny LoRA, packed tiny SFT, tiny Megatron-FSDP, Llama 3 70B LoRA's H100 preset and
+its GB200 FSDP preset at one GPU."""
 ROW_KEYS = ("status", "reason", "loss", "median_ms", "peak_reserved_gb", "parameters", "graph_count", "speedup")
 
 
