@@ -10,7 +10,12 @@ from pathlib import Path
 
 import pytest
 
+import bridge
 from bridge.auto.cache import cache_path
+from bridge.auto.candidates import compose_candidate, plan_auto
+from bridge.machine import Machine
+from bridge.planning import build_plan
+from bridge.prepare import prepare
 from tests.sampling import every
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -150,6 +155,18 @@ def test_the_plan_on_a_cpu_says_the_run_trains_eagerly(plans):
     assert "without a probe or graph candidates; gpu=<preset> (e.g. gpu=h100) plans for a GPU node" in result.stdout
     assert "local_layer" not in result.stdout and "refused:" not in result.stdout  # nothing judged for this CPU
     assert "probe:     none (no CUDA device here)" in result.stdout
+
+
+@pytest.mark.parametrize("words", [(), AUTO, ("recipe=qwen/tiny", "cuda_graph=auto", "model.num_layers=2")],
+                         ids=["recipe default", "typed", "moe"])
+def test_on_a_cpu_the_eager_candidate_is_the_plans_own_configuration(words):
+    """Judged without a composition of its own: it must be the configuration `graphbridge <words> cuda_graph=none`
+    composes, which it is while conf/cuda_graph/auto.yaml sets what none.yaml sets."""
+    laptop = Machine(gpus=(), packages={"torch": "2.13.0"})
+    plan = build_plan(prepare(bridge.compose(list(words))), laptop, graphs_measured=True)
+    [eager] = plan_auto(plan, list(words), laptop).candidates
+    assert eager.choice == "none" and eager.accepted
+    assert eager.plan.config == prepare(compose_candidate(list(words), eager.option)).config
 
 
 @pytest.mark.parametrize("overrides, rule", [

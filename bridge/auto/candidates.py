@@ -274,8 +274,12 @@ def plan_auto(plan: Plan, overrides: Sequence[str], machine: Optional[Machine] =
         return None
     # Without a CUDA device there is no probe and the run trains eagerly: graph choices judged for this machine would
     # list what it never runs, at a full composition each (a plan for a GPU node, gpu=<preset>, judges them there).
-    judged = options(overrides) if plan.target.device == "cuda" else [Option(EAGER_CHOICE, EAGER_CHOICE)]
-    candidates = [judge(option, overrides, machine) for option in judged]
+    if plan.target.device == "cuda":
+        candidates = [judge(option, overrides, machine) for option in options(overrides)]
+    else:
+        # The one candidate, eager, is the plan's own configuration: cuda_graph=auto sets what cuda_graph=none sets
+        # (conf/cuda_graph/auto.yaml), so it is judged without a second composition (a third of a CPU plan's time).
+        candidates = [judge(Option(EAGER_CHOICE, EAGER_CHOICE), overrides, machine, composed=cfg)]
     accepted = [candidate.choice for candidate in candidates if candidate.accepted]
     probed_on = probing_machine(plan, machine)
     key = decision_key(cfg, accepted, probed_on) if plan.target.device == "cuda" else None
@@ -299,10 +303,12 @@ def probing_machine(plan: Plan, machine: Optional[Machine]) -> Machine:
     return here if here.gpus else plan.target.machine
 
 
-def judge(option: Option, overrides: Sequence[str], machine: Optional[Machine]) -> Candidate:
-    """``option`` composed with the job's other overrides and judged: on this machine, or on the preset GPU's
-    node when gpu= names one this machine does not have (then that node's verdict alone counts)."""
-    plan = build_plan(prepare(compose_candidate(overrides, option)), machine)
+def judge(option: Option, overrides: Sequence[str], machine: Optional[Machine],
+          composed: Optional[GraphBridgeConfig] = None) -> Candidate:
+    """``option`` composed with the job's other overrides (or ``composed``, that composition made already) and
+    judged: on this machine, or on the preset GPU's node when gpu= names one this machine does not have (then that
+    node's verdict alone counts)."""
+    plan = build_plan(prepare(composed if composed is not None else compose_candidate(overrides, option)), machine)
     counted = plan.violations if plan.here is None else plan.config_violations
     return Candidate(option, plan, sorted({v.rule for v in counted}))
 
