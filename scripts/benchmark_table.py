@@ -2,7 +2,8 @@
 suite's (between the suite markers) from benchmarks/results/*.json that benchmarks/suite.py writes, and
 graphbridge beside Megatron-Bridge (the vs_bridge markers) from benchmarks/results/vs_bridge/*.json that
 benchmarks/vs_bridge.py writes, and the equivalence tables (the equivalence markers) from
-benchmarks/results/<gpu>/mcore-<release>/equivalence.json that benchmarks/equivalence.py writes.
+benchmarks/results/<gpu>/mcore-<release>/equivalence.json that benchmarks/equivalence.py writes, and the
+workloads (the workloads markers) from the workloads.json beside them that benchmarks/workloads.py writes.
 
 The page shows today's numbers: of the records that measured the same thing on the same megatron-core release
 (a suite workload, an equivalence run, a side-by-side row), only the newest, on whichever GPU it ran; each
@@ -282,10 +283,40 @@ def equivalence_markdown(directory: Path = RESULTS) -> str:
     return "\n".join(lines).rstrip() if lines else "No record is committed yet."
 
 
+def workloads_markdown(directory: Path = RESULTS) -> str:
+    """A table a workloads record (benchmarks/workloads.py): each workload's variants with their loss, median step,
+    speedup over the workload's eager variant, reserved peak and trainable parameters."""
+    lines = []
+    for path in sorted(directory.glob("*/mcore-*/workloads.json")):
+        record = json.loads(path.read_text())
+        first = next(iter(record["records"].values()), None)
+        if first is None:
+            continue
+        versions = first["versions"]
+        lines += [f"`{path.relative_to(ROOT).as_posix()}`: {first['gpu']}, megatron-core {versions['megatron_core']}, "
+                  f"TE {versions['transformer_engine']}, graphbridge {versions['graphbridge']}, {first['date']}, "
+                  f"{first['steps']} steps (`{record['command']}`)", "",
+                  "| workload | variant | status | loss first -> last | step ms (median) | speedup | reserved GiB "
+                  "| trainable of total parameters |", "|---|---|---|---|---|---|---|---|"]
+        lines += [workload_row(row) for row in record["rows"]] + [""]
+        lines += [f"{name}: not measured here ({why})" for name, why in record["refused"].items()]
+    return "\n".join(lines).rstrip() if lines else "No record is committed yet."
+
+
+def workload_row(row: dict) -> str:
+    loss, parameters = row["loss"], row["parameters"]
+    losses = f"{loss['first']:.4f} -> {loss['last']:.4f}" if loss else ""
+    share = (f"{parameters['trainable']:,} of {parameters['total']:,} "
+             f"({100 * parameters['trainable'] / parameters['total']:.3g} %)" if parameters else "")
+    return (f"| {row['workload']} | `{row['variant']}` | {row['status']} | {losses} | {number(row['median_ms'], '.1f')} "
+            f"| {number(row['speedup'], '.2f', 'x')} | {number(row['peak_reserved_gb'], '.2f')} | {share} |")
+
+
 def main() -> int:
     return (write_or_check(DOCS, "suite", markdown(), "python scripts/benchmark_table.py")
             or write_or_check(DOCS, "vs_bridge", vs_bridge_markdown(), "python scripts/benchmark_table.py")
-            or write_or_check(DOCS, "equivalence", equivalence_markdown(), "python scripts/benchmark_table.py"))
+            or write_or_check(DOCS, "equivalence", equivalence_markdown(), "python scripts/benchmark_table.py")
+            or write_or_check(DOCS, "workloads", workloads_markdown(), "python scripts/benchmark_table.py"))
 
 
 if __name__ == "__main__":
