@@ -428,3 +428,12 @@ def test_the_workloads_record_keeps_a_row_a_variant_and_each_workloads_record(mo
     graphed = measured["llama_tiny_packed", "te_mlp"]
     assert graphed["loss"] == {"first": 8.3, "last": 4.2} and graphed["speedup"] == pytest.approx(10.0)
     assert graphed["peak_reserved_gb"] == 3.0 and graphed["parameters"] == {"total": 30, "trainable": 2}
+    # Named workloads are measured into that record; the others keep their rows, and the refused one may run now.
+    monkeypatch.setattr(suite, "cannot_run_here", lambda workload, steps: None)
+    kept = record["records"]["llama_tiny_lora"]
+    assert workloads.main([refused, "--out", str(tmp_path), "--scratch", str(tmp_path / "scratch")]) == 0
+    again = json.loads((tmp_path / "workloads.json").read_text())
+    assert again["refused"] == {} and list(again["records"]) == list(workloads.RECORDED)
+    assert again["records"]["llama_tiny_lora"] == kept
+    with pytest.raises(SystemExit):
+        workloads.main(["llama_tiny_bogus", "--out", str(tmp_path)])
