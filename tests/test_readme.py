@@ -37,6 +37,9 @@ NOT_RUN_HERE = {
 SECTIONS_RUN_ELSEWHERE = {
     "Running on a Slurm cluster": "tests/test_launch.py runs each of its commands as pasted and checks what it asks "
                                   "of Slurm (test_every_readme_command_is_tested_here)",
+    "Sweeps and reports": "tests/test_sweeps.py runs its sweep and its report as pasted and reads every job's row "
+                          "(test_the_readmes_sweep_summarizes_every_job_...); its sweep=dense_scopes line trains on a "
+                          "GPU (NOT_RUN_HERE), and test_sweeps.py plans that preset's jobs",
 }
 """A section -> the test that runs all of its lines (the tests run each line once)."""
 NEEDS_TE = "Transformer Engine graphs need a GPU and Transformer Engine: refused here (exit 2)"
@@ -44,8 +47,6 @@ NEEDS_GPUS = "the preset's 8 GPUs are not here: refused (exit 2), as a plan woul
 NEEDS_SLURM = "a Slurm submission needs srun: refused here in one line (exit 2)"
 EXIT_HERE = {
     "graphbridge model.cuda_graph_impl=transformer_engine model.cuda_graph_modules=[attn]": (2, NEEDS_TE),
-    "graphbridge -m recipe=llama/tiny cuda_graph=none,full_iteration,te_attn_mlp train.train_iters=5 "
-    "hydra.sweep.dir=multirun/scopes": (2, "te_attn_mlp cannot run here: the sweep records it and exits 2"),
     "graphbridge-workload -m qwen -mr tiny --cuda_graph_impl transformer_engine --cuda_graph_scope attn,moe_router":
         (2, NEEDS_TE),
     "graphbridge-workload -m llama -mr llama3_8b -g h100 -ng 16 -gn 8 -a my_account -p batch -t 01:00:00":

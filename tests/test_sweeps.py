@@ -1,6 +1,7 @@
 """Sweep presets and multiruns through the real `graphbridge` command."""
 
 import csv
+import shlex
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ PRESET_RECIPES = {"dense_scopes": ["llama/tiny"],
                   "moe_scopes": ["qwen/tiny", "deepseek/tiny", "gpt_oss/tiny"],
                   "moe_drop_and_pad_scopes": ["qwen/tiny", "deepseek/tiny", "gpt_oss/tiny"]}
 TINY = ["recipe=llama/tiny", "model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64"]
+README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def compose_with_hydra(overrides):
@@ -83,42 +85,45 @@ def read_summary(sweep_dir: Path):
         return list(csv.DictReader(handle))
 
 
-def test_cpu_multirun_ends_with_a_summary_of_every_job_and_a_failing_status(cli, report_cli, tmp_path):
-    sweep_dir = tmp_path / "sweep"
-    # One warmup step leaves two timed steps of the three: enough for a median, flagged as noisy.
-    # full_iteration's three warmup steps leave no replay in three steps: refused, and the sweep goes on.
-    result = cli("-m", *TINY, "engine=torch", "cuda_graph=none,full_iteration", "train.train_iters=3",
-                 "perf.warmup_steps=1", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
-    assert result.returncode == 2, result.stderr  # a refused job: exit 2, after the report
+def readme_sweep_and_report() -> list:
+    """The README's sweep and report lines ("Sweeps and reports": tests/test_readme.py leaves them to the test below)
+    as argument lists; its third line, sweep=dense_scopes, trains on a GPU."""
+    section = README.read_text().split("\n## Sweeps and reports\n")[1].split("\n## ")[0]
+    lines = [shlex.split(line, comments=True) for line in section.replace("\\\n", " ").splitlines()
+             if line.startswith("    graphbridge")]
+    assert [line[0] for line in lines] == ["graphbridge", "graphbridge-report", "graphbridge"], lines
+    return lines[:2]
+
+
+def test_the_readmes_sweep_summarizes_every_job_and_a_failed_sweep_inside_it_keeps_to_its_own(cli, report_cli,
+                                                                                            tmp_path):
+    """The README's sweep as pasted: what trains here (eagerly) is measured against eager, te_attn_mlp is a valid job
+    this machine cannot run (not invalid: exit 2); a sweep that fails (a NaN loss: exit 1) lies inside its directory,
+    and the README's report of the first keeps to the first's jobs."""
+    (_, *sweep), (_, *report) = readme_sweep_and_report()
+    result = cli(*sweep, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr  # a job refused here: exit 2, after the report
+    sweep_dir = tmp_path / "multirun" / "scopes"
     rows = read_summary(sweep_dir)
-    assert [row["cuda_graph"] for row in rows] == ["none", "full_iteration"]
-    assert rows[0]["status"] == "completed" and rows[0]["speedup"] == "1.0"
-    assert rows[1]["status"] == "invalid" and "[warmup_steps]" in rows[1]["note"]
-    assert "timed steps (< 30): noisy" in rows[0]["note"]
-    # A job that fails (a NaN loss here): exit 1, after its report. Its sweep lies inside the first one's
-    # directory, and each report keeps to its own sweep.
+    assert [(row["cuda_graph"], row["status"]) for row in rows] == [
+        ("none", "completed"), ("full_iteration", "completed"), ("te_attn_mlp", "cannot_run_here")]
+    assert rows[0]["speedup"] == "1.0" and "timed steps (< 30): noisy" in rows[0]["note"]
+    assert "ran eagerly (no CUDA device)" in rows[1]["note"] and "[engine_impl]" in rows[2]["note"]
     inner = sweep_dir / "inner"
     failed = cli("-m", *TINY, "engine=torch", "train.train_iters=2", "perf.inject_nan_at_step=0",
                  f"hydra.sweep.dir={inner}", cwd=tmp_path)
     assert failed.returncode == 1, failed.stderr
     assert [row["status"] for row in read_summary(inner)] == ["failed"]
-    again = report_cli(str(sweep_dir), cwd=tmp_path)
+    again = report_cli(*report, cwd=tmp_path)
     assert again.returncode == 0, again.stderr
-    assert [row["job"] for row in read_summary(sweep_dir)] == ["0", "1"]
+    assert [row["job"] for row in read_summary(sweep_dir)] == ["0", "1", "2"]
 
 
-def test_a_job_this_machine_cannot_run_is_not_called_invalid(cli, tmp_path):
-    """TE graphs in a sweep on a machine without CUDA and TE: a valid job, refused here, exit 2."""
-    sweep_dir = tmp_path / "sweep"
-    result = cli("-m", *TINY, "cuda_graph=none,te_attn", "train.train_iters=3", "perf.warmup_steps=1",
-                 "model.cuda_graph_warmup_steps=1", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
-    assert result.returncode == 2, result.stderr
-    rows = {row["cuda_graph"]: row for row in read_summary(sweep_dir)}
-    assert rows["none"]["status"] == "completed"
-    assert rows["te_attn"]["status"] == "cannot_run_here" and "[engine_impl]" in rows["te_attn"]["note"]
-
-
+@pytest.mark.slow
 def test_a_sweep_of_good_jobs_exits_0(cli, tmp_path):
+    """By default tests/test_launch.py's README sweep (test_readme_local_sweep_runs_each_job_through_submitit_and_ends_
+    with_a_summary) exits 0 on a sweep whose every job completed, graph choices trained eagerly among them: the same
+    summary and exit status (perf/report.py's exit_code) under the submitit launcher."""
     result = cli("-m", *TINY, "engine=torch", "cuda_graph=none,local_layer", "train.train_iters=3",
                  "perf.warmup_steps=1", "model.cuda_graph_warmup_steps=1", f"hydra.sweep.dir={tmp_path / 'sweep'}",
                  cwd=tmp_path)
