@@ -9,16 +9,15 @@ The file's fields become overrides in the place of ``bridge_config=<path>`` on t
 a group choice (``cuda_graph=``, ``precision=``, ``gpu=``, ``sweep=``, swept or not) by dropping the
 file's values of the keys that option sets (a graph choice also drops a parked
 ``model.cuda_graph_scope``). ``recipe=`` is the base the file lands on, wherever it is typed. The
-fields graphbridge has no key for are named in one line on stderr. Then this process becomes
-``graphbridge`` with the expanded command line (printed on stderr, as graphbridge-workload prints
+fields graphbridge has no key for are named in one line on stderr. Then ``graphbridge`` goes on in
+this process with the expanded command line (printed on stderr, as graphbridge-workload prints
 its own), so plans, runs, sweeps and exit codes are graphbridge's. A file that cannot be read stops
 here: one line, exit status 2.
 """
 
-import os
 import shlex
 import sys
-from typing import Iterable, List, NoReturn, Sequence, Set
+from typing import Iterable, List, Sequence, Set
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ValueType
@@ -38,16 +37,16 @@ def requested(argv: Sequence[str]) -> bool:
     return any(arg.startswith(f"{KEY}=") for arg in argv)
 
 
-def main(argv: Sequence[str]) -> NoReturn:
-    """Become graphbridge with the file's overrides in place of ``bridge_config=<path>``."""
+def command_line(argv: Sequence[str]) -> List[str]:
+    """graphbridge's arguments with the file's overrides in place of ``bridge_config=<path>``, echoed on stderr;
+    a file that cannot be read exits 2 here."""
     try:
         expanded = expand(argv)
     except BridgeConfigError as error:
         print(f"graphbridge: {KEY}={error}", file=sys.stderr)
         sys.exit(2)
     print(echo(argv, expanded), file=sys.stderr, flush=True)
-    # -P keeps the working directory off the module path, as graphbridge-workload does.
-    os.execv(sys.executable, [sys.executable, "-P", "-m", "perf.main", *expanded])
+    return expanded
 
 
 def expand(argv: Sequence[str]) -> List[str]:

@@ -160,8 +160,8 @@ def report_violations(plan, label: str = "") -> None:
 
 
 def main() -> None:
-    if bridge_config.requested(sys.argv[1:]):
-        bridge_config.main(sys.argv[1:])  # becomes graphbridge with the file's fields as overrides
+    if bridge_config.requested(sys.argv[1:]):  # the file's fields take its place, and graphbridge goes on with them
+        sys.argv[1:] = bridge_config.command_line(sys.argv[1:])
     problem = check(sys.argv[1:])
     if problem:
         print(f"graphbridge: {problem}", file=sys.stderr)
