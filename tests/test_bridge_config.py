@@ -62,20 +62,24 @@ def plan_json(result) -> dict:
 
 @pytest.fixture(scope="session")
 def round_trips(cli, tmp_path_factory, across_workers):
-    """Per family: the plan of the fixture, its export, and the plan of the export (one CLI call each): made by one
-    worker a session, read back by the others (conftest.py's across_workers)."""
+    """Per family: the plan of the fixture, its export, and the plan of the export: the plans and exports of every
+    family made by one process and the plans of the exports by another (cli.many), by one worker a session, read
+    back by the others (conftest.py's across_workers)."""
+    def given(family: str, path) -> tuple:
+        return f"bridge_config={path}", f"train.num_gpus={FAMILIES[family]}", "mode=plan"
+
     def make():
-        trips = {}
-        for family, gpus in FAMILIES.items():
-            work = tmp_path_factory.mktemp(family)
-            given = (f"bridge_config={FIXTURES / family}.yaml", f"train.num_gpus={gpus}", "mode=plan")
-            imported = cli(*given, "plan.format=json", cwd=work)
-            exported = cli(*given, "plan.format=bridge", cwd=work)
-            (work / "export.yaml").write_text(exported.stdout)
-            again = cli(f"bridge_config={work / 'export.yaml'}", f"train.num_gpus={gpus}", "mode=plan",
-                        "plan.format=json", cwd=work)
-            trips[family] = {"imported": imported, "exported": exported, "again": again}
-        return trips
+        work = tmp_path_factory.mktemp("bridge_round_trips")
+        formats = ("plan.format=json", "plan.format=bridge")
+        done = cli.many([(*given(family, f"{FIXTURES / family}.yaml"), form) for family in FAMILIES
+                         for form in formats], cwd=work)
+        imported, exported = dict(zip(FAMILIES, done[0::2])), dict(zip(FAMILIES, done[1::2]))
+        for family in FAMILIES:
+            (work / f"{family}_export.yaml").write_text(exported[family].stdout)
+        again = cli.many([(*given(family, work / f"{family}_export.yaml"), "plan.format=json")
+                          for family in FAMILIES], cwd=work)
+        return {family: {"imported": imported[family], "exported": exported[family], "again": trip}
+                for family, trip in zip(FAMILIES, again)}
 
     return across_workers("bridge_round_trips", make)
 
