@@ -8,7 +8,7 @@ Every flag of Bridge v0.3.1 is known by its real short and long names (perf.brid
 abbreviation is accepted. Given flags become Hydra overrides, appended after the trailing
 key=value overrides so that a flag wins over an override of the same key (Bridge also applies
 its argparse flags after its Hydra overrides); a flag graphbridge has no equivalent for stops
-the command, naming the key to use. Then this process becomes ``graphbridge`` with that command
+the command, naming the key to use. Then ``graphbridge`` runs in this process with that command
 line (printed on stderr), so plans, runs, sweeps, run directories and exit codes are exactly
 graphbridge's. ``-d/--dryrun`` is ``mode=plan``, and a trailing ``mode=plan`` is ``-d``: a Slurm job is
 planned on this machine and submitted only without them.
@@ -21,12 +21,12 @@ is refused (Bridge lets the later one silently decide the recompute granularity)
 
 import argparse
 import difflib
-import os
 import shlex
 import sys
 from typing import Dict, List, NoReturn, Optional, Sequence
 
 from perf.bridge_flags import FLAGS
+from perf.main import main as graphbridge
 from perf.workload_map import flag_overrides
 
 EXAMPLES = """examples:
@@ -128,5 +128,5 @@ def main(argv: Optional[Sequence[str]] = None) -> NoReturn:
     overrides = flags_to_overrides(sys.argv[1:] if argv is None else argv)
     # On stderr, so that a plan on stdout stays machine-readable (plan.format=json).
     print(f"graphbridge {' '.join(map(shell_word, overrides))}", file=sys.stderr, flush=True)
-    # This process becomes graphbridge: -P keeps the working directory off the module path.
-    os.execv(sys.executable, [sys.executable, "-P", "-m", "perf.main", *overrides])
+    sys.argv[1:] = overrides
+    graphbridge()
