@@ -128,7 +128,10 @@ EXTRA_REJECTS = {
                        Case({"model.num_layers": 8, **PP2, "model.virtual_pipeline_model_parallel_size": 2,
                              "model.account_for_embedding_in_pipeline_split": True,
                              "model.account_for_loss_in_pipeline_split": True}),
-                       Case({"model.num_layers": 3, **PP2, "train.global_batch_size": 2})],  # no accounting
+                       Case({"model.num_layers": 3, **PP2, "train.global_batch_size": 2}),  # no accounting
+                       # a layout beside the accounting, even at one stage
+                       Case({"model.num_layers": 1, "model.pipeline_model_parallel_layout": "EtL",
+                             "model.account_for_loss_in_pipeline_split": True})],
     "context_parallel_attention_variants": [Case({"model.context_parallel_size": 2, "train.num_gpus": 2,
                                                   "model.window_size": [128, 0]})],
     "nccl_graph_register": [Case({**te("attn"), "env_vars.PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",

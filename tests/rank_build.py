@@ -141,7 +141,7 @@ def cuda_on_cpu(capability=HOPPER) -> Iterator[None]:
 
     stream = _Stream()
     stand_ins = [
-        (torch.cuda, "current_device", lambda: 0), (torch.cuda, "Stream", _Stream), (torch.cuda, "Event", _Event),
+        (torch.cuda, "current_device", lambda: "cpu"), (torch.cuda, "Stream", _Stream), (torch.cuda, "Event", _Event),
         # torch.compile'd fusions (megatron-core's jit_fuser) would trace the function mode below: run them eagerly
         (torch._dynamo.config, "disable", True),
         (torch.cuda, "stream", lambda s: contextlib.nullcontext()), (torch.cuda, "default_stream", lambda *a: stream),
@@ -165,6 +165,8 @@ def cuda_on_cpu(capability=HOPPER) -> Iterator[None]:
         (moe_utils, "te_general_gemm", getattr(moe_utils, "te_general_gemm", None)),
         # Megatron-FSDP's adapter marks TP parameters by their module's class, TELinear, unguarded where TE is
         # missing (not a class then); no module of the CPU's local spec is one
+        (mcore_fsdp_adapter.FullyShardedDataParallel, "__init__",
+         _on_device_zero(mcore_fsdp_adapter.FullyShardedDataParallel.__init__)),
         (mcore_fsdp_adapter, "TELinear", mcore_fsdp_adapter.TELinear if isinstance(mcore_fsdp_adapter.TELinear, type)
          else _NoSuchModule),
         # Megatron-FSDP checks that the ranks' chunks of each sharded parameter tile it by gathering them and
@@ -183,6 +185,20 @@ def cuda_on_cpu(capability=HOPPER) -> Iterator[None]:
                 delattr(owner, name)
             else:
                 setattr(owner, name, value)
+
+
+def _on_device_zero(init):
+    """Megatron-FSDP names its device cuda:<current_device()>, which the stand-in's "cpu" makes no device string:
+    while it is built, the current device is 0 (tensors asked for on cuda:0 the function mode makes on the CPU).
+    Elsewhere it stays "cpu": autograd's backward runs outside the function mode, where "cpu" is a real device."""
+    def on_device_zero(self, *args, **kwargs):
+        current = torch.cuda.current_device
+        torch.cuda.current_device = lambda: 0
+        try:
+            init(self, *args, **kwargs)
+        finally:
+            torch.cuda.current_device = current
+    return on_device_zero
 
 
 class _NoSuchModule:

@@ -277,7 +277,8 @@ def router_fusion_fp64(cfg, target):
 @rule("pipeline_split",
       rejects="an uneven pipeline split (layers of the first/last stage) that megatron-core refuses: together with a "
               "layout or the embedding/loss accounting, not divisible by VP, or middle layers that do not split evenly; "
-              "layers that the embedding/loss accounting leaves uneven over the stages or their virtual stages",
+              "layers that the embedding/loss accounting leaves uneven over the stages or their virtual stages; the "
+              "accounting beside a layout",
       fix="as the message says")
 def pipeline_split(cfg, target):
     model = cfg.model
@@ -311,6 +312,14 @@ def accounted_split(model):
     failed at build ("num_layers should be divisible by pipeline_model_parallel_size") before it was checked here."""
     accounted = int(model.account_for_embedding_in_pipeline_split) + int(model.account_for_loss_in_pipeline_split)
     stages, vp = model.pipeline_model_parallel_size, model.virtual_pipeline_model_parallel_size
+    if model.pipeline_model_parallel_layout and accounted:
+        # TransformerConfig refuses the pair at any pipeline size (a schema-wide differential draw at PP1 found it).
+        return violation("pipeline_split", ["model.pipeline_model_parallel_layout",
+                                            "model.account_for_embedding_in_pipeline_split",
+                                            "model.account_for_loss_in_pipeline_split"],
+                         "a pipeline layout places the embedding (E) and the loss (L) itself, which megatron-core "
+                         "refuses beside the embedding/loss accounting; set model.account_for_embedding_in_pipeline_"
+                         "split=false model.account_for_loss_in_pipeline_split=false, or drop the layout (=null)")
     if model.pipeline_model_parallel_layout or stages <= 1:
         return None
     layers = model.num_layers + accounted
