@@ -200,6 +200,28 @@ def cli_batch(cli, tmp_path_factory, across_workers) -> Callable:
     return results
 
 
+CPU_RUN = ("model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64", "train.train_iters=4")
+"""The main job as a user types it (llama/tiny, its own graph choice: auto, eager here), small enough for two cores."""
+
+
+@pytest.fixture(scope="session")
+def cpu_run(cli, tmp_path_factory, across_workers) -> dict:
+    """``graphbridge <CPU_RUN>`` run once a session (across_workers) in an empty directory, its run directory the
+    default one, its decision cache ($XDG_CACHE_HOME) its own: {"result": its CompletedProcess, "run_dir": the
+    directory of the result.json its last line names, "cache": the cache's home}. For the tests that read what a
+    finished run printed and left (its last lines, the progress bar, main.log, result.json, TensorBoard's scalars),
+    which each trained one of their own (~7 CPU seconds each); none may change them."""
+    def make() -> dict:
+        work = tmp_path_factory.mktemp("cpu_run")
+        (work / "here").mkdir()
+        cache = work / "cache"
+        result = cli(*CPU_RUN, cwd=work / "here", env={**os.environ, "XDG_CACHE_HOME": str(cache)})
+        assert result.returncode == 0, result.stderr[-3000:]
+        return {"result": result, "run_dir": Path(result.stdout.splitlines()[-1]).parent, "cache": cache}
+
+    return across_workers("cpu_run", make)
+
+
 @pytest.fixture(scope="session")
 def prepared_presets(across_workers) -> dict:
     """Every preset row of tests/preset_reference.py, (recipe, gpu, precision) -> its finished GraphBridgeConfig, as

@@ -15,15 +15,9 @@ import torch
 
 from bridge.run_report import REAL_MODEL_PLAN, print_summary
 
-SMALL = ("model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64", "train.train_iters=5")
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="what a machine without a GPU says; on a GPU auto probes")
-def test_the_first_run_on_a_cpu_says_why_it_trained_eagerly_what_next_and_where_its_result_is(cli, tmp_path,
-                                                                                                cache_home):
-    env = {**os.environ, "XDG_CACHE_HOME": str(cache_home)}
-    run = cli(*SMALL, cwd=tmp_path, env=env)  # no graph choice: the recipe's own
-    assert run.returncode == 0, run.stderr[-3000:]
+def test_the_first_run_on_a_cpu_says_why_it_trained_eagerly_what_next_and_where_its_result_is(cpu_run, cli, tmp_path):
+    run = cpu_run["result"]  # conftest.py's CPU_RUN: no graph choice, the recipe's own
     lines = run.stdout.splitlines()
     assert "graphed:   nothing, the run trained eagerly" in lines
     [why] = [line for line in lines if line.startswith("why eager:")]
@@ -35,6 +29,7 @@ def test_the_first_run_on_a_cpu_says_why_it_trained_eagerly_what_next_and_where_
     [next_line] = [line for line in lines if line.startswith("next:")]
     command = shlex.split(next_line.split("`")[1])
     assert command[0] == "graphbridge"
+    env = {**os.environ, "XDG_CACHE_HOME": str(cpu_run["cache"])}
     planned = cli(*command[1:], cwd=tmp_path, env=env)  # the next command runs here too
     assert planned.returncode == 0 and "graphbridge plan: VALID" in planned.stdout, planned.stderr[-3000:]
 

@@ -65,10 +65,8 @@ def test_an_invalid_run_removes_only_the_directories_it_made(cli, tmp_path, run_
     assert listing(tmp_path) == ["runs", "runs/mine"]
 
 
-def test_a_finished_run_keeps_its_results_and_no_lock(cli, tmp_path):
-    result = cli("engine=torch", *TINY_RUN, "hydra.run.dir=run", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    names = {path.name for path in (tmp_path / "run").iterdir()}
+def test_a_finished_run_keeps_its_results_and_no_lock(cpu_run):
+    names = {path.name for path in cpu_run["run_dir"].iterdir()}
     assert {"result.json", "job.json", "resolved.yaml", "main.log"} <= names and LOCK_FILE not in names
 
 

@@ -9,9 +9,6 @@ import re
 import pytest
 import torch
 
-SMALL = ("engine=torch", "model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64")
-
-
 def scalars(directory):
     event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     events = event_accumulator.EventAccumulator(str(directory))
@@ -19,11 +16,8 @@ def scalars(directory):
     return {tag: [(event.step, event.value) for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
-def test_a_cpu_run_writes_loss_and_step_time_per_step_and_main_log_what_the_terminal_showed(cli, read_result,
-                                                                                           tmp_path):
-    run = tmp_path / "run"
-    result = cli(*SMALL, "train.train_iters=4", f"hydra.run.dir={run}", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
+def test_a_cpu_run_writes_loss_and_step_time_per_step_and_main_log_what_the_terminal_showed(cpu_run, read_result):
+    result, run = cpu_run["result"], cpu_run["run_dir"]  # four steps (conftest.py's CPU_RUN)
     # main.log: the notes (bf16 asked, fp32 on the CPU: said in one line), the progress bar's last state, the summary.
     log = (run / "main.log").read_text()
     note = "no CUDA device here: model.bf16 trains in fp32 on the CPU"

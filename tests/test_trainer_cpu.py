@@ -249,12 +249,8 @@ def test_a_job_started_by_hand_is_refused_like_the_plan_refuses_it(small_config,
     assert result["status"] == "cannot_run_here" and [v["rule"] for v in result["violations"]] == ["process_count"]
 
 
-def test_the_progress_bar_ends_on_the_last_steps_loss(cli, read_result, tmp_path):
+def test_the_progress_bar_ends_on_the_last_steps_loss(cpu_run, read_result):
     """The step clock hands a step's loss over after the next step is queued: the bar's last line
     must still show the last step's, as the summary does."""
-    run = tmp_path / "run"
-    result = cli("engine=torch", "model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64",
-                 "train.train_iters=3", f"hydra.run.dir={run}", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    shown = re.findall(r"loss=(\d+\.\d+)", result.stderr)
-    assert shown and shown[-1] == f"{read_result(run)['loss'][-1]:.4f}"
+    shown = re.findall(r"loss=(\d+\.\d+)", cpu_run["result"].stderr)
+    assert shown and shown[-1] == f"{read_result(cpu_run['run_dir'])['loss'][-1]:.4f}"
