@@ -243,6 +243,7 @@ RULE_CASES = {
                                           Case({**PACKED, **PP2})),
     "megatron_fsdp_graphs": (Case({**FSDP, **te("mlp")}), Case({**FSDP, **te("mlp"), "ddp.use_megatron_fsdp": False})),
     "megatron_fsdp_distributed_optimizer": (Case({**FSDP, "ddp.use_distributed_optimizer": False}), Case(FSDP)),
+    "megatron_fsdp_pipeline": (Case({**FSDP, **PP2, "model.num_layers": 2}), Case({**FSDP, **DP2})),
     "memory_capacity_here": (Case(LLAMA_8B, machine=H100_80GB), Case({**LLAMA_8B, "model.num_layers": 16},
                                                                       machine=H100_80GB)),
 }

@@ -44,6 +44,24 @@ def megatron_fsdp_distributed_optimizer(cfg, target):
     )
 
 
+@rule("megatron_fsdp_pipeline", engine="megatron",
+      rejects="Megatron-FSDP with pipeline parallelism (`model.pipeline_model_parallel_size` above 1)",
+      fix="`model.pipeline_model_parallel_size=1` (FSDP shards over the data-parallel ranks instead)")
+def megatron_fsdp_pipeline(cfg, target):
+    # megatron-core's adapter lays its device mesh over the whole world as data x (expert) x tensor parallel ranks,
+    # with no pipeline dimension (_get_dp_tp_mesh, 0.16.1 and 0.19.2): at PP2 the build fails ("EinopsError: Error
+    # while processing rearrange-reduction pattern", a schema-wide CPU differential draw of the B300 70B preset).
+    pp = cfg.model.pipeline_model_parallel_size
+    if not cfg.ddp.use_megatron_fsdp or pp <= 1:
+        return None
+    return violation(
+        "megatron_fsdp_pipeline", [FSDP, "model.pipeline_model_parallel_size"],
+        f"Megatron-FSDP lays its device mesh over data, expert and tensor parallelism only, so it cannot build at "
+        f"model.pipeline_model_parallel_size={pp}; set model.pipeline_model_parallel_size=1 and shard over the data-"
+        "parallel ranks, or ddp.use_megatron_fsdp=false",
+    )
+
+
 @rule("torch_engine_fsdp", engine="torch",
       rejects="Megatron-FSDP on the torch engine (one GPU, no data parallelism to shard over)",
       fix="`ddp.use_megatron_fsdp=false`, or `engine=megatron`")
