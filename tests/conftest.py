@@ -270,6 +270,33 @@ def composed_once(monkeypatch):
     monkeypatch.setattr(load, "compose", composed)
 
 
+JUDGED = {}
+"""(option, overrides, machine) -> cuda_graph=auto's candidate judged so, for judged_once."""
+
+
+@pytest.fixture
+def judged_once(composed_once, monkeypatch):
+    """cuda_graph=auto's candidates (bridge.auto.candidates.judge: each composed, prepared and planned) judged once a
+    process for each job's overrides and machine; every later plan of that job gets copies of them. For the probe's
+    tests, which plan llama/tiny's auto again and again: past its compositions (composed_once), preparing and
+    judging its dozen candidates took a second each time. The rules must not read anything the test changes."""
+    import copy
+
+    from bridge.auto import candidates
+
+    judge = candidates.judge
+
+    def judged(option, overrides, machine, composed=None):
+        if composed is not None:  # the plan's own configuration, composed already
+            return judge(option, overrides, machine, composed)
+        key = (option, tuple(overrides), repr(machine))
+        if key not in JUDGED:
+            JUDGED[key] = judge(option, overrides, machine)
+        return copy.deepcopy(JUDGED[key])
+
+    monkeypatch.setattr(candidates, "judge", judged)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def system_temporary_directory(tmp_path_factory):
     """The system's temporary directory, for the code under test and every command a test starts (tempfile and

@@ -22,8 +22,8 @@ from bridge.prepare import prepare
 from perf.auto_probe import choose_graphs
 from tests.auto_probe_kit import H100, OPTIMIZER_IN_GRAPH, SCOPES, SMALL, gpu_plan, synthesized_trainer
 
-# Every probe here composes llama/tiny's candidates again: each composition is made once a process (conftest.py).
-pytestmark = pytest.mark.usefixtures("composed_once")
+# Every probe here plans llama/tiny's candidates again: each is composed and judged once a process (conftest.py).
+pytestmark = pytest.mark.usefixtures("judged_once")
 
 
 def test_probe_runs_start_together_as_far_as_the_gpus_memory_and_the_cores_go(monkeypatch):

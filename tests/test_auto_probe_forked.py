@@ -17,8 +17,8 @@ from perf import auto_probe
 from perf.auto_probe import ProbeRuns, choose_graphs
 from tests.auto_probe_kit import H100, OPTIMIZER_IN_GRAPH, SMALL, Finished, gpu_plan, synthesized_trainer
 
-# The probe composes its candidates again for every plan: each composition is made once a process (conftest.py).
-pytestmark = pytest.mark.usefixtures("composed_once")
+# The probe plans its candidates again for every plan: each is composed and judged once a process (conftest.py).
+pytestmark = pytest.mark.usefixtures("judged_once")
 
 
 def test_the_probe_forks_each_run_and_leaves_its_table_and_plot_in_the_run_directory(tmp_path, cache_home):
