@@ -14,6 +14,9 @@ from tests.rank_build import build_rank
 
 README_LINE = "graphbridge recipe=llama/tiny_lora train.train_iters=3"
 """The README's LoRA line, which its own test leaves to this one."""
+BUILT_SMALL = ("recipe=llama/tiny_lora", "engine=megatron", "model.num_layers=2", "dataset.seq_length=64")
+"""llama/tiny_lora on megatron-core, two of its layers over sequences of 64: a rank builds and steps in 2 to 3 s on the
+CPU (5 to 12 s over its own 256)."""
 
 
 def test_the_tiny_lora_recipe_trains_its_adapters_on_the_cpu(cli, tmp_path):
@@ -60,7 +63,7 @@ def test_the_torch_engine_starts_from_the_base_model_and_steps_the_adapters_only
 def test_the_megatron_engine_builds_the_counted_adapters_and_steps_them(layout):
     """One rank of the layout on the CPU (tests/rank_build.py): megatron-core's DDP buffers hold the adapters alone,
     as many as the memory estimate counts for one GPU, and a training step runs."""
-    cfg = bridge.load(["recipe=llama/tiny_lora", "engine=megatron", "model.num_layers=2", *layout])
+    cfg = bridge.load([*BUILT_SMALL, *layout])
     built = build_rank(cfg, rank=0)
     assert built.stepped and built.gradient_sum > 0, built
     total, trainable = built.parameters
@@ -71,8 +74,7 @@ def test_adapters_train_under_full_recompute_with_frozen_embeddings():
     """The first layer's input comes from a frozen embedding, so it needs no gradient; megatron-core's recompute
     (and its per-layer graphs: h100/mcore-0.19.2/gpu_tests.log at fb59268) call their backward only for an input that does.
     The engine makes the decoder's input require one under LoRA, so the step reaches the adapters."""
-    cfg = bridge.load(["recipe=llama/tiny_lora", "engine=megatron", "model.num_layers=2",
-                       "model.recompute_granularity=full", "model.recompute_method=uniform",
+    cfg = bridge.load([*BUILT_SMALL, "model.recompute_granularity=full", "model.recompute_method=uniform",
                        "model.recompute_num_layers=1"])
     built = build_rank(cfg, rank=0)
     assert built.stepped and built.gradient_sum > 0, built
