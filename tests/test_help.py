@@ -2,15 +2,20 @@
 
 import re
 import shlex
+from pathlib import Path
 
 import pytest
 
 from bridge.recipes import recipe_names
 
+README_LINE = "graphbridge --help"
+"""The README's line (its "Use" section), which tests/test_readme.py leaves to this module."""
+
 
 @pytest.fixture(scope="module")
 def help_text(cli, tmp_path_factory):
-    result = cli("--help", cwd=tmp_path_factory.mktemp("help"))
+    assert f"\n    {README_LINE} " in (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    result = cli(*README_LINE.split()[1:], cwd=tmp_path_factory.mktemp("help"))
     assert result.returncode == 0, result.stderr
     return result.stdout
 

@@ -33,6 +33,7 @@ NOT_RUN_HERE = {
                                                         "trains eagerly for a minute and measures nothing",
     "graphbridge recipe=llama/tiny_lora train.train_iters=3": "tests/test_lora.py runs it (in a run directory of "
                                                               "its own) and checks that it trains adapters alone",
+    "graphbridge --help": "tests/test_help.py runs it and reads its choices, examples and the docs it names",
 }
 SECTIONS_RUN_ELSEWHERE = {
     "Running on a Slurm cluster": "tests/test_launch.py runs each of its commands as pasted and checks what it asks "
