@@ -44,34 +44,49 @@ def test_the_run_refuses_what_the_plan_reports(recipe, choice, tmp_path):
     assert {(v.rule, v.where) for v in refused} == {(v.rule, v.where) for v in plan.refused_here}
 
 
-@pytest.mark.parametrize("args, rule", [
-    (("cuda_graph=full_iteration", "ddp.check_for_nan_in_grad=true"), "full_iteration_nan_checks"),
-    (("engine=megatron",), "cuda_device"),
-    (("train.num_gpus=8", "train.global_batch_size=16"), "gpus_per_node"),
-])
-def test_a_refused_run_stops_before_it_writes_a_job_or_starts_a_process(cli, tmp_path, args, rule):
-    result = cli(*args, "hydra.run.dir=run", cwd=tmp_path)
-    assert result.returncode == 2 and f"[{rule}]" in result.stderr, result.stderr
-    assert "Traceback" not in result.stderr and list(tmp_path.iterdir()) == []
-
-
-def test_a_moe_preset_on_one_gpu_names_every_override_it_needs(cli, tmp_path):
-    # Two of its 48 layers, as the benchmark suite's proxy: all of it is beyond one H100's memory (memory_capacity).
-    one_gpu = ("mode=plan", "recipe=qwen/qwen3_30b_a3b", "gpu=h100", "train.num_gpus=1", "workload.preset_num_gpus=1",
+REFUSED_RUNS = {
+    "full_iteration_nan_checks": ("cuda_graph=full_iteration", "ddp.check_for_nan_in_grad=true",
+                                  "hydra.run.dir=nan_checks"),
+    "cuda_device": ("engine=megatron", "hydra.run.dir=megatron"),
+    "gpus_per_node": ("train.num_gpus=8", "train.global_batch_size=16", "hydra.run.dir=eight_gpus"),
+}
+"""Runs refused before their launch, each by the rule it names, each in a directory of its own: one process runs
+them all (below), and a run holds its directory's lock until its process ends."""
+# Two of its 48 layers, as the benchmark suite's proxy: all of it is beyond one H100's memory (memory_capacity).
+ONE_GPU_MOE = ("mode=plan", "recipe=qwen/qwen3_30b_a3b", "gpu=h100", "train.num_gpus=1", "workload.preset_num_gpus=1",
                "model.num_layers=2")
-    result = cli(*one_gpu, cwd=tmp_path)
+ONE_GPU_FIX = "model.expert_model_parallel_size=1 model.moe_token_dispatcher_type=alltoall"
+SCALED_MOE = (*ONE_GPU_MOE, "model.expert_model_parallel_size=1")
+SCALED_FIX = "model.moe_token_dispatcher_type=alltoall"
+COMMANDS = [*REFUSED_RUNS.values(), ONE_GPU_MOE, (*ONE_GPU_MOE, *ONE_GPU_FIX.split()), SCALED_MOE,
+            (*SCALED_MOE, SCALED_FIX)]
+
+
+@pytest.fixture(scope="session")
+def commands(cli_batch) -> dict:
+    """Each command of COMMANDS -> its result, all of them by one `graphbridge` process a session (conftest.py's
+    cli_batch, which checks that they leave their directory empty: no job written, no process started)."""
+    return cli_batch("plan_equals_run", COMMANDS)
+
+
+@pytest.mark.parametrize("rule", REFUSED_RUNS)
+def test_a_refused_run_stops_before_it_writes_a_job_or_starts_a_process(commands, rule):
+    result = commands[REFUSED_RUNS[rule]]
+    assert result.returncode == 2 and f"[{rule}]" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_moe_preset_on_one_gpu_names_every_override_it_needs(commands):
+    result = commands[ONE_GPU_MOE]
     assert result.returncode == 2 and "[gpu_count]" in result.stderr
-    fix = "model.expert_model_parallel_size=1 model.moe_token_dispatcher_type=alltoall"
-    assert fix in result.stderr
-    fixed = cli(*one_gpu, *fix.split(), cwd=tmp_path)
+    assert ONE_GPU_FIX in result.stderr
+    fixed = commands[(*ONE_GPU_MOE, *ONE_GPU_FIX.split())]
     assert fixed.returncode == 0 and "graphbridge plan: VALID" in fixed.stdout, fixed.stderr
 
 
-def test_a_scaled_down_moe_preset_names_the_dispatcher_that_works(cli, tmp_path):
-    scaled = ("mode=plan", "recipe=qwen/qwen3_30b_a3b", "gpu=h100", "train.num_gpus=1", "workload.preset_num_gpus=1",
-              "model.expert_model_parallel_size=1", "model.num_layers=2")
-    result = cli(*scaled, cwd=tmp_path)
+def test_a_scaled_down_moe_preset_names_the_dispatcher_that_works(commands):
+    result = commands[SCALED_MOE]
     assert result.returncode == 2 and "[flex_dispatcher]" in result.stderr
-    assert "model.moe_token_dispatcher_type=alltoall" in result.stderr
-    fixed = cli(*scaled, "model.moe_token_dispatcher_type=alltoall", cwd=tmp_path)
+    assert SCALED_FIX in result.stderr
+    fixed = commands[(*SCALED_MOE, SCALED_FIX)]
     assert fixed.returncode == 0 and "graphbridge plan: VALID" in fixed.stdout, fixed.stderr
