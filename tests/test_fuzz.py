@@ -200,18 +200,22 @@ def config_tree(cli, tmp_path_factory, across_workers) -> ConfigTree:
     root = base / "conf"
     assert (root / "recipe").is_symlink() and (root / "recipe" / "llama" / "tiny.yaml").is_file()
     loaded = across_workers("fuzz_files_loaded", lambda: {
-        scenario: [path.relative_to(root) for path in files_loaded(cli, root, scenario)] for scenario in SCENARIOS})
+        scenario: [path.relative_to(root) for path in files] for scenario, files in files_loaded(cli, root).items()})
     return ConfigTree(root, {scenario: [root / path for path in paths] for scenario, paths in loaded.items()})
 
 
-def files_loaded(cli, root: Path, overrides: Sequence[str]) -> List[Path]:
-    """The YAML files of the copy that a composition with ``overrides`` reads, from Hydra's defaults list
-    as `graphbridge --info defaults` prints it (the copy is graphbridge's own tree)."""
-    done = cli("--info", "defaults", *overrides, cwd=root.parent)
-    assert done.returncode == 0, done.stderr
-    paths = re.findall(r"^\| (\S+) +\|", done.stdout, re.M)
-    files = [root / f"{path}.yaml" for path in paths]
-    return [path for path in files if path.is_file()]  # leaves out Hydra's own and the schema
+def files_loaded(cli, root: Path) -> Dict[tuple, List[Path]]:
+    """For each scenario, the YAML files of the copy that its composition reads, from Hydra's defaults list as
+    `graphbridge --info defaults` prints it (the copy is graphbridge's own tree); every scenario asked of one
+    process (cli.many)."""
+    found = {}
+    for scenario, done in zip(SCENARIOS, cli.many([("--info", "defaults", *scenario) for scenario in SCENARIOS],
+                                                  cwd=root.parent)):
+        assert done.returncode == 0, done.stderr
+        paths = re.findall(r"^\| (\S+) +\|", done.stdout, re.M)
+        files = [root / f"{path}.yaml" for path in paths]
+        found[scenario] = [path for path in files if path.is_file()]  # leaves out Hydra's own and the schema
+    return found
 
 
 KEY_OR_ITEM = re.compile(r"^\s*(- |[^\s#][^#]*?:(\s|$))")
