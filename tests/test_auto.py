@@ -19,7 +19,6 @@ from bridge.prepare import prepare
 from tests.sampling import every
 
 ROOT = Path(__file__).resolve().parent.parent
-SMALL = ("model.num_layers=2", "model.hidden_size=128", "dataset.seq_length=64", "train.train_iters=5")
 AUTO = ("recipe=llama/tiny", "cuda_graph=auto")
 OPTIMIZER_IN_GRAPH = "full_iteration+optimizer_in_graph"
 DENSE_CANDIDATES = ["none", "full_iteration", "local_layer", "te_attn", "te_attn_mlp", "te_layer", "te_mlp",
@@ -35,8 +34,13 @@ def environment(cache_home) -> dict:
 # --- on this CPU machine, through the command line ------------------------------------------------------
 
 
+README_LINE = "graphbridge recipe=llama/tiny cuda_graph=auto train.train_iters=5"
+"""The README's auto run ("cuda_graph=auto" in its graph choices), which tests/test_readme.py leaves to this module."""
+
+
 def test_auto_on_a_cpu_trains_eagerly_and_records_why(cli, tmp_path, cache_home):
-    result = cli(*AUTO, *SMALL, "hydra.run.dir=run", cwd=tmp_path, env=environment(cache_home))
+    assert f"\n    {README_LINE}\n" in (ROOT / "README.md").read_text()
+    result = cli(*README_LINE.split()[1:], "hydra.run.dir=run", cwd=tmp_path, env=environment(cache_home))
     assert result.returncode == 0, result.stderr[-3000:]
     said = [line for line in result.stdout.splitlines() if "cuda_graph=auto:" in line]  # its log, not the commands
     assert len(said) == 1 and "no CUDA device here, so graphs cannot pay off" in said[0], said

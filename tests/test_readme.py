@@ -34,6 +34,10 @@ NOT_RUN_HERE = {
     "graphbridge recipe=llama/tiny_lora train.train_iters=3": "tests/test_lora.py runs it (in a run directory of "
                                                               "its own) and checks that it trains adapters alone",
     "graphbridge --help": "tests/test_help.py runs it and reads its choices, examples and the docs it names",
+    "graphbridge recipe=llama/tiny cuda_graph=full_iteration train.train_iters=5":
+        "tests/test_torch_engine_cpu.py runs it and checks that it trains eagerly and says so once",
+    "graphbridge recipe=llama/tiny cuda_graph=auto train.train_iters=5":
+        "tests/test_auto.py runs it and reads why auto trained eagerly in its record",
 }
 SECTIONS_RUN_ELSEWHERE = {
     "Running on a Slurm cluster": "tests/test_launch.py runs each of its commands as pasted and checks what it asks "

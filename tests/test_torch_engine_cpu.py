@@ -5,6 +5,7 @@ warning line, settings the engine cannot run are named, and the optimizer schedu
 
 import logging
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -117,9 +118,13 @@ def test_a_cpu_plan_says_once_what_the_cpu_does_not_apply(cli, tmp_path, overrid
     assert len(notes) == 1 and named in notes[0] and "trains eagerly" in notes[0], plan.stdout
 
 
+README_LINE = "graphbridge recipe=llama/tiny cuda_graph=full_iteration train.train_iters=5"
+"""The README's graph choice trained on a CPU (its "Use" section), which tests/test_readme.py leaves to this module."""
+
+
 def test_a_cpu_run_of_a_graph_choice_says_once_that_graphs_are_not_captured(cli, tmp_path):
-    run = cli("engine=torch", "device=cpu", "cuda_graph=full_iteration", "model.num_layers=2", "model.hidden_size=128",
-              "dataset.seq_length=64", "train.train_iters=5", "perf.warmup_steps=1", "hydra.run.dir=run", cwd=tmp_path)
+    assert f"\n    {README_LINE} " in (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    run = cli(*README_LINE.split()[1:], "hydra.run.dir=run", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     said = [line for line in (run.stdout + run.stderr).splitlines()
             if "not applied" in line or "not captured" in line or "runs eagerly" in line]
