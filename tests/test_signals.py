@@ -148,10 +148,12 @@ def test_a_training_process_that_dies_still_leaves_a_result(read_result, small_c
     assert read_result(tmp_path) == {"status": "failed", "reason": reason, "job": job}
 
 
-@pytest.mark.parametrize("sweep", [False, True])
+@pytest.mark.parametrize("sweep", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_kill_of_the_graphbridge_process_ends_with_a_partial_result(cli, read_result, tmp_path, sweep):
     """The real command: Hydra process, fresh training process, SIGTERM to the former. In a
-    sweep the signal ends the sweep too: the second job never starts."""
+    sweep the signal ends the sweep too: the second job never starts. The single run is slow: by default the sweep
+    sends the same SIGTERM through the same forwarding, and test_outputs.py's test_two_real_runs_in_one_directory_...
+    interrupts a single real run (SIGINT) and reads its partial result and exit status."""
     out = tmp_path / "out"
     # More steps than any machine trains before the signal: the run must still be training when it comes.
     jobs = ["-m", "train.train_iters=100000,100001", f"hydra.sweep.dir={out}"] if sweep else [
