@@ -60,7 +60,7 @@ SAME_NAME: Dict[str, Tuple[str, ...]] = {
         "cuda_graph_warmup_steps", "cuda_graph_use_single_mempool", "cuda_graph_retain_backward_graph",
     ),
     "rng": ("seed", "inference_rng_tracker"),
-    "ddp": ("average_in_collective",),
+    "ddp": ("average_in_collective", "use_megatron_fsdp", "data_parallel_sharding_strategy", "fsdp_double_buffer"),
     "train": ("micro_batch_size", "global_batch_size", "train_iters", "exit_signal_handler"),
     "optimizer": ("optimizer", "lr", "min_lr", "adam_beta1", "adam_beta2", "adam_eps", "clip_grad"),
 }

@@ -5,7 +5,7 @@ cuda_graph choice's verdict from; and every recipe x preset composed once a proc
 The expected table below is transcribed from the reference (megatron-cuda-graphs.md §3.3),
 not read from the YAML: one row per reference row, precisions sharing a row comma-separated.
 Columns: recipe gpu precisions | GPUs GBS | TP PP CP VP EP MBS | CG impl | CG scope |
-recompute | other. "-" is unset. Effective dispatchers are written out (the v0.3.1 recipes
+recompute | other ("mfsdp": Megatron-FSDP). "-" is unset. Effective dispatchers are written out (the v0.3.1 recipes
 use alltoall where a preset's flex backend is unused; family settings, reference §3.2).
 """
 
@@ -29,17 +29,17 @@ llama/llama3_70b_lora  gb300 fp8_mx             | 8 32   | 1 2 1 - 1 1  | te | m
 llama/llama3_70b       h100  bf16               | 64 128 | 4 4 2 5 1 1  | -  | -    | -            | -
 llama/llama3_70b       h100  fp8_cs             | 64 128 | 4 8 1 5 1 1  | -  | -    | -            | -
 llama/llama3_70b       b200  bf16               | 64 128 | 2 4 2 5 1 1  | local | full_iteration | - | -
-llama/llama3_70b       b200  fp8_cs             | 64 128 | 1 1 1 - 1 1  | -  | -    | -            | offload=5
+llama/llama3_70b       b200  fp8_cs             | 64 128 | 1 1 1 - 1 1  | -  | -    | -            | mfsdp,offload=5
 llama/llama3_70b       b200  fp8_mx,nvfp4       | 64 128 | 2 4 1 5 1 1  | -  | -    | -            | -
-llama/llama3_70b       b300  bf16,fp8_cs        | 64 128 | 1 1 1 - 1 1  | -  | -    | -            | -
+llama/llama3_70b       b300  bf16,fp8_cs        | 64 128 | 1 1 1 - 1 1  | -  | -    | -            | mfsdp
 llama/llama3_70b       b300  fp8_mx             | 64 128 | 1 4 1 5 1 1  | -  | -    | -            | -
 llama/llama3_70b       b300  nvfp4              | 64 128 | 1 4 1 5 1 1  | none | full_iteration | - | -
-llama/llama3_70b       gb200 bf16               | 64 128 | 1 1 1 - 1 1  | -  | -    | -            | offload=20
-llama/llama3_70b       gb200 fp8_cs             | 64 128 | 1 1 1 - 1 2  | -  | -    | -            | offload=40
+llama/llama3_70b       gb200 bf16               | 64 128 | 1 1 1 - 1 1  | -  | -    | -            | mfsdp,offload=20
+llama/llama3_70b       gb200 fp8_cs             | 64 128 | 1 1 1 - 1 2  | -  | -    | -            | mfsdp,offload=40
 llama/llama3_70b       gb200 fp8_mx             | 64 128 | 2 4 1 5 1 1  | -  | -    | -            | -
 llama/llama3_70b       gb200 nvfp4              | 64 128 | 2 4 1 5 1 1  | none | full_iteration | - | -
-llama/llama3_70b       gb300 bf16               | 64 128 | 1 1 1 - 1 2  | -  | -    | -            | offload=30
-llama/llama3_70b       gb300 fp8_cs             | 64 128 | 1 1 1 - 1 2  | -  | -    | -            | offload=20
+llama/llama3_70b       gb300 bf16               | 64 128 | 1 1 1 - 1 2  | -  | -    | -            | mfsdp,offload=30
+llama/llama3_70b       gb300 fp8_cs             | 64 128 | 1 1 1 - 1 2  | -  | -    | -            | mfsdp,offload=20
 llama/llama3_70b       gb300 fp8_mx             | 64 128 | 1 4 1 5 1 1  | -  | -    | -            | -
 llama/llama3_70b       gb300 nvfp4              | 64 128 | 1 4 1 5 1 1  | none | full_iteration | - | -
 llama/llama3_70b_sft   h100  bf16               | 32 32  | 4 4 1 5 1 1  | -  | -    | -            | -
@@ -66,10 +66,10 @@ llama/llama31_405b     b300  bf16,fp8_cs,fp8_mx | 128 64 | 2 8 1 8 1 1  | -  | -
 llama/llama31_405b     b300  nvfp4              | 128 64 | 4 8 2 4 1 1  | -  | -    | -            | -
 llama/llama31_405b     gb200 bf16               | 128 64 | 4 8 2 8 1 1  | -  | -    | -            | -
 llama/llama31_405b     gb200 fp8_mx             | 128 64 | 4 8 2 8 1 1  | -  | -    | -            | expandable
-llama/llama31_405b     gb200 fp8_cs             | 128 64 | 2 1 1 - 1 1  | -  | -    | -            | offload=92,expandable
+llama/llama31_405b     gb200 fp8_cs             | 128 64 | 2 1 1 - 1 1  | -  | -    | -            | mfsdp,offload=92,expandable
 llama/llama31_405b     gb200 nvfp4              | 128 64 | 4 16 1 8 1 1 | none | full_iteration | full/block 1 | -
-llama/llama31_405b     gb300 bf16               | 128 64 | 2 1 1 - 1 1  | -  | -    | -            | offload=40
-llama/llama31_405b     gb300 fp8_cs             | 128 64 | 2 1 1 - 1 1  | -  | -    | -            | offload=10
+llama/llama31_405b     gb300 bf16               | 128 64 | 2 1 1 - 1 1  | -  | -    | -            | mfsdp,offload=40
+llama/llama31_405b     gb300 fp8_cs             | 128 64 | 2 1 1 - 1 1  | -  | -    | -            | mfsdp,offload=10
 llama/llama31_405b     gb300 fp8_mx             | 128 64 | 4 8 2 4 1 1  | -  | -    | -            | -
 llama/llama31_405b     gb300 nvfp4              | 128 64 | 4 8 1 4 1 1  | local | full_iteration | - | -
 deepseek/deepseek_v3   h100  bf16,fp8_cs,fp8_sc | 1024 8192 | 2 8 1 4 64 1 | - | - | sel mla_up_proj,mlp | hybridep,layout=Et|(tt|)*30mL,expandable

@@ -46,6 +46,8 @@ def expected_violations(row: PresetRow, impl: str, modules: Tuple[str, ...]) -> 
     mods = set(modules) if impl != "full_iteration" else set()
     if row.has("offload"):
         rules.add("cpu_offloading")
+    if row.has("mfsdp"):
+        rules.add("megatron_fsdp_graphs")
     if row.recompute.startswith("full") and impl != "full_iteration":
         rules.add("full_recompute")
     if dense and {"moe", "moe_router"} & mods:

@@ -88,6 +88,7 @@ def test_effective_values_match_the_reference(prepared_presets, key):
     offload = row.value("offload")
     assert model.cpu_offloading == (offload is not None)
     assert model.cpu_offloading_num_layers == (int(offload) if offload else 0)
+    assert cfg.ddp.use_megatron_fsdp == row.has("mfsdp")
     assert model.overlap_moe_expert_parallel_comm == model.delay_wgrad_compute == row.has("a2a")
     assert model.pipeline_model_parallel_layout == row.value("layout")
     for backend in ("hybridep", "deepep"):
