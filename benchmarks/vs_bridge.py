@@ -12,7 +12,9 @@ with Bridge's ``to_yaml`` and read by ``graphbridge bridge_config=<yaml>``, so e
 has is Bridge's; the row adds only graphbridge's own settings (``ours_only`` rows: what Bridge 0.3.1
 cannot do, run on graphbridge alone). Both sides train on graphbridge's mock batches (bridge.data:
 Bridge reads them through a DatasetProvider), so the loss curves can be compared step by step; the
-token values do not change the step time.
+token values do not change the step time. LoRA rows put Bridge's LoRA (its defaults) on the container,
+packed rows feed both sides the same packed rows; what Bridge's process changes for them is in
+benchmarks/bridge_side.py.
 
 Per row it prints the step-time median and p10-p90 of both (the first WARMUP steps, which hold every
 capture, left out on both sides; each step timed from a device synchronisation to the next, as
@@ -37,6 +39,7 @@ from typing import Any, Dict, List, Optional, Tuple
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "benchmarks")]
 import bridge_fixture  # noqa: E402  (the offline hub cache of the recipes' HF configs)
+from bridge_side import same_batches, skip_dataset_helper_build, step_clock, without_base_checkpoint  # noqa: E402
 import suite  # noqa: E402  (the commit that ran, as the suite records it)
 
 WARMUP = 4  # steps left out of the timing on both sides: graphs are captured at step 3 (warmup 3) or step 0
@@ -45,6 +48,10 @@ LLAMA_TINY = (("model.num_layers", 8), ("model.hidden_size", 512), ("model.ffn_h
               ("model.num_attention_heads", 8), ("model.num_query_groups", 4), ("model.kv_channels", 64),
               ("model.share_embeddings_and_output_weights", False), ("model.rope_scaling", False),
               ("vocab", 4096), ("seq", 256), ("train.micro_batch_size", 2), ("train.global_batch_size", 2))
+LLAMA_TINY_PACKED = (*LLAMA_TINY[:-2], ("train.micro_batch_size", 1), ("train.global_batch_size", 2))
+PACKED = ("dataset.packed_sequence=true", "dataset.pad_to_max_length=true")
+"""Bridge packs in its dataset, which the row's is not (graphbridge's mock rows, as a DatasetProvider): graphbridge's
+side is told with its own keys, padded to seq_length as Bridge's packed SFT data is."""
 LLAMA32_1B = (("vocab", 128256), ("train.micro_batch_size", 1), ("train.global_batch_size", 8))
 QWEN3_PROXY = (  # Qwen3-30B-A3B's layers on one GPU, as benchmarks/suite.py's moe_proxy shrinks them
     ("model.num_layers", 2), ("model.tensor_model_parallel_size", 1), ("model.pipeline_model_parallel_size", 1),
@@ -71,6 +78,10 @@ class Row:
     """Why Bridge 0.3.1 cannot run the row; then only graphbridge runs it."""
     extra: Tuple[str, ...] = ()
     """graphbridge overrides beyond the imported file."""
+    lora: bool = False
+    """Bridge's LoRA with its defaults (rank 32, alpha 32, every attention and MLP linear layer) on the model."""
+    packed: bool = False
+    """Packed rows (bridge.data's, Bridge's SFT packing) on both sides, one row a micro-batch."""
 
 
 ROWS: Dict[str, Row] = {
@@ -87,6 +98,15 @@ ROWS: Dict[str, Row] = {
         # graphbridge's capturable Adam holds unsharded state: no distributed optimizer, hence no param gather.
         extra=("optimizer.optimizer_in_graph=true", "ddp.use_distributed_optimizer=false",
                "ddp.overlap_param_gather=false")),
+    "llama_tiny_lora_eager": Row("llama/tiny shape, Bridge's LoRA, eager", LLAMA, LLAMA_TINY, ("none", "full"),
+                                 lora=True),
+    "llama_tiny_lora_te_attn_mlp": Row("llama/tiny shape, Bridge's LoRA, TE graphs of attn and mlp", LLAMA, LLAMA_TINY,
+                                       ("transformer_engine", ["attn", "mlp"]), lora=True),
+    # Packed attention takes no graph (packed_sequence_scope): te_mlp is the scope of Bridge's SFT presets.
+    "llama_tiny_packed_eager": Row("llama/tiny shape, packed rows, eager", LLAMA, LLAMA_TINY_PACKED, ("none", "full"),
+                                   packed=True, extra=PACKED),
+    "llama_tiny_packed_te_mlp": Row("llama/tiny shape, packed rows, TE graphs of mlp", LLAMA, LLAMA_TINY_PACKED,
+                                    ("transformer_engine", ["mlp"]), packed=True, extra=PACKED),
     "llama32_1b_eager": Row("Llama 3.2 1B, seq 8192, eager", LLAMA, LLAMA32_1B, ("none", "full")),
     "llama32_1b_full_iteration": Row("Llama 3.2 1B, full-iteration graph", LLAMA, LLAMA32_1B,
                                      ("local", ["full_iteration"])),
@@ -126,6 +146,12 @@ def bridge_container(row: Row, steps: int):
     cfg.rng.te_rng_tracker = cfg.model.use_te_rng_tracker = impl != "none"
     if scope == ["full_iteration"]:
         cfg.rerun_state_machine.check_for_nan_in_loss = cfg.ddp.check_for_nan_in_grad = False
+    if row.lora:
+        from megatron.bridge.peft.lora import LoRA
+
+        # Bridge's validate() asks PEFT for a base checkpoint; the worker starts from the seeded init instead
+        # (without_base_checkpoint), so this path is never read.
+        cfg.peft, cfg.checkpoint.pretrained_checkpoint = LoRA(), "/nonexistent/base-checkpoint"
     return cfg
 
 
@@ -153,91 +179,12 @@ def run_bridge_worker(name: str, steps: int, out: Path) -> None:
     from megatron.bridge.training.pretrain import pretrain
 
     skip_dataset_helper_build()
-    cfg = bridge_container(ROWS[name], steps)
-    cfg.dataset = same_batches(cfg)
+    without_base_checkpoint()
+    row = ROWS[name]
+    cfg = bridge_container(row, steps)
+    cfg.dataset = same_batches(cfg, row.packed)
     clock = step_clock(out / "bridge_result.json")
     pretrain(cfg, forward_step, callbacks=[clock])
-
-
-def skip_dataset_helper_build() -> None:
-    """Bridge's initialisation runs ``make`` in megatron-core's datasets folder (compile_helpers), which the
-    megatron-core wheel does not ship a Makefile for: it ships the helpers already built, and then the
-    build has nothing to do. Where they import, Bridge skips the build; where they do not, it runs as ever."""
-    try:
-        importlib.import_module("megatron.core.datasets.helpers_cpp")
-    except ImportError:
-        return
-    from megatron.bridge.training import initialize
-
-    initialize.compile_helpers = lambda: None
-
-
-def same_batches(cfg):
-    """A DatasetProvider of graphbridge's mock samples (bridge.data.MockData), in Bridge's batch keys."""
-    from types import SimpleNamespace
-
-    import torch
-    from megatron.bridge.training.config import DatasetProvider
-
-    from bridge.data import MockData
-
-    seq, mock = cfg.model.seq_length, MockData(SimpleNamespace(
-        rng=cfg.rng, model=SimpleNamespace(vocab_size=cfg.model.vocab_size),
-        dataset=SimpleNamespace(seq_length=cfg.model.seq_length, packed_sequence=False,
-                                pad_to_max_length=True), train=cfg.train))
-
-    class Samples(torch.utils.data.Dataset):
-        def __init__(self, count):
-            self.count = count
-
-        def __len__(self):
-            return self.count
-
-        def __getitem__(self, index):
-            tokens = mock.sample(index)
-            return {"tokens": tokens[:-1], "labels": tokens[1:], "loss_mask": torch.ones(seq),
-                    "position_ids": torch.arange(seq)}
-
-    @dataclass(kw_only=True)
-    class GraphbridgeMockData(DatasetProvider):
-        seq_length: int
-        skip_getting_attention_mask_from_dataset: bool = True
-
-        def build_datasets(self, context):
-            return Samples(context.train_samples), None, None
-
-    return GraphbridgeMockData(seq_length=seq, dataloader_type="single", num_workers=2)
-
-
-def step_clock(path: Path):
-    """Bridge's training callbacks around each train_step: times, losses and peak memory, as graphbridge's
-    trainer records them (perf_counter between device synchronisations)."""
-    import time
-
-    import torch
-    from megatron.bridge.training.callbacks import Callback
-
-    class StepClock(Callback):
-        def __init__(self):
-            self.times, self.losses, self.started = [], [], 0.0
-
-        def on_train_step_start(self, context):
-            torch.cuda.synchronize()
-            self.started = time.perf_counter()
-
-        def on_train_step_end(self, context):
-            torch.cuda.synchronize()
-            self.times.append(time.perf_counter() - self.started)
-            losses = context.loss_dict or {}
-            self.losses.append(float(losses.get("lm loss", next(iter(losses.values()), float("nan")))))
-
-        def on_train_end(self, context):
-            path.write_text(json.dumps({
-                "status": "completed", "step_times_s": self.times, "loss": self.losses,
-                "peak_allocated_gb": torch.cuda.max_memory_allocated() / 2**30,
-                "peak_reserved_gb": torch.cuda.max_memory_reserved() / 2**30}) + "\n")
-
-    return StepClock()
 
 
 # --- both sides of a row, one after the other ------------------------------------------------------------------
@@ -282,7 +229,7 @@ def losses_agree(bridge_losses: List[float], our_losses: List[float], tolerance:
 
 def table(records: List[dict], tolerance: float) -> str:
     lines = ["| row | Bridge median (p10-p90) ms | graphbridge median (p10-p90) ms | ratio | peak GiB Bridge / ours | "
-             "losses agree |", "|---|---|---|---|---|---|"]
+             "trainable Bridge / ours | losses agree |", "|---|---|---|---|---|---|---|"]
     for record in records:
         theirs, ours = record["bridge"], record["graphbridge"]
         their_ms, our_ms = theirs.get("step_time_ms") or {}, ours.get("step_time_ms") or {}
@@ -290,8 +237,9 @@ def table(records: List[dict], tolerance: float) -> str:
         agree = losses_agree(theirs.get("loss", []), ours.get("loss", []), tolerance)
         our_peak = (ours.get("memory") or {}).get("peak_allocated_gb")
         peak = f"{_number(theirs.get('peak_allocated_gb'))} / {_number(our_peak)}"
+        trainable = " / ".join(_trainable(side) for side in (theirs, ours))
         lines.append(f"| {record['row']} | {_timing(theirs, their_ms)} | {_timing(ours, our_ms)} | "
-                     f"{_number(ratio, 'x')} | {peak} | {agree or '-'} |")
+                     f"{_number(ratio, 'x')} | {peak} | {trainable} | {agree or '-'} |")
     return "\n".join(lines)
 
 
@@ -299,6 +247,11 @@ def _timing(side: dict, stats: dict) -> str:
     if not stats.get("median"):
         return f"{side.get('status', 'missing')}: {side.get('reason') or ''}".strip(": ")
     return f"{stats['median']:.2f} ({stats['p10']:.2f}-{stats['p90']:.2f})"
+
+
+def _trainable(side: dict) -> str:
+    count = (side.get("parameters") or {}).get("trainable")
+    return "-" if count is None else f"{count:,}"
 
 
 def _number(value, unit: str = "") -> str:

@@ -41,6 +41,18 @@ def read_yaml(path: str) -> Any:
     return data
 
 
+def _sets_as_lists(data: Any) -> Any:
+    """Bridge's to_yaml writes a PEFT's params_to_save as a YAML set (``!!set {}``), which OmegaConf cannot hold
+    (so Bridge's own from_yaml cannot read a LoRA run's config back): a set is read as the list of its items."""
+    if isinstance(data, dict):
+        return {key: _sets_as_lists(value) for key, value in data.items()}
+    if isinstance(data, list):
+        return [_sets_as_lists(item) for item in data]
+    if isinstance(data, (set, frozenset)):
+        return sorted(data, key=str)
+    return data
+
+
 def planned_for(path: str) -> List[str]:
     """The overrides of an exported file's PLANNED_FOR line (read after read_yaml, so the file reads)."""
     for line in Path(path).read_text(encoding="utf-8").splitlines():
@@ -66,7 +78,7 @@ def as_container(data: Any) -> dict:
         raise BridgeConfigError(f"'{unknown[0]}'{hint} is not a section of Bridge 0.3.1's ConfigContainer "
                                 f"({', '.join(SECTIONS)})")
     try:
-        container = OmegaConf.to_container(OmegaConf.create(data), resolve=True)
+        container = OmegaConf.to_container(OmegaConf.create(_sets_as_lists(data)), resolve=True)
     except OmegaConfBaseException as error:
         raise BridgeConfigError(f"{str(error).splitlines()[0]}") from None
     for section, value in container.items():

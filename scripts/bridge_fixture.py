@@ -189,6 +189,10 @@ def loaded_yaml(path: Path, scratch: Path) -> str:
     from megatron.bridge.training.config import ConfigContainer
 
     out, loaded = scratch / f"loaded_{path.name}", ConfigContainer.from_yaml(str(path))
+    if loaded.peft is not None and loaded.checkpoint.pretrained_checkpoint is None:
+        # A LoRA export's header asks for the base weights' checkpoint, which Bridge's validate requires:
+        # given here as a user gives theirs (graphbridge reads no checkpoint field back).
+        loaded.checkpoint.pretrained_checkpoint = str(scratch / "base_checkpoint")
     model = loaded.model
     if model.tensor_model_parallel_size * model.pipeline_model_parallel_size * model.context_parallel_size == 1:
         loaded.validate()

@@ -259,6 +259,16 @@ def test_a_fine_tuning_dataset_gives_its_length_and_packing(cli, tmp_path):
                                  "pad_to_max_length": True}
 
 
+def test_a_lora_run_config_as_bridge_writes_it_imports_its_adapters(cli, tmp_path):  # params_to_save: a YAML set
+    (tmp_path / "lora.yaml").write_text(
+        "peft:\n  _target_: megatron.bridge.peft.lora.LoRA\n  alpha: 16\n  canonical_mapping: {}\n  dim: 8\n"
+        "  lora_A_init_method: xavier\n  params_to_save: !!set {}\n  target_modules: [linear_qkv, linear_proj]\n")
+    result = cli("bridge_config=lora.yaml", "mode=plan", "plan.format=json", cwd=tmp_path)
+    peft = plan_json(result)["config"]["peft"]
+    assert peft == {**peft, "scheme": "lora", "dim": 8, "alpha": 16, "target_modules": ["linear_qkv", "linear_proj"]}
+    assert "params_to_save" in result.stderr  # named among the fields graphbridge has no key for
+
+
 def test_a_parked_scope_wakes_up_when_an_impl_is_typed_after_the_file(cli, tmp_path):
     (tmp_path / "parked.yaml").write_text("model:\n  cuda_graph_impl: none\n  cuda_graph_scope: full_iteration\n")
     config = plan_json(cli("bridge_config=parked.yaml", "model.cuda_graph_impl=local", "mode=plan",

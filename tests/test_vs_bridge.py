@@ -36,7 +36,7 @@ def test_the_rows_are_listed_with_what_runs_them(tmp_path):
     assert listed.returncode == 0
     runs = {line.split()[0]: line.split()[1] for line in listed.stdout.splitlines()}
     for shared in ("llama_tiny_eager", "llama_tiny_full_iteration", "llama_tiny_te_attn_mlp", "llama32_1b_eager",
-                   "qwen3_proxy_te_attn_moe_router"):
+                   "qwen3_proxy_te_attn_moe_router", "llama_tiny_lora_eager", "llama_tiny_packed_te_mlp"):
         assert runs.get(shared) == "both", shared
     assert runs["llama_tiny_full_iteration_optimizer"] == "ours"  # "ours only": Bridge 0.3.1 cannot
     assert script("no_such_row", "--work", str(tmp_path)).returncode == 2
@@ -59,7 +59,7 @@ def test_every_row_is_one_config_that_bridge_and_graphbridge_accept(cli, tmp_pat
     written = script("--configs", str(configs), "--work", str(tmp_path), bridge=True)
     assert written.returncode == 0, written.stderr[-3000:]
     rows = {path.stem: json.loads(path.read_text()) for path in configs.glob("*.json")}
-    assert len(rows) >= 10
+    assert len(rows) >= 14
     for name, row in rows.items():
         result = cli(*row["graphbridge"], "mode=plan", "plan.format=json", cwd=tmp_path)
         plan = json.loads(result.stdout)
@@ -67,6 +67,8 @@ def test_every_row_is_one_config_that_bridge_and_graphbridge_accept(cli, tmp_pat
         model, (impl, scope) = plan["config"]["model"], row["graphs"]
         expected = GRAPHS.get((impl, tuple(scope) if isinstance(scope, list) else scope), (impl, scope))
         assert (model["cuda_graph_impl"], model["cuda_graph_modules"]) == expected, name
+        assert (plan["config"]["peft"]["scheme"] == "lora") == ("_lora_" in name), name
+        assert plan["config"]["dataset"]["packed_sequence"] == ("_packed_" in name), name
 
 
 @pytest.mark.skipif(not BRIDGE_PATH, reason="GRAPHBRIDGE_BRIDGE_PATH names no Bridge 0.3.1 to import")
@@ -80,15 +82,21 @@ def test_bridges_side_validates_with_the_shared_mock_batches(tmp_path):
         "from bridge.data import MockData\n"
         "for name, row in vs_bridge.ROWS.items():\n"
         "    cfg = vs_bridge.bridge_container(row, 20)\n"
-        "    cfg.dataset = vs_bridge.same_batches(cfg)\n"
+        "    cfg.dataset = vs_bridge.same_batches(cfg, row.packed)\n"
         "    cfg.validate()\n"
         "    train, _, _ = cfg.dataset.build_datasets(DatasetBuildContext(40, 0, 0, None))\n"
         "    sample = train[5]\n"
         "    assert sample['tokens'].shape == sample['labels'].shape == (cfg.model.seq_length,)\n"
-        "    assert (sample['labels'][:-1] == sample['tokens'][1:]).all()\n"
-        "    print(name, 'validated')\n")
+        "    if row.packed:  # Bridge's packed keys: the boundaries closing at seq_length, their count, the longest\n"
+        "        ends = sample['cu_seqlens'].tolist()\n"
+        "        assert ends[-1] == cfg.model.seq_length and int(sample['cu_seqlens_argmin']) == len(ends)\n"
+        "        assert int(sample['max_seqlen']) == max(b - a for a, b in zip(ends, ends[1:]))\n"
+        "    else:\n"
+        "        assert (sample['labels'][:-1] == sample['tokens'][1:]).all()\n"
+        "    print(name, 'validated')\n"
+        "print(len(vs_bridge.ROWS), 'rows')\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([BRIDGE_PATH, str(ROOT)])}
     done = subprocess.run([sys.executable, "-W", "ignore", str(ROOT / "scripts" / "bridge_fixture.py"), "--run",
                            str(check)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("validated") == 10
+    assert f"{done.stdout.count('validated')} rows" in done.stdout
