@@ -5,6 +5,7 @@ benchmarks/results/h100/megatron_fsdp_probe_83411eb.log."""
 import pytest
 
 import bridge
+from bridge.translate import megatron_arguments
 from tests.rank_build import build_rank
 
 DP2 = ("recipe=llama/tiny", "engine=megatron", "model.num_layers=2", "train.num_gpus=2", "train.global_batch_size=4",
@@ -39,3 +40,16 @@ def test_the_bridge_fsdp_presets_compose_megatron_fsdp_as_bridge_sets_it():
         True, "optim_grads_params", True)
     assert ddp.use_distributed_optimizer and not ddp.average_in_collective
     assert not cfg.model.gradient_accumulation_fusion and cfg.model.cuda_graph_impl == "none"
+
+
+@pytest.mark.parametrize("graph,version,mode", [
+    ("full_iteration", "0.19.2", {"megatron_fsdp_cuda_graph_mode": True, "fsdp_all_gather_in_start_param_sync": False}),
+    ("te_mlp", "0.19.2", {"megatron_fsdp_cuda_graph_mode": True, "fsdp_all_gather_in_start_param_sync": True}),
+    ("none", "0.19.2", {}),
+    ("full_iteration", "0.16.1", {}),  # 0.16.1 has no such mode
+])
+def test_megatron_fsdp_under_graphs_gets_the_releases_graph_mode(graph, version, mode):
+    """What megatron_fsdp_graphs' witness cases run with: Megatron-LM's settings for FSDP under graphs."""
+    ddp = megatron_arguments(bridge.load([*DP2, "ddp.use_megatron_fsdp=true", f"cuda_graph={graph}"]), version)
+    assert {name: ddp["ddp_config"][name] for name in ddp["ddp_config"] if name in
+            ("megatron_fsdp_cuda_graph_mode", "fsdp_all_gather_in_start_param_sync")} == mode

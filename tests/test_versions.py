@@ -89,6 +89,8 @@ REPRESENTATIVE = {
     "deepseek/tiny (MLA, MoE, MTP)": ["recipe=deepseek/tiny", "cuda_graph=te_attn_moe_router"],
     "qwen/tiny local_layer": ["recipe=qwen/tiny", "cuda_graph=local_layer"],
     "gpt_oss/tiny te_attn": ["recipe=gpt_oss/tiny", "cuda_graph=te_attn"],
+    "llama/tiny Megatron-FSDP full_iteration": ["recipe=llama/tiny", "cuda_graph=full_iteration",
+                                                "ddp.use_megatron_fsdp=true", "ddp.use_distributed_optimizer=true"],
 }
 
 

@@ -49,6 +49,9 @@ class MegatronCoreRelease:
     optimizer_graph: bool = False
     """megatron-core has its own optimizer CUDA graph (OptimizerConfig.optimizer_cuda_graph and
     OptimizerCudaGraphWrapper): optimizer.optimizer_in_graph with the distributed optimizer is that graph."""
+    fsdp_graph_mode: bool = False
+    """DistributedDataParallelConfig has Megatron-FSDP's CUDA-graph mode (megatron_fsdp_cuda_graph_mode, and
+    fsdp_all_gather_in_start_param_sync to keep the first all-gather inside a full-iteration graph)."""
 
     def carrier(self, key: str) -> Optional[str]:
         """The megatron-core field that carries graphbridge's ``key`` here (its own name by default)."""
@@ -98,7 +101,7 @@ RELEASES: Dict[str, MegatronCoreRelease] = {release.version: release for release
             "full_iteration",
             "optimizer.optimizer_in_graph also with the distributed optimizer: megatron-core's own optimizer graph",
         ),
-        optimizer_graph=True),
+        optimizer_graph=True, fsdp_graph_mode=True),
 )}
 SUPPORTED = tuple(RELEASES)
 

@@ -123,6 +123,18 @@ def yarn_attributes(cfg: GraphBridgeConfig) -> Dict[str, Any]:
     }
 
 
+def fsdp_graph_arguments(cfg: GraphBridgeConfig, version: Optional[str] = None) -> Dict[str, Any]:
+    """Megatron-FSDP under CUDA graphs, as Megatron-LM's training sets it where the release has the mode (0.19):
+    the sharded gradients keep their references across the optimizer step (replay writes into them), and a
+    full-iteration graph's first parameter all-gather is not started outside the graph. The rule
+    megatron_fsdp_graphs decides whether such a run trains; its witness cases run these arguments."""
+    impl = CudaGraphImpl(cfg.model.cuda_graph_impl)
+    if not (cfg.ddp.use_megatron_fsdp and impl != CudaGraphImpl.none and release_for(version).fsdp_graph_mode):
+        return {}
+    return {"megatron_fsdp_cuda_graph_mode": True,
+            "fsdp_all_gather_in_start_param_sync": impl != CudaGraphImpl.full_iteration}
+
+
 def megatron_arguments(cfg: GraphBridgeConfig, version: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
     """Everything megatron-core ``version`` is given, as plain data (no megatron-core import); by
     default for the release this machine's training would use."""
@@ -136,6 +148,7 @@ def megatron_arguments(cfg: GraphBridgeConfig, version: Optional[str] = None) ->
         optimizer["optimizer_cuda_graph"] = True
     # megatron-core takes the sharding strategy as a plain string
     ddp = {name: value.value if isinstance(value, Enum) else value for name, value in dataclasses.asdict(cfg.ddp).items()}
+    ddp.update(fsdp_graph_arguments(cfg, version))
     return {
         "transformer_config": transformer_config_arguments(cfg, version),
         "gpt_model": gpt_model_arguments(cfg),
