@@ -55,7 +55,7 @@ SAME_NAME: Dict[str, Tuple[str, ...]] = {
         # kernels
         "transformer_impl", "apply_rope_fusion", "bias_activation_fusion", "gradient_accumulation_fusion",
         "cross_entropy_loss_fusion", "cross_entropy_fusion_impl", "bias_dropout_fusion", "masked_softmax_fusion",
-        "persist_layer_norm",
+        "persist_layer_norm", "disable_parameter_transpose_cache",
         # CUDA graphs, besides the impl and its scope (HANDLED)
         "cuda_graph_warmup_steps", "cuda_graph_use_single_mempool", "cuda_graph_retain_backward_graph",
     ),

@@ -78,3 +78,18 @@ def test_adapters_train_under_full_recompute_with_frozen_embeddings():
                        "model.recompute_num_layers=1"])
     built = build_rank(cfg, rank=0)
     assert built.stepped and built.gradient_sum > 0, built
+
+
+def test_bridges_finetune_recipes_keep_no_quantized_weight_copies_and_the_70b_lora_fits_its_b200():
+    """Bridge's Llama 3 SFT and LoRA recipes set disable_parameter_transpose_cache; with it the engine holds no fp8
+    copy of the frozen weights across micro-batches, which is what fits llama3_70b_lora's B200 MXFP8 preset."""
+    from dataclasses import replace
+
+    from bridge.memory.estimate import estimate_memory
+
+    lora = bridge.load(["recipe=llama/llama3_70b_lora", "gpu=b200", "precision=fp8_mx"])
+    cached = replace(lora, model=replace(lora.model, disable_parameter_transpose_cache=False))
+    assert lora.model.disable_parameter_transpose_cache and bridge.plan(
+        ["recipe=llama/llama3_70b_lora", "gpu=b200", "precision=fp8_mx"]).valid
+    assert estimate_memory(cached).engine_verdict == "cannot fit" != estimate_memory(lora).engine_verdict
+    assert not bridge.load(["recipe=llama/llama3_70b", "gpu=b200"]).model.disable_parameter_transpose_cache  # pretraining

@@ -283,6 +283,10 @@ class ModelConfig:
     """A fused scale-mask-softmax in the local layer spec's attention (Transformer Engine's has its own)."""
     persist_layer_norm: bool = False
     """Apex's persistent layer-norm kernel where the local layer spec uses apex."""
+    disable_parameter_transpose_cache: bool = False
+    """Under fp8 or fp4, Transformer Engine quantizes each linear weight again every micro-batch instead of keeping
+    its quantized copies across the step's micro-batches: one low-precision copy of every weight less, a cast more
+    each micro-batch. Bridge's Llama 3 SFT and LoRA recipes set it (preset/bridge_finetune)."""
     # --- CUDA graphs (canonical, decomposed API) ---
     cuda_graph_impl: CudaGraphImpl = CudaGraphImpl.none
     """none, full_iteration, local or transformer_engine: how the step is graphed (the cuda_graph group sets

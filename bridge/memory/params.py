@@ -52,8 +52,7 @@ FP8_PRIMARY_PRECISIONS = ("fp8_cs", "fp8_mx")
 @dataclass(frozen=True)
 class Regime:
     """How the job holds its weights: as Bridge runs the preset, or as graphbridge's engine trains it
-    (engine_regime: megatron-core DDP or Megatron-FSDP and LoRA as configured, bf16 weights with Transformer
-    Engine's copies)."""
+    (engine_regime: megatron-core DDP or Megatron-FSDP and LoRA as configured, bf16 weights)."""
 
     megatron_fsdp: bool = False
     adapted: Optional[Tuple[str, ...]] = None
@@ -63,24 +62,23 @@ class Regime:
     """Transformer Engine keeps its quantized copy of each weight (off: disable_parameter_transpose_cache)."""
 
     def differences(self) -> list:
-        """What graphbridge's engine does not do of this regime (it trains from bf16 weights and Transformer
-        Engine's cached copies), in words."""
-        named = [(self.fp8_primary_weights, "fp8 primary weights"),
-                 (not (self.weight_copies or self.fp8_primary_weights), "no cached low-precision weights")]
-        return [words for differs, words in named if differs]
+        """What graphbridge's engine does not do of this regime (it trains from bf16 weights), in words."""
+        return ["fp8 primary weights"] if self.fp8_primary_weights else []
 
 
 def engine_regime(cfg) -> Regime:
-    """The regime of ``cfg`` as graphbridge's engine trains it: DDP or Megatron-FSDP, its own LoRA, bf16 weights."""
-    return Regime(megatron_fsdp=fsdp_shards_weights(cfg), adapted=lora_targets(cfg.peft))
+    """The regime of ``cfg`` as graphbridge's engine trains it: DDP or Megatron-FSDP, its own LoRA, bf16 weights
+    and Transformer Engine's quantized copies unless model.disable_parameter_transpose_cache drops them."""
+    return Regime(megatron_fsdp=fsdp_shards_weights(cfg), adapted=lora_targets(cfg.peft),
+                  weight_copies=not cfg.model.disable_parameter_transpose_cache)
 
 
 def bridge_regime(cfg) -> Regime:
-    """The regime of ``cfg`` as Bridge runs it: its FSDP, LoRA and precision settings (ddp, workload.*, peft)."""
-    workload = cfg.workload
+    """The regime of ``cfg`` as Bridge runs it: its FSDP, LoRA and precision settings (ddp, workload.*, peft, and
+    the transpose cache its finetune recipes disable)."""
     return Regime(megatron_fsdp=fsdp_shards_weights(cfg), adapted=lora_targets(cfg.peft),
-                  fp8_primary_weights=workload.precision in FP8_PRIMARY_PRECISIONS,
-                  weight_copies=workload.task == "pretrain" or low_precision_bytes(cfg.model) is None)
+                  fp8_primary_weights=cfg.workload.precision in FP8_PRIMARY_PRECISIONS,
+                  weight_copies=not cfg.model.disable_parameter_transpose_cache)
 
 
 def fsdp_shards_weights(cfg) -> bool:
