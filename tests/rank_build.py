@@ -163,12 +163,12 @@ def cuda_on_cpu(capability=HOPPER) -> Iterator[None]:
         # megatron-core 0.16.1's router names Transformer Engine's GEMM unguarded where TE is missing (NameError);
         # the GPU node the plan is for has TE, and without it the router computes the same GEMM in torch
         (moe_utils, "te_general_gemm", getattr(moe_utils, "te_general_gemm", None)),
-        # Megatron-FSDP's adapter marks TP parameters by their module's class, TELinear, unguarded where TE is
-        # missing (not a class then); no module of the CPU's local spec is one
+        # 0.16.1's Megatron-FSDP adapter marks TP parameters by their module's class, TELinear, unguarded where TE
+        # is missing (not a class then; 0.19.2 matches the name); no module of the CPU's local spec is one
         (mcore_fsdp_adapter.FullyShardedDataParallel, "__init__",
          _on_device_zero(mcore_fsdp_adapter.FullyShardedDataParallel.__init__)),
-        (mcore_fsdp_adapter, "TELinear", mcore_fsdp_adapter.TELinear if isinstance(mcore_fsdp_adapter.TELinear, type)
-         else _NoSuchModule),
+        (mcore_fsdp_adapter, "TELinear", getattr(mcore_fsdp_adapter, "TELinear", None)
+         if isinstance(getattr(mcore_fsdp_adapter, "TELinear", None), type) else _NoSuchModule),
         # Megatron-FSDP checks that the ranks' chunks of each sharded parameter tile it by gathering them and
         # all-reducing boundary flags, which a fake process group leaves unsent: the GPU checks it
         (fsdp_buffer, "validate_uneven_dtensor", lambda dtensor: None),

@@ -26,8 +26,8 @@ def expert_bias_score_function(cfg, target):
 
 
 @rule("router_group_limited",
-      rejects="group-limited routing (`model.moe_router_group_topk`) without `model.moe_router_num_groups`, with "
-              "groups that do not divide the experts, or with more groups picked than there are",
+      rejects="group-limited routing (`model.moe_router_group_topk`) without `model.moe_router_num_groups` or "
+              "experts, with groups that do not divide the experts, or with more groups picked than there are",
       fix="`model.moe_router_num_groups` (a divisor of the experts), or `model.moe_router_group_topk=null`")
 def router_group_limited(cfg, target):
     # TransformerConfig raises "When using group limited routing, moe_router_num_groups must be specified" (0.16.1
@@ -51,7 +51,15 @@ def uneven_router_groups(model):
     # TransformerConfig asserts both (0.16.1 and 0.19.2): the cluster-scale CPU differential drew deepseek/tiny with
     # seven experts in four groups, which planned valid and megatron-core refused.
     experts, groups, picked = model.num_moe_experts, model.moe_router_num_groups, model.moe_router_group_topk
-    if experts and experts % groups:
+    if not experts:
+        # TransformerConfig divides the experts by the groups even on a dense model (TypeError: None % groups, both
+        # releases): the 0.19.2 CPU differential drew deepseek/tiny with model.num_moe_experts=null (seed 34, draw 516)
+        return violation(
+            "router_group_limited", ["model.moe_router_group_topk", "model.num_moe_experts"],
+            f"group-limited routing (model.moe_router_group_topk={picked}) splits the experts into groups, and "
+            "model.num_moe_experts is unset (a dense model); set model.moe_router_group_topk=null, or the experts",
+        )
+    if experts % groups:
         return violation(
             "router_group_limited", ["model.moe_router_num_groups", "model.num_moe_experts"],
             f"model.moe_router_num_groups={groups} does not divide model.num_moe_experts={experts} into equal groups; "
