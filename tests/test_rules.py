@@ -141,8 +141,10 @@ def test_the_compiled_bias_dropout_add_refuses_a_retained_backward_only_with_dro
         hidden, residual = torch.randn(8, 16, requires_grad=True), torch.randn(8, 16, requires_grad=True)
         bias_dropout_add_fused_train((hidden, None), residual, dropout).sum().backward(**backward)
 
-    # Cached compilations skip the donated-buffer bookkeeping: torch 2.11 hid the refusal behind its caches.
-    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
+    # Cached compilations skip the donated-buffer bookkeeping: torch 2.11 hid the refusal behind its caches. No
+    # precompiled header either: inductor writes it (155 MB) to the system's temporary folder whatever its cache dir.
+    with torch._inductor.config.patch(fx_graph_cache=False, cpp_cache_precompile_headers=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
         torch._dynamo.reset()
         step()  # the eager steps before capture compile the backward
         if refused:
