@@ -100,3 +100,18 @@ def test_bridges_side_validates_with_the_shared_mock_batches(tmp_path):
                            str(check)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"{done.stdout.count('validated')} rows" in done.stdout
+
+
+def test_the_table_shows_each_sides_trainable_parameters():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import vs_bridge
+
+    lora = {"row": "llama_tiny_lora_eager",
+            "bridge": {"step_time_ms": {"median": 10.0, "p10": 9.0, "p90": 11.0}, "loss": [8.0, 7.5],
+                       "parameters": {"total": 30_000_000, "trainable": 1_998_848}},
+            "graphbridge": {"step_time_ms": {"median": 8.0, "p10": 7.0, "p90": 9.0}, "loss": [8.0, 7.5],
+                            "parameters": {"total": 30_000_000, "trainable": 1_998_848}}}
+    row = vs_bridge.table([lora], 0.02).splitlines()[-1]
+    assert "| 1.25x |" in row and "| 1,998,848 / 1,998,848 |" in row and "yes (max 0.0% over 2 steps)" in row
+    older = {**lora, "bridge": {key: value for key, value in lora["bridge"].items() if key != "parameters"}}
+    assert "| - / 1,998,848 |" in vs_bridge.table([older], 0.02)  # a record from before Bridge's side counted them
