@@ -17,7 +17,8 @@ def megatron_fsdp_graphs(cfg, target):
     # Transformer Engine's per-layer graphs at capture ("Modules must not have hooks registered": FSDP's gather and
     # reduce hooks), ZeRO-2 (optim_grads) too, local graphs at capture (a KeyError on FSDP's DTensor parameters),
     # the full-iteration graph at capture (cudaErrorStreamCaptureIsolation: FSDP's streams). Megatron-Bridge's main
-    # branch refuses graphs with its Megatron-FSDP as well.
+    # branch refuses graphs with its Megatron-FSDP as well. The probe ran 0.19.2 without Megatron-FSDP's graph mode,
+    # which translation now passes as Megatron-LM does (fsdp_graph_arguments): its fsdp_* witnesses decide again.
     if not (cfg.ddp.use_megatron_fsdp and is_graphed(cfg)):
         return None
     return violation(
