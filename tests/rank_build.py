@@ -139,7 +139,7 @@ def cuda_on_cpu(capability=HOPPER) -> Iterator[None]:
     from megatron.core.tensor_parallel import random as megatron_random
     from megatron.core.transformer.moe import moe_utils
 
-    stream = _Stream()
+    stream, te_linear = _Stream(), getattr(mcore_fsdp_adapter, "TELinear", None)
     stand_ins = [
         (torch.cuda, "current_device", lambda: "cpu"), (torch.cuda, "Stream", _Stream), (torch.cuda, "Event", _Event),
         # torch.compile'd fusions (megatron-core's jit_fuser) would trace the function mode below: run them eagerly
@@ -167,8 +167,7 @@ def cuda_on_cpu(capability=HOPPER) -> Iterator[None]:
         # is missing (not a class then; 0.19.2 matches the name); no module of the CPU's local spec is one
         (mcore_fsdp_adapter.FullyShardedDataParallel, "__init__",
          _on_device_zero(mcore_fsdp_adapter.FullyShardedDataParallel.__init__)),
-        (mcore_fsdp_adapter, "TELinear", getattr(mcore_fsdp_adapter, "TELinear", None)
-         if isinstance(getattr(mcore_fsdp_adapter, "TELinear", None), type) else _NoSuchModule),
+        (mcore_fsdp_adapter, "TELinear", te_linear if isinstance(te_linear, type) else _NoSuchModule),
         # Megatron-FSDP checks that the ranks' chunks of each sharded parameter tile it by gathering them and
         # all-reducing boundary flags, which a fake process group leaves unsent: the GPU checks it
         (fsdp_buffer, "validate_uneven_dtensor", lambda dtensor: None),

@@ -50,6 +50,7 @@ def test_the_bridge_fsdp_presets_compose_megatron_fsdp_as_bridge_sets_it():
 ])
 def test_megatron_fsdp_under_graphs_gets_the_releases_graph_mode(graph, version, mode):
     """What megatron_fsdp_graphs' witness cases run with: Megatron-LM's settings for FSDP under graphs."""
-    ddp = megatron_arguments(bridge.load([*DP2, "ddp.use_megatron_fsdp=true", f"cuda_graph={graph}"]), version)
-    assert {name: ddp["ddp_config"][name] for name in ddp["ddp_config"] if name in
-            ("megatron_fsdp_cuda_graph_mode", "fsdp_all_gather_in_start_param_sync")} == mode
+    cfg = bridge.load([*DP2, "ddp.use_megatron_fsdp=true", f"cuda_graph={graph}"])
+    ddp = megatron_arguments(cfg, version)["ddp_config"]
+    assert {name: value for name, value in ddp.items()
+            if name in ("megatron_fsdp_cuda_graph_mode", "fsdp_all_gather_in_start_param_sync")} == mode
